@@ -1,0 +1,2 @@
+/* codec.c: being written. */
+typedef int proto_codec_placeholder;

@@ -1,0 +1,2 @@
+/* conn.c: being written. */
+typedef int proto_conn_placeholder;

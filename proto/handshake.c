@@ -1,0 +1,2 @@
+/* handshake.c: being written. */
+typedef int proto_handshake_placeholder;

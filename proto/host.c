@@ -1,0 +1,2 @@
+/* host.c: being written. */
+typedef int proto_host_placeholder;

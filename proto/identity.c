@@ -1,0 +1,2 @@
+/* identity.c: being written. */
+typedef int proto_identity_placeholder;

@@ -1,0 +1,123 @@
+/* log.c: error names and texts, and the one-line-per-event logger.
+ *
+ * Lines go to stderr as "LEVEL component: message" so journald keeps them
+ * as one record each and adds its own timestamp; when stderr is not a
+ * journal (a terminal or a file) a timestamp is prefixed.
+ */
+#include "proto-int.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const struct {
+  const char *name;
+  const char *text;
+} errs[] = {
+#define E(code, text) [code - BEE_EBASE - 1] = {#code + 4, text}
+    E(BEE_EMALFORMED, "malformed msgpack"),
+    E(BEE_ETRUNCATED, "message truncated"),
+    E(BEE_ETRAILING, "trailing bytes after message"),
+    E(BEE_ETYPE, "field has the wrong type or count"),
+    E(BEE_EMISSING, "required field missing"),
+    E(BEE_EUNKNOWN, "unknown message type"),
+    E(BEE_EVERSION, "unsupported protocol version"),
+    E(BEE_EDEPTH, "nesting too deep"),
+    E(BEE_ETOOBIG, "size over limit"),
+    E(BEE_ERANGE, "value out of range"),
+    E(BEE_EAUTH, "authentication failed"),
+    E(BEE_ENOTOKEN, "no access token presented"),
+    E(BEE_ETOKEN_FORGED, "access token signature invalid"),
+    E(BEE_ETOKEN_EXPIRED, "access token expired"),
+    E(BEE_ETOKEN_EARLY, "access token issued in the future"),
+    E(BEE_ETOKEN_SWARM, "access token is for another swarm"),
+    E(BEE_ETOKEN_ROLE, "access token role not accepted"),
+    E(BEE_ETOKEN_PEER, "access token names another peer"),
+    E(BEE_ETOKEN_MODERATOR, "access token signed by another moderator"),
+    E(BEE_EREVOKED, "peer is revoked"),
+    E(BEE_EOPEN_MISMATCH, "one side is moderated, the other open"),
+    E(BEE_ECIPHER, "no common cipher"),
+    E(BEE_EKEYPERM, "key file is group- or world-readable"),
+    E(BEE_EKEYFILE, "key or token file malformed"),
+    E(BEE_ETIMEOUT, "timed out"),
+    E(BEE_ECLOSED, "connection closed"),
+    E(BEE_ECANCELED, "canceled"),
+    E(BEE_ENOMETHOD, "unknown method"),
+    E(BEE_EQUEUE, "write queue full"),
+    E(BEE_ELIMIT, "limit reached"),
+    E(BEE_ESELF, "connected to self"),
+    E(BEE_ECONFIG, "bad configuration"),
+    E(BEE_EREMOTE, "peer reported an error"),
+#undef E
+};
+
+const char *bee_strerror(int code) {
+  if (code > BEE_EBASE && code < BEE_ELAST && errs[code - BEE_EBASE - 1].text)
+    return errs[code - BEE_EBASE - 1].text;
+  if (code < 0 && code > -4096)
+    return strerror(-code);
+  return code == 0 ? "ok" : "unknown error";
+}
+
+const char *bee_errname(int code) {
+  if (code > BEE_EBASE && code < BEE_ELAST && errs[code - BEE_EBASE - 1].name)
+    return errs[code - BEE_EBASE - 1].name;
+  if (code < 0 && code > -4096)
+    return "ERRNO";
+  return code == 0 ? "OK" : "EUNKNOWN_CODE";
+}
+
+static int log_level = BEE_LOG_INFO;
+static int log_stamp = -1; /* -1: decide on first use */
+
+void bee_log_set_level(int level) { log_level = level; }
+int bee_log_get_level(void) { return log_level; }
+
+int bee_log_level_parse(const char *s, int *level) {
+  static const char *names[] = {"error", "warn", "info", "debug"};
+  for (int i = 0; i < 4; i++)
+    if (strcmp(s, names[i]) == 0) {
+      *level = i;
+      return 0;
+    }
+  return BEE_ECONFIG;
+}
+
+void bee_log(int level, const char *component, const char *fmt, ...) {
+  static const char *tags[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+  if (level > log_level)
+    return;
+  if (log_stamp < 0)
+    log_stamp = getenv("JOURNAL_STREAM") == NULL;
+  char line[2048];
+  size_t n = 0;
+  if (log_stamp) {
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    n = strftime(line, sizeof line, "%H:%M:%S", &tm);
+    n += (size_t)snprintf(line + n, sizeof line - n, ".%03ld ",
+                          ts.tv_nsec / 1000000);
+  }
+  if (level < 0 || level > BEE_LOG_DEBUG)
+    level = BEE_LOG_ERROR;
+  n += (size_t)snprintf(line + n, sizeof line - n, "%-5s %s: ", tags[level],
+                        component);
+  if (n < sizeof line) {
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(line + n, sizeof line - n, fmt, ap);
+    va_end(ap);
+    n = w < 0 ? n : n + (size_t)w;
+  }
+  if (n >= sizeof line - 1)
+    n = sizeof line - 2;
+  line[n++] = '\n';
+  /* One write per line so lines from several threads never interleave. */
+  ssize_t unused = write(STDERR_FILENO, line, n);
+  (void)unused;
+}

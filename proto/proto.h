@@ -1,0 +1,484 @@
+/* proto.h: the floor of beed.
+ *
+ * Everything two peers need to talk: error codes and logging, the msgpack
+ * wire format with its strict decoders, node identities, moderator-signed
+ * access tokens and revocation lists, the handshake and sealed-frame session
+ * core (no I/O), and the libuv transport that runs that core over TCP.
+ *
+ * Other modules include only this header.  See proto/README.md and
+ * docs/PROTOCOL.md for the wire format and the handshake.
+ */
+#ifndef BEE_PROTO_H
+#define BEE_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+/* ------------------------------------------------------------------------ */
+/* Errors.  Functions return 0 or a negative code: -errno, or one of these. */
+
+enum {
+  BEE_EBASE = -20000,
+  BEE_EMALFORMED,    /* not valid msgpack */
+  BEE_ETRUNCATED,    /* message ends early */
+  BEE_ETRAILING,     /* bytes after the message */
+  BEE_ETYPE,         /* a field has the wrong msgpack type */
+  BEE_EMISSING,      /* a required field is absent */
+  BEE_EUNKNOWN,      /* unknown message type */
+  BEE_EVERSION,      /* unsupported protocol version */
+  BEE_EDEPTH,        /* nesting deeper than PROTO_DEPTH_MAX */
+  BEE_ETOOBIG,       /* a size is over its limit */
+  BEE_ERANGE,        /* a value is outside its allowed range */
+  BEE_EAUTH,         /* signature or MAC check failed */
+  BEE_ENOTOKEN,      /* moderated swarm, but no token presented */
+  BEE_ETOKEN_FORGED, /* token signature does not verify */
+  BEE_ETOKEN_EXPIRED,
+  BEE_ETOKEN_EARLY,  /* token issued in the future */
+  BEE_ETOKEN_SWARM,  /* token is for another swarm */
+  BEE_ETOKEN_ROLE,   /* token role not accepted here */
+  BEE_ETOKEN_PEER,   /* token names another peer key */
+  BEE_ETOKEN_MODERATOR, /* token signed by another moderator */
+  BEE_EREVOKED,      /* peer is on the revocation list */
+  BEE_EOPEN_MISMATCH,/* one side moderated, the other open */
+  BEE_ECIPHER,       /* no common cipher */
+  BEE_EKEYPERM,      /* key file is group- or world-readable */
+  BEE_EKEYFILE,      /* key or token file unreadable or malformed */
+  BEE_ETIMEOUT,
+  BEE_ECLOSED,       /* connection closed */
+  BEE_ECANCELED,
+  BEE_ENOMETHOD,     /* no handler for this RPC method */
+  BEE_EQUEUE,        /* write queue full (backpressure) */
+  BEE_ELIMIT,        /* a connection or rate limit refused the request */
+  BEE_ESELF,         /* connected to ourselves */
+  BEE_ECONFIG,       /* bad flag or config line */
+  BEE_EREMOTE,       /* the peer answered with an error */
+  BEE_ELAST
+};
+
+/* Returns a static English description of code (negative errno or BEE_E*). */
+const char *bee_strerror(int code);
+/* Returns the short symbolic name of code, e.g. "ETOKEN_EXPIRED". */
+const char *bee_errname(int code);
+
+/* ------------------------------------------------------------------------ */
+/* Logging: one line per event, "LEVEL component: message", to stderr.      */
+
+enum { BEE_LOG_ERROR = 0, BEE_LOG_WARN, BEE_LOG_INFO, BEE_LOG_DEBUG };
+
+void bee_log_set_level(int level);
+int bee_log_get_level(void);
+/* Parses "error|warn|info|debug" into *level.  Returns 0 or BEE_ECONFIG. */
+int bee_log_level_parse(const char *s, int *level);
+void bee_log(int level, const char *component, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+#define bee_err(comp, ...) bee_log(BEE_LOG_ERROR, comp, __VA_ARGS__)
+#define bee_warn(comp, ...) bee_log(BEE_LOG_WARN, comp, __VA_ARGS__)
+#define bee_info(comp, ...) bee_log(BEE_LOG_INFO, comp, __VA_ARGS__)
+#define bee_debug(comp, ...)                                                   \
+  do {                                                                         \
+    if (bee_log_get_level() >= BEE_LOG_DEBUG)                                  \
+      bee_log(BEE_LOG_DEBUG, comp, __VA_ARGS__);                               \
+  } while (0)
+
+/* ------------------------------------------------------------------------ */
+/* Wire limits.  Each may be overridden at build time.                       */
+
+#define PROTO_VERSION 1
+#ifndef PROTO_FRAME_MAX
+#define PROTO_FRAME_MAX (4u << 20) /* largest frame body (sealed), bytes */
+#endif
+#ifndef PROTO_CHUNK_MAX
+#define PROTO_CHUNK_MAX (1u << 20) /* largest bulk stream chunk, bytes */
+#endif
+#ifndef PROTO_METHOD_MAX
+#define PROTO_METHOD_MAX 64 /* RPC method / stream kind name, bytes */
+#endif
+#ifndef PROTO_TEXT_MAX
+#define PROTO_TEXT_MAX 512 /* error and close reason text, bytes */
+#endif
+#ifndef PROTO_DEPTH_MAX
+#define PROTO_DEPTH_MAX 8 /* msgpack nesting */
+#endif
+#ifndef PROTO_SWARM_MAX
+#define PROTO_SWARM_MAX 64 /* swarm name, bytes */
+#endif
+#ifndef PROTO_TOKEN_MAX
+#define PROTO_TOKEN_MAX 512 /* encoded access token, bytes */
+#endif
+#ifndef PROTO_REVOKED_MAX
+#define PROTO_REVOKED_MAX 65536 /* keys in one revocation list */
+#endif
+#define PROTO_FRAME_HDR 4   /* big-endian u32 body length */
+#define PROTO_TAG_BYTES 16  /* AEAD tag appended to every sealed body */
+
+#define PROTO_PK_BYTES 32
+#define PROTO_SK_BYTES 64
+#define PROTO_SIG_BYTES 64
+#define PROTO_ID_BYTES 20 /* peer id: BLAKE2b-160 of the public key */
+
+/* Borrowed bytes: a view into a buffer someone else owns. */
+typedef struct proto_bytes {
+  const uint8_t *p;
+  size_t n;
+} proto_bytes;
+
+/* ------------------------------------------------------------------------ */
+/* Messages.  Every message is a msgpack array [version, type, fields...].   */
+
+enum proto_type {
+  PROTO_T_REQUEST = 1,      /* [v, t, id, method, payload]        */
+  PROTO_T_RESPONSE = 2,     /* [v, t, id, payload]                */
+  PROTO_T_ERROR = 3,        /* [v, t, id, code, text]             */
+  PROTO_T_CANCEL = 4,       /* [v, t, id]                         */
+  PROTO_T_ONEWAY = 5,       /* [v, t, method, payload]            */
+  PROTO_T_STREAM_OPEN = 6,  /* [v, t, id, kind, total, meta]      */
+  PROTO_T_STREAM_CHUNK = 7, /* [v, t, id, offset, data]           */
+  PROTO_T_STREAM_END = 8,   /* [v, t, id, code]                   */
+  PROTO_T_PING = 9,         /* [v, t, nonce]                      */
+  PROTO_T_PONG = 10,        /* [v, t, nonce]                      */
+  PROTO_T_CLOSE = 11,       /* [v, t, code, text]                 */
+  PROTO_T_HELLO = 20,       /* handshake, see proto_hello         */
+  PROTO_T_AUTH = 21,        /* handshake, see proto_auth_msg      */
+  PROTO_T_RESULT = 22,      /* handshake verdict [v, t, code, text] */
+  PROTO_T_TOKEN = 30,       /* access token, see proto_token      */
+  PROTO_T_REVOCATION = 31,  /* revocation list                    */
+};
+
+/* One envelope message, decoded.  Views point into the decoded buffer.
+ * Fields a type does not use are zero.  Meanings by type:
+ *   id:      request id (REQUEST..CANCEL), stream id (STREAM_*), nonce (PING/PONG)
+ *   name:    method (REQUEST, ONEWAY), kind (STREAM_OPEN)
+ *   payload: payload (REQUEST, RESPONSE, ONEWAY), meta (STREAM_OPEN),
+ *            data (STREAM_CHUNK), text (ERROR, CLOSE)
+ *   code:    error code (ERROR, CLOSE), status (STREAM_END)
+ *   offset:  total bytes (STREAM_OPEN), byte offset (STREAM_CHUNK) */
+typedef struct proto_msg {
+  int type;
+  uint64_t id;
+  proto_bytes name;
+  proto_bytes payload;
+  int64_t code;
+  uint64_t offset;
+} proto_msg;
+
+/* Upper bound on proto_msg_encode's output for m. */
+size_t proto_msg_encoded_max(const proto_msg *m);
+/* Encodes m into buf (cap bytes).  Returns 0 and the length in *len, or
+ * BEE_ETOOBIG when a field is over its limit or buf is too small. */
+int proto_msg_encode(const proto_msg *m, uint8_t *buf, size_t cap, size_t *len);
+/* Strictly decodes one envelope message that fills buf exactly.  On success
+ * *m holds views into buf.  Never allocates. */
+int proto_msg_decode(const uint8_t *buf, size_t len, proto_msg *m);
+
+/* Encodes only the header of a STREAM_CHUNK whose data (data_len bytes)
+ * the caller places right after it, so a chunk is built without copying the
+ * data twice.  Returns 0 and the header length in *len. */
+int proto_chunk_header_encode(uint64_t stream_id, uint64_t offset,
+                              size_t data_len, uint8_t *buf, size_t cap,
+                              size_t *len);
+
+/* ------------------------------------------------------------------------ */
+/* Identity: an Ed25519 key pair; the peer id is BLAKE2b-160(public key).    */
+
+typedef struct proto_identity {
+  uint8_t pk[PROTO_PK_BYTES];
+  uint8_t sk[PROTO_SK_BYTES];
+  uint8_t id[PROTO_ID_BYTES];
+} proto_identity;
+
+/* Makes a fresh identity. */
+void proto_identity_generate(proto_identity *out);
+/* Loads the identity key file at path.  With create set, a missing file is
+ * created (mode 0600) with a fresh key.  A file that is group- or
+ * world-readable is refused with BEE_EKEYPERM; a malformed one with
+ * BEE_EKEYFILE; other failures are -errno. */
+int proto_identity_load(proto_identity *out, const char *path, bool create);
+/* Writes id's secret key to a new file at path, mode 0600.  Fails with
+ * -EEXIST rather than overwrite. */
+int proto_identity_save(const proto_identity *id, const char *path);
+/* Wipes the secret key. */
+void proto_identity_clear(proto_identity *id);
+/* id = BLAKE2b-160(pk). */
+void proto_peer_id(const uint8_t pk[PROTO_PK_BYTES], uint8_t id[PROTO_ID_BYTES]);
+
+/* Lowercase hex of n bytes into out (2n+1 bytes with the NUL). */
+void proto_hex(const uint8_t *p, size_t n, char *out);
+/* Parses exactly 2n hex digits into out.  Returns 0 or BEE_ERANGE. */
+int proto_unhex(const char *s, uint8_t *out, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* Access tokens and revocation lists, signed by the swarm's moderator.      */
+
+enum proto_role {
+  PROTO_ROLE_BEE = 1,     /* trains and averages */
+  PROTO_ROLE_MONITOR = 2, /* reads the DHT only (trainmonitor) */
+  PROTO_ROLE_AUX = 4,     /* averages without data of its own */
+};
+#define PROTO_ROLES_ALL (PROTO_ROLE_BEE | PROTO_ROLE_MONITOR | PROTO_ROLE_AUX)
+
+/* Returns "bee", "monitor", "aux" or "?". */
+const char *proto_role_name(int role);
+/* Parses one role name.  Returns 0 or BEE_ECONFIG. */
+int proto_role_parse(const char *s, int *role);
+
+/* A decoded access token.  raw holds the exact encoding that was signed
+ * over (and is what a peer sends in its handshake). */
+typedef struct proto_token {
+  char swarm[PROTO_SWARM_MAX + 1];
+  uint8_t peer_pk[PROTO_PK_BYTES];
+  uint8_t moderator_pk[PROTO_PK_BYTES];
+  int role;
+  uint64_t issued;  /* unix seconds */
+  uint64_t expires; /* unix seconds */
+  uint8_t sig[PROTO_SIG_BYTES];
+  uint8_t raw[PROTO_TOKEN_MAX];
+  size_t raw_len;
+} proto_token;
+
+/* Makes and signs a token for peer_pk with the moderator's key. */
+int proto_token_issue(proto_token *out, const proto_identity *moderator,
+                      const char *swarm, const uint8_t peer_pk[PROTO_PK_BYTES],
+                      int role, uint64_t issued, uint64_t expires);
+/* Strictly decodes a token's encoding (no signature check). */
+int proto_token_decode(const uint8_t *buf, size_t len, proto_token *out);
+
+/* A moderator-signed list of revoked peer keys, kept sorted. */
+typedef struct proto_revocation {
+  char swarm[PROTO_SWARM_MAX + 1];
+  uint8_t moderator_pk[PROTO_PK_BYTES];
+  uint64_t seq;    /* newer lists have larger seq */
+  uint64_t issued; /* unix seconds */
+  size_t n;
+  uint8_t (*keys)[PROTO_PK_BYTES]; /* heap, n entries, sorted */
+} proto_revocation;
+
+void proto_revocation_init(proto_revocation *rl);
+void proto_revocation_close(proto_revocation *rl);
+bool proto_revocation_has(const proto_revocation *rl,
+                          const uint8_t pk[PROTO_PK_BYTES]);
+/* Adds pk (idempotent).  Returns 0, BEE_ETOOBIG or -ENOMEM. */
+int proto_revocation_add(proto_revocation *rl, const uint8_t pk[PROTO_PK_BYTES]);
+/* Encodes and signs rl with the moderator key into a heap buffer (*out,
+ * freed by the caller with free()). */
+int proto_revocation_encode(const proto_revocation *rl,
+                            const proto_identity *moderator, uint8_t **out,
+                            size_t *len);
+/* Decodes a list and checks it is signed by moderator_pk for swarm.
+ * On success rl owns its keys; on failure rl is left empty. */
+int proto_revocation_decode(const uint8_t *buf, size_t len,
+                            const uint8_t moderator_pk[PROTO_PK_BYTES],
+                            const char *swarm, proto_revocation *rl);
+
+/* Checks tok against what this node accepts: signed by moderator_pk, for
+ * swarm, naming peer_pk, a role in accept_roles, issued no later than
+ * now + PROTO_CLOCK_SKEW_S, not expired at now, peer not in rl (rl may be
+ * NULL).  Returns 0 or the BEE_ETOKEN_* / BEE_EREVOKED reason. */
+#define PROTO_CLOCK_SKEW_S 300
+int proto_token_verify(const proto_token *tok,
+                       const uint8_t moderator_pk[PROTO_PK_BYTES],
+                       const char *swarm, const uint8_t peer_pk[PROTO_PK_BYTES],
+                       int accept_roles, uint64_t now,
+                       const proto_revocation *rl);
+
+/* Files.  Key and token files are short text files (see docs/PROTOCOL.md).
+ * Public keys travel as 64 hex digits. */
+int proto_token_save(const proto_token *tok, const char *path);
+int proto_token_load(proto_token *out, const char *path);
+int proto_revocation_save(const proto_revocation *rl,
+                          const proto_identity *moderator, const char *path);
+int proto_revocation_load(proto_revocation *rl, const char *path,
+                          const uint8_t moderator_pk[PROTO_PK_BYTES],
+                          const char *swarm);
+
+/* ------------------------------------------------------------------------ */
+/* Session core: handshake and sealed frames, no I/O.                        */
+
+enum proto_cipher {
+  PROTO_CIPHER_AES256GCM = 1,
+  PROTO_CIPHER_XCHACHA20POLY1305 = 2,
+};
+#define PROTO_CIPHERS_ALL (PROTO_CIPHER_AES256GCM | PROTO_CIPHER_XCHACHA20POLY1305)
+
+/* What a connection is for; a peer's role decides which it may open. */
+enum proto_purpose {
+  PROTO_PURPOSE_CONTROL = 1, /* RPC, one per peer */
+  PROTO_PURPOSE_BULK = 2,    /* tensor streams, several per peer */
+};
+
+/* A node's side of every handshake.  Borrowed; must outlive the sessions
+ * and connections that use it. */
+typedef struct proto_auth {
+  const proto_identity *id;
+  const proto_token *token;        /* our token; NULL in an open swarm */
+  const uint8_t *moderator_pk;     /* NULL: open swarm (needs --open) */
+  const char *swarm;               /* swarm name */
+  const proto_revocation *revoked; /* may be NULL */
+  int accept_roles;                /* roles accepted on control conns */
+  int accept_bulk_roles;           /* roles accepted on bulk conns */
+  int ciphers;                     /* PROTO_CIPHER_* we offer/accept */
+} proto_auth;
+
+/* The authenticated peer, known once a handshake completes. */
+typedef struct proto_peer {
+  uint8_t pk[PROTO_PK_BYTES];
+  uint8_t id[PROTO_ID_BYTES];
+  int role;     /* from its token; PROTO_ROLE_BEE in an open swarm */
+  int purpose;  /* PROTO_PURPOSE_* */
+  int cipher;   /* negotiated PROTO_CIPHER_* */
+  uint64_t token_expires; /* 0 in an open swarm */
+} proto_peer;
+
+/* One direction of sealed traffic: key plus a nonce counter that only
+ * grows, so no nonce repeats under one key. */
+typedef struct proto_sealer {
+  int cipher;
+  uint64_t counter;
+  uint8_t key[32];
+  _Alignas(16) uint8_t state[512]; /* libsodium precomputed AES-GCM state */
+} proto_sealer;
+
+/* Seals buf[0..len) in place and appends the PROTO_TAG_BYTES tag, so buf
+ * must have len + PROTO_TAG_BYTES bytes.  Returns 0, or BEE_ELIMIT when the
+ * nonce counter would wrap. */
+int proto_seal(proto_sealer *s, uint8_t *buf, size_t len);
+/* Opens a sealed body of len bytes in place (tag included).  On success the
+ * plaintext is buf[0..*plain_len).  BEE_EAUTH on a forged, replayed,
+ * reordered or corrupted body. */
+int proto_open(proto_sealer *s, uint8_t *buf, size_t len, size_t *plain_len);
+void proto_sealer_clear(proto_sealer *s);
+
+/* Handshake state machine.  The initiator calls proto_hs_step with no input
+ * to get its first frame; afterwards each side feeds every frame body it
+ * receives and sends every body the step produces, until proto_hs_step
+ * reports done or fails.  See docs/PROTOCOL.md for the messages. */
+typedef struct proto_hs proto_hs;
+#define PROTO_HS_OUT_MAX 2048 /* no handshake frame body is larger */
+
+/* Creates a handshake for one connection.  now is unix seconds (token
+ * checks).  Returns NULL on out-of-memory. */
+proto_hs *proto_hs_new(const proto_auth *auth, bool initiator, int purpose,
+                       uint64_t now);
+void proto_hs_free(proto_hs *hs);
+/* Feeds one received frame body (NULL/0 to start as initiator).  Writes the
+ * next frame body to send, if any, into out (PROTO_HS_OUT_MAX bytes) and
+ * its length into *out_len (0: nothing to send).  Sets *done once the
+ * session is established.  On failure returns the reason; *out_len may
+ * still be non-zero: a verdict for the peer to send before closing.
+ * The peer's own refusal comes back as BEE_EREMOTE with its code in
+ * *remote_code and its text from proto_hs_remote_text. */
+int proto_hs_step(proto_hs *hs, const uint8_t *in, size_t in_len, uint8_t *out,
+                  size_t *out_len, bool *done, int *remote_code);
+const char *proto_hs_remote_text(const proto_hs *hs);
+/* After done: the peer and the two traffic sealers (moved out of hs). */
+int proto_hs_result(proto_hs *hs, proto_peer *peer, proto_sealer *tx,
+                    proto_sealer *rx);
+
+/* ------------------------------------------------------------------------ */
+/* Transport: authenticated connections over libuv TCP, with RPC.            */
+
+typedef struct proto_host proto_host;
+typedef struct proto_conn proto_conn;
+
+/* A request arrived.  payload is borrowed for the call; answer with
+ * proto_conn_reply or proto_conn_reply_error now or later, or not at all
+ * (the caller then times out). */
+typedef void (*proto_request_cb)(proto_conn *c, uint64_t id, proto_bytes method,
+                                 proto_bytes payload, void *data);
+/* A one-way message arrived (borrowed). */
+typedef void (*proto_oneway_cb)(proto_conn *c, proto_bytes method,
+                                proto_bytes payload, void *data);
+/* A stream event: open (kind, total, meta), chunk (offset, data) or end
+ * (status).  Bytes are borrowed for the call. */
+typedef void (*proto_stream_cb)(proto_conn *c, const proto_msg *m, void *data);
+/* A connection came up (handshake done) or went down (status says why). */
+typedef void (*proto_conn_cb)(proto_conn *c, int status, void *data);
+/* The answer to proto_conn_call: status 0 with the payload, BEE_EREMOTE with
+ * the peer's code and text in payload, or a local failure (BEE_ETIMEOUT,
+ * BEE_ECLOSED, BEE_ECANCELED).  Called exactly once. */
+typedef void (*proto_reply_cb)(proto_conn *c, int status, int64_t remote_code,
+                               proto_bytes payload, void *arg);
+/* The result of proto_host_connect: c is NULL on failure. */
+typedef void (*proto_connect_cb)(proto_host *h, proto_conn *c, int status,
+                                 void *arg);
+/* A queued send left the write queue (for callers pacing bulk data). */
+typedef void (*proto_drain_cb)(proto_conn *c, void *data);
+
+typedef struct proto_host_config {
+  uv_loop_t *loop;
+  proto_auth auth;
+  size_t max_conns;           /* all connections, default 1024 */
+  size_t max_pending_per_addr;/* handshakes in flight per source address, default 8 */
+  uint64_t handshake_timeout_ms; /* default 10000 */
+  uint64_t connect_timeout_ms;   /* default 10000 */
+  uint64_t idle_timeout_ms;      /* no frame received for this long: close; default 60000 */
+  uint64_t keepalive_ms;         /* ping after this much silence; default 15000 */
+  uint64_t rpc_timeout_ms;       /* default per-call timeout, default 10000 */
+  uint64_t stall_timeout_ms;     /* write queue makes no progress: close; default 30000 */
+  size_t write_queue_max;        /* bytes queued per connection, default 16 MiB */
+  proto_request_cb on_request;
+  proto_oneway_cb on_oneway;
+  proto_stream_cb on_stream;
+  proto_conn_cb on_up;
+  proto_conn_cb on_down;
+  proto_drain_cb on_drain;
+  void *data;
+} proto_host_config;
+
+/* Fills cfg with defaults (all callbacks NULL, ciphers all, roles all). */
+void proto_host_config_default(proto_host_config *cfg);
+
+/* Creates a host on cfg->loop.  The config is copied; auth's pointers are
+ * borrowed.  Returns 0 and *out, or a negative code. */
+int proto_host_new(const proto_host_config *cfg, proto_host **out);
+/* Closes every connection and the listener; frees the host once the loop
+ * has closed the handles.  Safe to call from any callback. */
+void proto_host_close(proto_host *h);
+
+/* Listens on "ADDR:PORT", "[V6ADDR]:PORT" or ":PORT" (all addresses).
+ * Returns 0 or a negative code; the bound port goes to *port if non-NULL. */
+int proto_host_listen(proto_host *h, const char *addr, int *port);
+/* Resolves "HOST:PORT" (uv_getaddrinfo), connects and handshakes for
+ * purpose.  cb runs exactly once unless this returns an error. */
+int proto_host_connect(proto_host *h, const char *hostport, int purpose,
+                       proto_connect_cb cb, void *arg);
+/* Number of live authenticated connections. */
+size_t proto_host_conn_count(const proto_host *h);
+
+/* The authenticated peer on c. */
+const proto_peer *proto_conn_peer(const proto_conn *c);
+/* "ip:port" of the remote end. */
+const char *proto_conn_addr(const proto_conn *c);
+void proto_conn_set_data(proto_conn *c, void *data);
+void *proto_conn_get_data(const proto_conn *c);
+/* Bytes waiting in c's write queue. */
+size_t proto_conn_queued(const proto_conn *c);
+
+/* Sends a request; cb runs exactly once unless this returns an error.
+ * timeout_ms 0 means the host default.  The request id goes to *id. */
+int proto_conn_call(proto_conn *c, const char *method, const uint8_t *payload,
+                    size_t len, uint64_t timeout_ms, proto_reply_cb cb,
+                    void *arg, uint64_t *id);
+/* Cancels a call: its cb runs now with BEE_ECANCELED, and the peer is told. */
+int proto_conn_cancel(proto_conn *c, uint64_t id);
+int proto_conn_reply(proto_conn *c, uint64_t id, const uint8_t *payload,
+                     size_t len);
+int proto_conn_reply_error(proto_conn *c, uint64_t id, int code,
+                           const char *text);
+int proto_conn_oneway(proto_conn *c, const char *method,
+                      const uint8_t *payload, size_t len);
+/* Sends any envelope message (streams use this).  BEE_EQUEUE when the
+ * write queue is over its limit: wait for on_drain and retry. */
+int proto_conn_send(proto_conn *c, const proto_msg *m);
+/* Sends one stream chunk of up to PROTO_CHUNK_MAX bytes (copied). */
+int proto_conn_send_chunk(proto_conn *c, uint64_t stream_id, uint64_t offset,
+                          const uint8_t *data, size_t len);
+/* Closes c with a reason the peer logs; on_down runs later. */
+void proto_conn_close(proto_conn *c, int code, const char *text);
+
+#endif /* BEE_PROTO_H */

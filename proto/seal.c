@@ -1,0 +1,2 @@
+/* seal.c: being written. */
+typedef int proto_seal_placeholder;

@@ -1,0 +1,2 @@
+/* token.c: being written. */
+typedef int proto_token_placeholder;
