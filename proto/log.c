@@ -17,7 +17,7 @@ static const struct {
   const char *name;
   const char *text;
 } errs[] = {
-#define E(code, text) [code - BEE_EBASE - 1] = {#code + 4, text}
+#define E(code, text) [code - BEE_EBASE - 1] = {&(#code)[4], text}
     E(BEE_EMALFORMED, "malformed msgpack"),
     E(BEE_ETRUNCATED, "message truncated"),
     E(BEE_ETRAILING, "trailing bytes after message"),

@@ -100,6 +100,11 @@ int proto__read_file(const char *path, size_t max, uint8_t **out, size_t *len);
 int proto__write_file(const char *path, const void *p, size_t n, int mode,
                       bool exclusive);
 
+/* seal.c: sets up one direction of sealed traffic. */
+int proto__sealer_init(proto_sealer *s, int cipher, const uint8_t key[32]);
+/* The PROTO_CIPHER_* this CPU runs (AES-GCM only with AES-NI). */
+int proto__ciphers_local(void);
+
 /* Handshake messages (codec.c).  Views point into the decoded buffer. */
 typedef struct proto_hello {
   proto_bytes swarm;
@@ -141,5 +146,91 @@ int proto__result_encode(int64_t code, const char *text, uint8_t *buf,
                          size_t cap, size_t *len);
 int proto__result_decode(const uint8_t *buf, size_t len, int64_t *code,
                          proto_bytes *text);
+
+/* ---- transport (host.c, conn.c) ------------------------------------- */
+
+enum {
+  CONN_RESOLVING,  /* outgoing: waiting for uv_getaddrinfo */
+  CONN_CONNECTING, /* outgoing: TCP connect in flight */
+  CONN_HANDSHAKE,
+  CONN_UP,
+  CONN_CLOSING, /* CLOSE queued or handle closing */
+};
+
+typedef struct proto_call {
+  struct proto_call *next;
+  uint64_t id;
+  uint64_t deadline_ms;
+  proto_reply_cb cb;
+  void *arg;
+} proto_call;
+
+typedef struct proto_method {
+  struct proto_method *next;
+  char name[PROTO_METHOD_MAX + 1];
+  proto_request_cb cb;
+  void *data;
+} proto_method;
+
+struct proto_conn {
+  proto_host *h;
+  proto_conn *prev, *next; /* host's list of all connections */
+  int state;
+  bool initiator;
+  bool has_tcp;     /* tcp handle initialised (close it to free) */
+  bool up_reported; /* on_up ran, so on_down must run */
+  bool want_drain;  /* a send hit BEE_EQUEUE */
+  int purpose;
+  char addr[64]; /* "ip:port" or the name being resolved */
+  char ip[48];
+  uv_tcp_t tcp;
+  uv_getaddrinfo_t gai;
+  uv_connect_t creq;
+  struct addrinfo *ai, *ai_next;
+  uint64_t deadline_ms; /* resolve/connect/handshake/close deadline */
+  proto_connect_cb connect_cb;
+  void *connect_arg;
+  proto_hs *hs;
+  proto_peer peer;
+  proto_sealer tx, rx;
+  uint8_t *rbuf; /* frames being received */
+  size_t rcap, rlen;
+  size_t queued; /* bytes handed to uv_write, not yet completed */
+  uint64_t last_rx_ms, last_write_ms, ping_sent_ms;
+  uint64_t next_call_id;
+  proto_call *calls;
+  int close_code;
+  void *data;
+};
+
+struct proto_host {
+  proto_host_config cfg;
+  uv_loop_t *loop;
+  uv_tcp_t listener;
+  bool listening;
+  uv_timer_t timer;
+  bool closing;
+  int handles; /* open uv handles and in-flight requests; free at 0 */
+  proto_conn *conns;
+  size_t nall; /* every connection object, any state */
+  size_t nup;
+  proto_method *methods;
+};
+
+/* conn.c */
+proto_conn *proto__conn_new(proto_host *h, bool initiator, int purpose);
+/* Starts reading and, for an initiator, sends the HELLO. */
+int proto__conn_start(proto_conn *c);
+/* Checks c's deadlines at now_ms (host timer). */
+void proto__conn_tick(proto_conn *c, uint64_t now_ms);
+/* Tears c down at once with code; runs the callbacks that are due. */
+void proto__conn_abort(proto_conn *c, int code, const char *why);
+/* host.c */
+void proto__host_unlink(proto_host *h, proto_conn *c);
+void proto__host_handle_done(proto_host *h);
+/* Handshake done on c: dedupe, then on_up / connect_cb. */
+void proto__host_conn_up(proto_host *h, proto_conn *c);
+const proto_method *proto__host_method(const proto_host *h, proto_bytes name);
+uint64_t proto__now_ms(const proto_host *h);
 
 #endif /* BEE_PROTO_INT_H */

@@ -449,6 +449,19 @@ int proto_host_connect(proto_host *h, const char *hostport, int purpose,
                        proto_connect_cb cb, void *arg);
 /* Number of live authenticated connections. */
 size_t proto_host_conn_count(const proto_host *h);
+/* Registers the handler for one RPC method (copied name, at most
+ * PROTO_METHOD_MAX bytes; a later call replaces it).  Requests for methods
+ * with no handler go to cfg.on_request if set, else get a BEE_ENOMETHOD
+ * error reply.  Returns 0, BEE_ETOOBIG or -ENOMEM. */
+int proto_host_on(proto_host *h, const char *method, proto_request_cb cb,
+                  void *data);
+/* The live control connection to the peer with this id, or NULL.  There is
+ * at most one: when two peers connect to each other at once, both keep the
+ * connection opened by the peer with the smaller id. */
+proto_conn *proto_host_find(const proto_host *h, const uint8_t id[PROTO_ID_BYTES]);
+/* Calls fn for every live authenticated connection. */
+void proto_host_foreach(const proto_host *h, void (*fn)(proto_conn *c, void *arg),
+                        void *arg);
 
 /* The authenticated peer on c. */
 const proto_peer *proto_conn_peer(const proto_conn *c);
