@@ -1,1 +1,402 @@
-int main(void) { return 0; }
+/* main.c: beed, one node of a swarm.
+ *
+ * Reads the configuration, checks this node's identity and token before
+ * touching the network, then runs one libuv loop: the transport's host,
+ * the join targets (dialed with exponential backoff until connected), the
+ * swarm membership of members.c, a status line every --status-interval
+ * seconds, and SIGINT/SIGTERM for a clean shutdown.
+ *
+ * Exit status: 0 after a clean shutdown, 1 when the node cannot start,
+ * 2 for a bad flag or config line.
+ */
+#include "bee.h"
+#include "bee-config.h"
+
+#include <signal.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define COMP "beed"
+#define BACKOFF_MIN_MS 1000
+#define BACKOFF_MAX_MS 30000
+#define ASK_MIN_MS 1000  /* first swarm.peers refresh after a join */
+#define ASK_MAX_MS 30000 /* refreshes slow down to this */
+#define STABLE_MS 10000  /* a connection this old resets the backoff */
+
+typedef struct bee_daemon bee_daemon;
+
+/* One --join target: dialed until connected, and again when lost. */
+typedef struct bee_join {
+  bee_daemon *d;
+  const char *target; /* in d->cfg */
+  uv_timer_t timer;
+  uint64_t backoff_ms; /* next retry delay before jitter */
+  uint64_t up_at_ms;   /* loop time of the last connection */
+  bool dialing;
+  bool self; /* the target is this node: never dialed again */
+  bool have_id;
+  uint8_t id[PROTO_ID_BYTES]; /* who answered there last time */
+} bee_join;
+
+struct bee_daemon {
+  uv_loop_t loop;
+  bee_config cfg;
+  proto_identity id;
+  proto_token token;
+  proto_revocation revoked;
+  proto_host *host;
+  bee_members members;
+  uv_signal_t sigint, sigterm;
+  uv_timer_t status_timer;
+  uv_timer_t ask_timer; /* asks the join targets for their peers */
+  uint64_t ask_ms;
+  bee_join joins[BEE_JOIN_MAX];
+  bool stopping;
+  int exit_code;
+};
+
+/* ---- join targets ------------------------------------------------------- */
+
+/* delay_ms give or take a fifth, so restarted swarms do not dial in step. */
+static uint64_t jitter(uint64_t delay_ms) {
+  return delay_ms * (800 + randombytes_uniform(401)) / 1000;
+}
+
+static void join_dial(bee_join *j);
+
+static void join_timer_cb(uv_timer_t *t) { join_dial(t->data); }
+
+/* Schedules the next attempt and doubles the backoff. */
+static void join_retry(bee_join *j, const char *why) {
+  uint64_t delay = jitter(j->backoff_ms);
+  bee_info(COMP, "join %s: %s; retrying in %.1f s", j->target, why,
+           (double)delay / 1000);
+  j->backoff_ms *= 2;
+  if (j->backoff_ms > BACKOFF_MAX_MS)
+    j->backoff_ms = BACKOFF_MAX_MS;
+  uv_timer_start(&j->timer, join_timer_cb, delay, 0);
+}
+
+static void ask_timer_cb(uv_timer_t *t) {
+  bee_daemon *d = t->data;
+  for (size_t i = 0; i < d->cfg.njoin; i++) {
+    bee_join *j = &d->joins[i];
+    const bee_member *e =
+        j->have_id ? bee_members_find(&d->members, j->id) : NULL;
+    if (e && e->nconns)
+      bee_members_ask(&d->members, e->conns[0]);
+  }
+  d->ask_ms = d->ask_ms * 2 > ASK_MAX_MS ? ASK_MAX_MS : d->ask_ms * 2;
+  uv_timer_start(&d->ask_timer, ask_timer_cb, jitter(d->ask_ms), 0);
+}
+
+static void join_connect_cb(proto_host *h, proto_conn *c, int status,
+                            void *arg) {
+  bee_join *j = arg;
+  bee_daemon *d = j->d;
+  j->dialing = false;
+  if (d->stopping)
+    return;
+  if (status == BEE_ESELF) {
+    j->self = true;
+    bee_warn(COMP, "join %s: that is this node; not dialing it again",
+             j->target);
+    return;
+  }
+  if (status || !c) {
+    join_retry(j, bee_strerror(status));
+    return;
+  }
+  const proto_peer *p = proto_conn_peer(c);
+  char hex[2 * PROTO_ID_BYTES + 1];
+  proto_hex(p->id, PROTO_ID_BYTES, hex);
+  bee_info(COMP, "join %s: connected to %s", j->target, hex);
+  memcpy(j->id, p->id, PROTO_ID_BYTES);
+  j->have_id = true;
+  j->up_at_ms = uv_now(&d->loop);
+  /* c may be a connection the peer opened to us first: the transport keeps
+   * one per peer and hands us that one. */
+  bee_members_up(&d->members, c);
+  bee_members_ask(&d->members, c);
+  /* Ask again soon: peers that joined at the same moment show up late. */
+  d->ask_ms = ASK_MIN_MS;
+  uv_timer_start(&d->ask_timer, ask_timer_cb, jitter(d->ask_ms), 0);
+}
+
+static void join_dial(bee_join *j) {
+  bee_daemon *d = j->d;
+  if (d->stopping || j->dialing || j->self)
+    return;
+  if (j->have_id && bee_members_find(&d->members, j->id))
+    return; /* already connected to whoever answers there */
+  int rc = proto_host_connect(d->host, j->target, PROTO_PURPOSE_CONTROL,
+                              join_connect_cb, j);
+  if (rc) {
+    join_retry(j, bee_strerror(rc));
+    return;
+  }
+  j->dialing = true;
+}
+
+/* The last connection to peer id went down: dial the join targets that
+ * led to it.  A connection that lived long enough resets the backoff. */
+static void joins_peer_gone(bee_daemon *d, const uint8_t id[PROTO_ID_BYTES]) {
+  for (size_t i = 0; i < d->cfg.njoin; i++) {
+    bee_join *j = &d->joins[i];
+    if (!j->have_id || memcmp(j->id, id, PROTO_ID_BYTES) != 0 || j->self ||
+        j->dialing)
+      continue;
+    if (uv_now(&d->loop) - j->up_at_ms >= STABLE_MS)
+      j->backoff_ms = BACKOFF_MIN_MS;
+    join_retry(j, "connection lost");
+  }
+}
+
+/* ---- host callbacks ------------------------------------------------------ */
+
+static void on_up(proto_conn *c, int status, void *data) {
+  bee_daemon *d = data;
+  if (!d->stopping && status == 0)
+    bee_members_up(&d->members, c);
+}
+
+static void on_down(proto_conn *c, int status, void *data) {
+  bee_daemon *d = data;
+  uint8_t gone[PROTO_ID_BYTES];
+  if (bee_members_down(&d->members, c, status, gone) == 1 && !d->stopping)
+    joins_peer_gone(d, gone);
+}
+
+static void on_oneway(proto_conn *c, proto_bytes method, proto_bytes payload,
+                      void *data) {
+  bee_daemon *d = data;
+  if (!bee_members_oneway(&d->members, c, method, payload))
+    bee_debug(COMP, "ignoring one-way %.*s", (int)method.n,
+              (const char *)method.p);
+}
+
+/* ---- life cycle ---------------------------------------------------------- */
+
+static void status_cb(uv_timer_t *t) {
+  bee_daemon *d = t->data;
+  bee_members_log_status(&d->members);
+}
+
+/* Stops everything; uv_run returns once the handles are closed. */
+static void daemon_stop(bee_daemon *d) {
+  if (d->stopping)
+    return;
+  d->stopping = true;
+  bee_members_stop(&d->members);
+  if (d->host)
+    proto_host_close(d->host);
+  d->host = NULL;
+  uv_close((uv_handle_t *)&d->sigint, NULL);
+  uv_close((uv_handle_t *)&d->sigterm, NULL);
+  uv_close((uv_handle_t *)&d->status_timer, NULL);
+  uv_close((uv_handle_t *)&d->ask_timer, NULL);
+  for (size_t i = 0; i < d->cfg.njoin; i++)
+    uv_close((uv_handle_t *)&d->joins[i].timer, NULL);
+}
+
+static void signal_cb(uv_signal_t *s, int signum) {
+  bee_daemon *d = s->data;
+  bee_info(COMP, "shutting down (%s)", signum == SIGINT ? "SIGINT" : "SIGTERM");
+  daemon_stop(d);
+}
+
+/* Makes every handle, so daemon_stop can close them all whatever fails
+ * later. */
+static int handles_init(bee_daemon *d) {
+  int rc = uv_loop_init(&d->loop);
+  if (rc)
+    return rc;
+  uv_signal_init(&d->loop, &d->sigint);
+  uv_signal_init(&d->loop, &d->sigterm);
+  uv_timer_init(&d->loop, &d->status_timer);
+  uv_timer_init(&d->loop, &d->ask_timer);
+  d->sigint.data = d->sigterm.data = d;
+  d->status_timer.data = d->ask_timer.data = d;
+  for (size_t i = 0; i < d->cfg.njoin; i++) {
+    bee_join *j = &d->joins[i];
+    j->d = d;
+    j->target = d->cfg.join[i];
+    j->backoff_ms = BACKOFF_MIN_MS;
+    uv_timer_init(&d->loop, &j->timer);
+    j->timer.data = j;
+  }
+  return 0;
+}
+
+/* Loads the identity, and in a moderated swarm the revocation list and our
+ * token, which must let us in: a node with a bad token stops here rather
+ * than be refused by every peer. */
+static int load_credentials(bee_daemon *d) {
+  const bee_config *cfg = &d->cfg;
+  char hex[2 * PROTO_PK_BYTES + 1];
+  int rc = proto_identity_load(&d->id, cfg->identity, true);
+  if (rc) {
+    bee_err(COMP, "identity %s: %s", cfg->identity, bee_strerror(rc));
+    return rc;
+  }
+  proto_hex(d->id.id, PROTO_ID_BYTES, hex);
+  bee_info(COMP, "peer id %s (identity %s)", hex, cfg->identity);
+  proto_hex(d->id.pk, PROTO_PK_BYTES, hex);
+  bee_info(COMP, "public key %s", hex);
+  if (cfg->open) {
+    bee_warn(COMP,
+             "open swarm '%s': no moderator, any node that can reach "
+             "this one may join",
+             cfg->swarm);
+    return 0;
+  }
+  if (cfg->revocations[0]) {
+    rc = proto_revocation_load(&d->revoked, cfg->revocations, cfg->moderator_pk,
+                               cfg->swarm);
+    if (rc) {
+      bee_err(COMP, "revocations %s: %s", cfg->revocations, bee_strerror(rc));
+      return rc;
+    }
+    bee_info(COMP, "revocations %s: %zu keys (seq %llu)", cfg->revocations,
+             d->revoked.n, (unsigned long long)d->revoked.seq);
+  }
+  rc = proto_token_load(&d->token, cfg->token);
+  if (rc) {
+    bee_err(COMP, "token %s: %s", cfg->token, bee_strerror(rc));
+    return rc;
+  }
+  uint64_t now = (uint64_t)time(NULL);
+  rc = proto_token_verify(&d->token, cfg->moderator_pk, cfg->swarm, d->id.pk,
+                          PROTO_ROLE_BEE | PROTO_ROLE_AUX, now,
+                          cfg->revocations[0] ? &d->revoked : NULL);
+  if (rc) {
+    bee_err(COMP, "token %s refused: %s; this node cannot join swarm '%s'",
+            cfg->token, bee_strerror(rc), cfg->swarm);
+    if (rc == BEE_ETOKEN_PEER)
+      bee_err(COMP,
+              "the token names another key; this node's public key "
+              "is %s",
+              hex);
+    return rc;
+  }
+  bee_info(COMP, "token %s: role %s, expires in %.1f h", cfg->token,
+           proto_role_name(d->token.role),
+           (double)(d->token.expires - now) / 3600);
+  return 0;
+}
+
+/* Creates the host, listens and starts dialing.  Returns 0 or a code
+ * already logged. */
+static int daemon_start(bee_daemon *d) {
+  const bee_config *cfg = &d->cfg;
+  proto_host_config hc;
+  proto_host_config_default(&hc);
+  hc.loop = &d->loop;
+  hc.auth.id = &d->id;
+  hc.auth.swarm = cfg->swarm;
+  if (cfg->moderated) {
+    hc.auth.token = &d->token;
+    hc.auth.moderator_pk = cfg->moderator_pk;
+    hc.auth.revoked = cfg->revocations[0] ? &d->revoked : NULL;
+  }
+  hc.max_conns = cfg->max_conns;
+  hc.on_up = on_up;
+  hc.on_down = on_down;
+  hc.on_oneway = on_oneway;
+  hc.data = d;
+  int rc = proto_host_new(&hc, &d->host);
+  if (rc) {
+    bee_err(COMP, "cannot start the transport: %s", bee_strerror(rc));
+    return rc;
+  }
+  int port = 0;
+  if (!cfg->no_listen) {
+    rc = proto_host_listen(d->host, cfg->listen, &port);
+    if (rc) {
+      bee_err(COMP, "listen %s: %s", cfg->listen, bee_strerror(rc));
+      return rc;
+    }
+    bee_info(COMP, "listening on %s (port %d)", cfg->listen, port);
+  } else {
+    bee_info(COMP, "not listening (--no-listen)");
+  }
+  if ((rc = bee_members_start(&d->members, d->host, (unsigned)port))) {
+    bee_err(COMP, "cannot register the swarm handlers: %s", bee_strerror(rc));
+    return rc;
+  }
+  uv_signal_start(&d->sigint, signal_cb, SIGINT);
+  uv_signal_start(&d->sigterm, signal_cb, SIGTERM);
+  if (cfg->status_interval_s)
+    uv_timer_start(&d->status_timer, status_cb,
+                   (uint64_t)cfg->status_interval_s * 1000,
+                   (uint64_t)cfg->status_interval_s * 1000);
+  for (size_t i = 0; i < cfg->njoin; i++)
+    join_dial(&d->joins[i]);
+  return 0;
+}
+
+static int run(bee_daemon *d) {
+  int rc = handles_init(d);
+  if (rc) {
+    bee_err(COMP, "event loop: %s", uv_strerror(rc));
+    return 1;
+  }
+  bee_members_init(&d->members, d->id.id);
+  bee_info(COMP, "swarm '%s' (%s), %zu join target%s", d->cfg.swarm,
+           d->cfg.open ? "open" : "moderated", d->cfg.njoin,
+           d->cfg.njoin == 1 ? "" : "s");
+  if (daemon_start(d))
+    d->exit_code = 1;
+  if (d->exit_code)
+    daemon_stop(d);
+  uv_run(&d->loop, UV_RUN_DEFAULT);
+  rc = uv_loop_close(&d->loop);
+  if (rc)
+    bee_warn(COMP, "event loop not empty at exit: %s", uv_strerror(rc));
+  bee_members_close(&d->members);
+  if (!d->exit_code)
+    bee_info(COMP, "stopped");
+  return d->exit_code;
+}
+
+int main(int argc, char **argv) {
+  char err[512];
+  bee_daemon *d = calloc(1, sizeof *d);
+  if (!d) {
+    fprintf(stderr, "beed: out of memory\n");
+    return 1;
+  }
+  int rc = bee_config_parse(&d->cfg, argc, argv, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "beed: %s\n(see beed --help)\n", err);
+    free(d);
+    return 2;
+  }
+  if (d->cfg.help || d->cfg.version) {
+    if (d->cfg.help)
+      bee_config_usage(stdout);
+    else
+      printf("beed %s\n", BEE_VERSION);
+    free(d);
+    return 0;
+  }
+  bee_log_set_level(d->cfg.log_level);
+  signal(SIGPIPE, SIG_IGN);
+  if (sodium_init() < 0) {
+    bee_err(COMP, "libsodium failed to initialize");
+    free(d);
+    return 1;
+  }
+  bee_info(COMP, "beed %s starting", BEE_VERSION);
+  proto_revocation_init(&d->revoked);
+  int code = 1;
+  if (load_credentials(d) == 0)
+    code = run(d);
+  proto_revocation_close(&d->revoked);
+  proto_identity_clear(&d->id);
+  sodium_memzero(&d->token, sizeof d->token);
+  free(d);
+  return code;
+}

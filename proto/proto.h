@@ -148,6 +148,8 @@ enum proto_type {
   PROTO_T_RESULT = 22,      /* handshake verdict [v, t, code, text] */
   PROTO_T_TOKEN = 30,       /* access token, see proto_token      */
   PROTO_T_REVOCATION = 31,  /* revocation list                    */
+  PROTO_T_SWARM_HELLO = 40, /* swarm.hello payload [v, t, port]   */
+  PROTO_T_SWARM_PEERS = 41, /* swarm.peers answer [v, t, [addr..]] */
 };
 
 /* One envelope message, decoded.  Views point into the decoded buffer.
@@ -182,6 +184,33 @@ int proto_msg_decode(const uint8_t *buf, size_t len, proto_msg *m);
 int proto_chunk_header_encode(uint64_t stream_id, uint64_t offset,
                               size_t data_len, uint8_t *buf, size_t cap,
                               size_t *len);
+
+/* ------------------------------------------------------------------------ */
+/* Membership payloads, until the DHT finds peers (issue 3).  swarm.hello
+ * is a one-way message telling a peer the port we listen on (0: none);
+ * swarm.peers answers a request with the listen addresses we know.       */
+
+#define PROTO_ADDR_MAX 262 /* "host:port" with its NUL: 253-byte name */
+#ifndef PROTO_PEERS_MAX
+#define PROTO_PEERS_MAX 256 /* addresses in one swarm.peers answer */
+#endif
+
+int proto_swarm_hello_encode(unsigned port, uint8_t *buf, size_t cap,
+                             size_t *len);
+/* Strict; a port over 65535 is BEE_ERANGE. */
+int proto_swarm_hello_decode(const uint8_t *buf, size_t len, unsigned *port);
+/* Encodes n NUL-terminated addresses (n <= PROTO_PEERS_MAX). */
+int proto_swarm_peers_encode(const char (*addrs)[PROTO_ADDR_MAX], size_t n,
+                             uint8_t *buf, size_t cap, size_t *len);
+/* Upper bound on the encoding of n addresses. */
+size_t proto_swarm_peers_encoded_max(size_t n);
+/* Strictly decodes into addrs (room for max), NUL-terminated; *n gets the
+ * count.  An empty address, one with a NUL byte or one of PROTO_ADDR_MAX
+ * bytes or more is BEE_ERANGE; more than max entries BEE_ETOOBIG.  The
+ * caller still checks that each is an address it wants to dial. */
+int proto_swarm_peers_decode(const uint8_t *buf, size_t len,
+                             char (*addrs)[PROTO_ADDR_MAX], size_t max,
+                             size_t *n);
 
 /* ------------------------------------------------------------------------ */
 /* Identity: an Ed25519 key pair; the peer id is BLAKE2b-160(public key).    */
@@ -265,12 +294,15 @@ bool proto_revocation_has(const proto_revocation *rl,
 /* Adds pk (idempotent).  Returns 0, BEE_ETOOBIG or -ENOMEM. */
 int proto_revocation_add(proto_revocation *rl, const uint8_t pk[PROTO_PK_BYTES]);
 /* Encodes and signs rl with the moderator key into a heap buffer (*out,
- * freed by the caller with free()). */
+ * freed by the caller with free()).  The list's moderator becomes the
+ * signer; a list already bound to another moderator is refused with
+ * BEE_ETOKEN_MODERATOR, keys out of order with BEE_ERANGE. */
 int proto_revocation_encode(const proto_revocation *rl,
                             const proto_identity *moderator, uint8_t **out,
                             size_t *len);
 /* Decodes a list and checks it is signed by moderator_pk for swarm.
- * On success rl owns its keys; on failure rl is left empty. */
+ * rl is overwritten (not freed first: pass an empty or closed list).  On
+ * success rl owns its keys; on failure rl is left empty. */
 int proto_revocation_decode(const uint8_t *buf, size_t len,
                             const uint8_t moderator_pk[PROTO_PK_BYTES],
                             const char *swarm, proto_revocation *rl);

@@ -18,6 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 void proto__rd_init(proto_rd *r, const uint8_t *buf, size_t len) {
   r->p = buf;
   r->end = buf + len;
@@ -215,7 +217,7 @@ int proto__rd_bin(proto_rd *r, proto_bytes *out, size_t max) {
 int proto__rd_fixbin(proto_rd *r, uint8_t *out, size_t n) {
   proto_rd save = *r;
   proto_bytes b;
-  int rc = blob(r, &b, n, true);
+  int rc = blob(r, &b, SIZE_MAX, true);
   if (rc)
     return rc;
   if (b.n != n) {
@@ -328,7 +330,10 @@ static int wr_cb(void *data, const char *buf, size_t len) {
     w->err = BEE_ETOOBIG;
     return -1;
   }
-  memcpy(w->buf + w->len, buf, len);
+  /* msgpack-c passes empty bodies too, maybe as NULL: memcpy must not
+   * see a null pointer even for zero bytes. */
+  if (len > 0)
+    memcpy(w->buf + w->len, buf, len);
   w->len += len;
   return 0;
 }
@@ -437,16 +442,40 @@ out:
   return rc;
 }
 
+/* Makes a rename or link in path's directory durable. */
+static void sync_dir(const char *path) {
+  char dir[4096];
+  const char *slash = strrchr(path, '/');
+  size_t n = slash ? (size_t)(slash - path) : 0;
+  if (n >= sizeof dir)
+    return;
+  if (slash)
+    memcpy(dir, path, n ? n : 1), dir[n ? n : 1] = 0;
+  else
+    strcpy(dir, ".");
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    fsync(fd);
+    close(fd);
+  }
+}
+
 int proto__write_file(const char *path, const void *p, size_t n, int mode,
                       bool exclusive) {
   int rc = 0;
   char tmp[4096];
-  if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >=
-      (int)sizeof tmp)
+  uint8_t rnd[8];
+  char hex[17];
+  if (sodium_init() < 0)
+    return -EIO;
+  randombytes_buf(rnd, sizeof rnd);
+  proto_hex(rnd, sizeof rnd, hex);
+  if (snprintf(tmp, sizeof tmp, "%s.tmp.%s", path, hex) >= (int)sizeof tmp)
     return -ENAMETOOLONG;
   if (exclusive && access(path, F_OK) == 0)
     return -EEXIST;
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  /* A fresh name, never an existing file or a planted symlink. */
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0)
     return -errno;
   if (fchmod(fd, (mode_t)mode) < 0) {
@@ -465,16 +494,14 @@ int proto__write_file(const char *path, const void *p, size_t n, int mode,
     q += w;
     n -= (size_t)w;
   }
-  if (fsync(fd) < 0) {
+  if (fsync(fd) < 0)
     rc = -errno;
-    goto out;
-  }
 out:
   close(fd);
-  if (rc == 0) {
-    if (exclusive ? link(tmp, path) < 0 : rename(tmp, path) < 0)
-      rc = -errno;
-  }
+  if (rc == 0 && (exclusive ? link(tmp, path) : rename(tmp, path)) < 0)
+    rc = -errno;
   unlink(tmp); /* after link(); after rename() it is already gone */
+  if (rc == 0)
+    sync_dir(path);
   return rc;
 }

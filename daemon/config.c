@@ -1,0 +1,574 @@
+/* config.c: beed's flags and config file.
+ *
+ * One table names every setting.  A flag is "--name VALUE" (or
+ * "--name=VALUE"); a config line is "name = VALUE" with the same names.
+ * Both go through apply(), so a value means the same in either place.  The
+ * parse is pure: it fills a bee_config and an error line and leaves
+ * printing and exiting to main().
+ */
+#include "bee.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum opt_id {
+  O_LISTEN,
+  O_JOIN,
+  O_IDENTITY,
+  O_MODERATOR,
+  O_TOKEN,
+  O_SWARM,
+  O_OPEN,
+  O_REVOCATIONS,
+  O_CONFIG,
+  O_LOG_LEVEL,
+  O_MAX_CONNS,
+  O_NO_LISTEN,
+  O_STATUS_INTERVAL,
+  O_HELP,
+  O_VERSION,
+};
+
+enum opt_kind {
+  K_VALUE, /* takes a value */
+  K_BOOL,  /* a flag sets it; a config line says true or false */
+  K_ACTION /* --help, --version: command line only */
+};
+
+static const struct opt {
+  const char *name;
+  int id;
+  int kind;
+  bool in_file; /* allowed in a config file */
+} opts[] = {
+    {"listen", O_LISTEN, K_VALUE, true},
+    {"join", O_JOIN, K_VALUE, true},
+    {"identity", O_IDENTITY, K_VALUE, true},
+    {"moderator", O_MODERATOR, K_VALUE, true},
+    {"token", O_TOKEN, K_VALUE, true},
+    {"swarm", O_SWARM, K_VALUE, true},
+    {"open", O_OPEN, K_BOOL, true},
+    {"revocations", O_REVOCATIONS, K_VALUE, true},
+    {"config", O_CONFIG, K_VALUE, false},
+    {"log-level", O_LOG_LEVEL, K_VALUE, true},
+    {"max-conns", O_MAX_CONNS, K_VALUE, true},
+    {"no-listen", O_NO_LISTEN, K_BOOL, true},
+    {"status-interval", O_STATUS_INTERVAL, K_VALUE, true},
+    {"help", O_HELP, K_ACTION, false},
+    {"version", O_VERSION, K_ACTION, false},
+};
+#define NOPTS (sizeof opts / sizeof opts[0])
+
+/* Finds the option called name[0..len). */
+static const struct opt *opt_find(const char *name, size_t len) {
+  for (size_t i = 0; i < NOPTS; i++)
+    if (strlen(opts[i].name) == len && memcmp(opts[i].name, name, len) == 0)
+      return &opts[i];
+  return NULL;
+}
+
+/* Formats an error line into err (errlen bytes) and returns code. */
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+void bee_config_init(bee_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  snprintf(cfg->listen, sizeof cfg->listen, "%s", BEE_DEFAULT_LISTEN);
+  snprintf(cfg->identity, sizeof cfg->identity, "%s", BEE_DEFAULT_IDENTITY);
+  snprintf(cfg->swarm, sizeof cfg->swarm, "%s", BEE_DEFAULT_SWARM);
+  cfg->log_level = BEE_LOG_INFO;
+  cfg->max_conns = BEE_DEFAULT_MAX_CONNS;
+  cfg->status_interval_s = BEE_DEFAULT_STATUS_S;
+}
+
+/* ---- values ------------------------------------------------------------ */
+
+/* Parses a decimal number in lo..hi: digits only, no sign or spaces. */
+static int parse_uint(const char *s, unsigned long lo, unsigned long hi,
+                      unsigned *out) {
+  if (!isdigit((unsigned char)s[0]) || strlen(s) > 10)
+    return BEE_ECONFIG;
+  for (const char *p = s; *p; p++)
+    if (!isdigit((unsigned char)*p))
+      return BEE_ECONFIG;
+  unsigned long v = strtoul(s, NULL, 10);
+  if (v < lo || v > hi)
+    return BEE_ECONFIG;
+  *out = (unsigned)v;
+  return 0;
+}
+
+static bool valid_hostname(const char *h) {
+  size_t n = strlen(h), label = 0;
+  if (n == 0 || n > BEE_HOST_MAX - 1)
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)h[i];
+    if (ch == '.') {
+      if (label == 0)
+        return false;
+      label = 0;
+    } else if (isalnum(ch) || ch == '-' || ch == '_') {
+      if (++label > 63)
+        return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+int bee_addr_parse(const char *s, bool listen, char *host, size_t hostcap,
+                   unsigned *port) {
+  const char *colon, *h = s;
+  size_t hlen;
+  bool v6 = false;
+  if (s[0] == '[') {
+    const char *close = strchr(s, ']');
+    if (!close || close[1] != ':')
+      return BEE_ECONFIG;
+    h = s + 1;
+    hlen = (size_t)(close - h);
+    colon = close + 1;
+    v6 = true;
+  } else {
+    colon = strrchr(s, ':');
+    if (!colon)
+      return BEE_ECONFIG;
+    hlen = (size_t)(colon - s);
+    if (memchr(s, ':', hlen)) /* an IPv6 address needs its brackets */
+      return BEE_ECONFIG;
+  }
+  if (hlen >= hostcap || hlen >= BEE_HOST_MAX)
+    return BEE_ECONFIG;
+  memcpy(host, h, hlen);
+  host[hlen] = '\0';
+  if (parse_uint(colon + 1, listen ? 0 : 1, 65535, port))
+    return BEE_ECONFIG;
+
+  unsigned char bin[16];
+  if (v6)
+    return inet_pton(AF_INET6, host, bin) == 1 ? 0 : BEE_ECONFIG;
+  if (hlen == 0)
+    return listen ? 0 : BEE_ECONFIG;
+  if (inet_pton(AF_INET, host, bin) == 1)
+    return 0;
+  if (listen)
+    return BEE_ECONFIG; /* listening needs a numeric address */
+  /* Four dotted numbers that are not an IPv4 address are a typo, not a
+   * host name. */
+  bool numeric = true;
+  for (const char *p = host; *p; p++)
+    if (!isdigit((unsigned char)*p) && *p != '.')
+      numeric = false;
+  return !numeric && valid_hostname(host) ? 0 : BEE_ECONFIG;
+}
+
+static int parse_hex32(const char *s, uint8_t out[PROTO_PK_BYTES]) {
+  if (strlen(s) != 2 * PROTO_PK_BYTES)
+    return BEE_ECONFIG;
+  for (size_t i = 0; i < PROTO_PK_BYTES; i++) {
+    int v = 0;
+    for (int j = 0; j < 2; j++) {
+      int c = (unsigned char)s[2 * i + (size_t)j], d;
+      if (c >= '0' && c <= '9')
+        d = c - '0';
+      else if (c >= 'a' && c <= 'f')
+        d = c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        d = c - 'A' + 10;
+      else
+        return BEE_ECONFIG;
+      v = v << 4 | d;
+    }
+    out[i] = (uint8_t)v;
+  }
+  return 0;
+}
+
+static bool valid_swarm(const char *s) {
+  size_t n = strlen(s);
+  if (n < 1 || n > PROTO_SWARM_MAX)
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (!isalnum(c) && c != '.' && c != '_' && c != '-')
+      return false;
+  }
+  return true;
+}
+
+static int set_path(char *dst, const char *v, char *msg, size_t cap) {
+  size_t n = strlen(v);
+  if (n == 0)
+    return fail(msg, cap, BEE_ECONFIG, "empty file name");
+  if (n >= BEE_PATH_MAX)
+    return fail(msg, cap, BEE_ECONFIG, "file name longer than %d bytes",
+                BEE_PATH_MAX - 1);
+  memcpy(dst, v, n + 1);
+  return 0;
+}
+
+/* Sets one option from its text value.  On failure msg (cap bytes) says
+ * what is wrong with the value, without naming the option. */
+static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
+                 size_t cap) {
+  char host[BEE_HOST_MAX];
+  unsigned u;
+  switch (o->id) {
+  case O_LISTEN:
+  case O_JOIN: {
+    bool listen = o->id == O_LISTEN;
+    if (strlen(v) >= BEE_ADDR_MAX ||
+        bee_addr_parse(v, listen, host, sizeof host, &u))
+      return fail(msg, cap, BEE_ECONFIG, "bad address '%.80s' (want %s)", v,
+                  listen ? "ADDR:PORT, [V6ADDR]:PORT or :PORT"
+                         : "HOST:PORT or [V6ADDR]:PORT");
+    if (listen) {
+      snprintf(cfg->listen, sizeof cfg->listen, "%s", v);
+      return 0;
+    }
+    if (cfg->njoin >= BEE_JOIN_MAX)
+      return fail(msg, cap, BEE_ECONFIG, "more than %d join targets",
+                  BEE_JOIN_MAX);
+    snprintf(cfg->join[cfg->njoin++], BEE_ADDR_MAX, "%s", v);
+    return 0;
+  }
+  case O_IDENTITY: return set_path(cfg->identity, v, msg, cap);
+  case O_TOKEN: return set_path(cfg->token, v, msg, cap);
+  case O_REVOCATIONS: return set_path(cfg->revocations, v, msg, cap);
+  case O_CONFIG: return set_path(cfg->config, v, msg, cap);
+  case O_MODERATOR:
+    if (parse_hex32(v, cfg->moderator_pk))
+      return fail(msg, cap, BEE_ECONFIG,
+                  "bad public key '%.80s' (want %d hex digits)", v,
+                  2 * PROTO_PK_BYTES);
+    cfg->moderated = true;
+    return 0;
+  case O_SWARM:
+    if (!valid_swarm(v))
+      return fail(msg, cap, BEE_ECONFIG,
+                  "bad swarm name '%.80s' (want 1..%d of A-Z a-z 0-9 . _ -)", v,
+                  PROTO_SWARM_MAX);
+    snprintf(cfg->swarm, sizeof cfg->swarm, "%s", v);
+    return 0;
+  case O_LOG_LEVEL:
+    if (bee_log_level_parse(v, &cfg->log_level))
+      return fail(msg, cap, BEE_ECONFIG,
+                  "bad log level '%.80s' (want error, warn, info or debug)", v);
+    return 0;
+  case O_MAX_CONNS:
+    if (parse_uint(v, 1, 65536, &u))
+      return fail(msg, cap, BEE_ECONFIG, "bad number '%.80s' (want 1..65536)",
+                  v);
+    cfg->max_conns = u;
+    return 0;
+  case O_STATUS_INTERVAL:
+    if (parse_uint(v, 0, BEE_STATUS_MAX_S, &u))
+      return fail(msg, cap, BEE_ECONFIG,
+                  "bad number '%.80s' (want seconds, 0..%d)", v,
+                  BEE_STATUS_MAX_S);
+    cfg->status_interval_s = u;
+    return 0;
+  case O_OPEN:
+  case O_NO_LISTEN: {
+    bool b;
+    if (strcmp(v, "true") == 0)
+      b = true;
+    else if (strcmp(v, "false") == 0)
+      b = false;
+    else
+      return fail(msg, cap, BEE_ECONFIG,
+                  "bad value '%.80s' (want true or false)", v);
+    if (o->id == O_OPEN)
+      cfg->open = b;
+    else
+      cfg->no_listen = b;
+    return 0;
+  }
+  }
+  return fail(msg, cap, BEE_ECONFIG, "not a setting");
+}
+
+/* ---- config file ------------------------------------------------------- */
+
+/* Reads one line of f into buf (cap bytes) without its "\n" or "\r\n".
+ * Returns 1 for a line, 0 at end of file, BEE_ETOOBIG for a line longer
+ * than cap - 1 bytes, BEE_EMALFORMED for a NUL byte, -errno on a read
+ * error. */
+static int read_line(FILE *f, char *buf, size_t cap) {
+  size_t n = 0;
+  int c;
+  bool any = false;
+  while ((c = getc(f)) != EOF) {
+    any = true;
+    if (c == '\n')
+      break;
+    if (c == '\0')
+      return BEE_EMALFORMED;
+    if (n + 1 >= cap)
+      return BEE_ETOOBIG;
+    buf[n++] = (char)c;
+  }
+  if (ferror(f))
+    return errno ? -errno : -EIO;
+  if (!any)
+    return 0;
+  if (n > 0 && buf[n - 1] == '\r')
+    n--;
+  buf[n] = '\0';
+  return 1;
+}
+
+static char *trim(char *s) {
+  while (*s == ' ' || *s == '\t')
+    s++;
+  size_t n = strlen(s);
+  while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+    s[--n] = '\0';
+  return s;
+}
+
+/* Applies one line; lineno and path only make the message. */
+static int file_line(bee_config *cfg, char *line, const char *path,
+                     unsigned lineno, char *err, size_t errlen) {
+  char msg[256];
+  char *s = trim(line);
+  if (*s == '\0' || *s == '#')
+    return 0;
+  char *eq = strchr(s, '=');
+  if (!eq)
+    return fail(err, errlen, BEE_ECONFIG,
+                "%s:%u: expected 'key = value', got '%.80s'", path, lineno, s);
+  *eq = '\0';
+  char *key = trim(s), *val = eq + 1;
+  /* A '#' after blank space starts a comment. */
+  for (char *p = val; *p; p++)
+    if (*p == '#' && (p == val || p[-1] == ' ' || p[-1] == '\t')) {
+      *p = '\0';
+      break;
+    }
+  val = trim(val);
+  const struct opt *o = opt_find(key, strlen(key));
+  if (!o)
+    return fail(err, errlen, BEE_ECONFIG, "%s:%u: unknown setting '%.80s'",
+                path, lineno, key);
+  if (!o->in_file)
+    return fail(err, errlen, BEE_ECONFIG,
+                "%s:%u: %s: only allowed on the command line", path, lineno,
+                o->name);
+  if (*val == '\0')
+    return fail(err, errlen, BEE_ECONFIG, "%s:%u: %s: missing value", path,
+                lineno, o->name);
+  int rc = apply(cfg, o, val, msg, sizeof msg);
+  if (rc)
+    return fail(err, errlen, rc, "%s:%u: %s: %s", path, lineno, o->name, msg);
+  return 0;
+}
+
+int bee_config_load_file(bee_config *cfg, const char *path, char *err,
+                         size_t errlen) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    int e = errno;
+    return fail(err, errlen, -e, "config file %s: %s", path, strerror(e));
+  }
+  char *line = malloc(BEE_LINE_MAX + 2);
+  int rc = 0;
+  unsigned lineno = 0;
+  if (!line) {
+    rc = fail(err, errlen, -ENOMEM, "config file %s: out of memory", path);
+    goto out;
+  }
+  for (;;) {
+    lineno++;
+    /* Room for BEE_LINE_MAX bytes, a '\r' and the NUL. */
+    int r = read_line(f, line, BEE_LINE_MAX + 2);
+    if (r == 0)
+      break;
+    if (r == 1 && strlen(line) > BEE_LINE_MAX)
+      r = BEE_ETOOBIG;
+    if (r == BEE_ETOOBIG) {
+      rc = fail(err, errlen, BEE_ECONFIG, "%s:%u: line longer than %d bytes",
+                path, lineno, BEE_LINE_MAX);
+      goto out;
+    }
+    if (r == BEE_EMALFORMED) {
+      rc = fail(err, errlen, BEE_ECONFIG, "%s:%u: NUL byte in line", path,
+                lineno);
+      goto out;
+    }
+    if (r < 0) {
+      rc = fail(err, errlen, r, "config file %s: %s", path, strerror(-r));
+      goto out;
+    }
+    if ((rc = file_line(cfg, line, path, lineno, err, errlen)))
+      goto out;
+  }
+out:
+  free(line);
+  fclose(f);
+  return rc;
+}
+
+/* ---- command line ------------------------------------------------------ */
+
+/* Reads argv[*i] as an option.  Sets *o, and *val to its value (from
+ * "--name=value" or the next argument, advancing *i) or NULL for a
+ * boolean or action.  Returns 0 or BEE_ECONFIG with err set. */
+static int next_flag(int argc, char *const argv[], int *i, const struct opt **o,
+                     const char **val, char *err, size_t errlen) {
+  const char *a = argv[*i];
+  *val = NULL;
+  if (strcmp(a, "-h") == 0) {
+    *o = opt_find("help", 4);
+    return 0;
+  }
+  if (a[0] != '-')
+    return fail(err, errlen, BEE_ECONFIG, "unexpected argument '%.80s'", a);
+  if (strncmp(a, "--", 2) != 0 || a[2] == '\0')
+    return fail(err, errlen, BEE_ECONFIG, "unknown flag '%.80s'", a);
+  const char *name = a + 2, *eq = strchr(name, '=');
+  size_t len = eq ? (size_t)(eq - name) : strlen(name);
+  *o = opt_find(name, len);
+  if (!*o)
+    return fail(err, errlen, BEE_ECONFIG, "unknown flag '--%.*s'",
+                (int)(len > 80 ? 80 : len), name);
+  if ((*o)->kind != K_VALUE) {
+    if (eq)
+      return fail(err, errlen, BEE_ECONFIG, "--%s takes no value", (*o)->name);
+    return 0;
+  }
+  if (eq) {
+    *val = eq + 1;
+    return 0;
+  }
+  /* A following flag is not a value: "--join --open" lacks the address. */
+  if (*i + 1 >= argc || strncmp(argv[*i + 1], "--", 2) == 0)
+    return fail(err, errlen, BEE_ECONFIG, "missing value for --%s", (*o)->name);
+  *val = argv[++*i];
+  return 0;
+}
+
+int bee_config_check(const bee_config *cfg, char *err, size_t errlen) {
+  if (cfg->open && cfg->moderated)
+    return fail(err, errlen, BEE_ECONFIG,
+                "--open and --moderator exclude each other: a swarm is "
+                "either open or moderated");
+  if (!cfg->open && !cfg->moderated)
+    return fail(err, errlen, BEE_ECONFIG,
+                "--moderator PUBKEY (moderated swarm) or --open (open "
+                "swarm) is required");
+  if (cfg->moderated && !cfg->token[0])
+    return fail(err, errlen, BEE_ECONFIG,
+                "--token FILE is required in a moderated swarm "
+                "(--moderator)");
+  if (cfg->open && cfg->token[0])
+    return fail(err, errlen, BEE_ECONFIG,
+                "--token is for moderated swarms; an --open swarm has none");
+  if (cfg->open && cfg->revocations[0])
+    return fail(err, errlen, BEE_ECONFIG,
+                "--revocations needs --moderator to check its signature");
+  return 0;
+}
+
+int bee_config_parse(bee_config *cfg, int argc, char *const argv[], char *err,
+                     size_t errlen) {
+  const struct opt *o;
+  const char *val;
+  char msg[256];
+  int rc;
+  bee_config_init(cfg);
+  if (err && errlen)
+    err[0] = '\0';
+
+  /* Pass 1: --help, --version and --config, which decide what comes
+   * next.  Errors are left for pass 2 to report in order. */
+  for (int i = 1; i < argc; i++) {
+    if (next_flag(argc, argv, &i, &o, &val, NULL, 0))
+      continue;
+    if (o->id == O_HELP || o->id == O_VERSION) {
+      bee_config_init(cfg);
+      cfg->help = o->id == O_HELP;
+      cfg->version = o->id == O_VERSION;
+      return 0;
+    }
+    if (o->id == O_CONFIG && (rc = apply(cfg, o, val, msg, sizeof msg)))
+      return fail(err, errlen, rc, "--config: %s", msg);
+  }
+  if (cfg->config[0] &&
+      (rc = bee_config_load_file(cfg, cfg->config, err, errlen)))
+    return rc;
+
+  /* Pass 2: the flags, over the file. */
+  bool joins_given = false;
+  for (int i = 1; i < argc; i++) {
+    if ((rc = next_flag(argc, argv, &i, &o, &val, err, errlen)))
+      return rc;
+    if (o->id == O_CONFIG)
+      continue;
+    if (o->kind == K_BOOL) {
+      val = "true";
+    } else if (o->id == O_JOIN && !joins_given) {
+      joins_given = true;
+      cfg->njoin = 0;
+    }
+    if ((rc = apply(cfg, o, val, msg, sizeof msg)))
+      return fail(err, errlen, rc, "--%s: %s", o->name, msg);
+  }
+  return bee_config_check(cfg, err, errlen);
+}
+
+void bee_config_usage(FILE *f) {
+  fprintf(
+      f,
+      "usage: beed [FLAGS]\n"
+      "\n"
+      "Runs one node of a beed swarm: a peer-to-peer, decentralized training\n"
+      "daemon.  A swarm is either moderated (--moderator and --token) or\n"
+      "open (--open).\n"
+      "\n"
+      "  --listen ADDR:PORT       listen here (default %s);\n"
+      "                           also [V6ADDR]:PORT and :PORT\n"
+      "  --no-listen              make outgoing connections only\n"
+      "  --join HOST:PORT         a peer to join through (repeatable, up to "
+      "%d)\n"
+      "  --identity FILE          node key, created if missing (default %s)\n"
+      "  --moderator PUBKEY       the swarm moderator's public key (64 hex)\n"
+      "  --token FILE             this node's access token from the "
+      "moderator\n"
+      "  --revocations FILE       moderator-signed list of revoked keys\n"
+      "  --open                   open swarm: no moderator, anyone may join\n"
+      "  --swarm NAME             swarm name (default %s)\n"
+      "  --max-conns N            connection limit, 1..65536 (default %d)\n"
+      "  --status-interval SECS   log a swarm status line this often; 0 = off\n"
+      "                           (default %d)\n"
+      "  --log-level LEVEL        error, warn, info or debug (default info)\n"
+      "  --config FILE            read settings from FILE first\n"
+      "  --help, --version\n"
+      "\n"
+      "A config file holds 'name = value' lines with the flag names without\n"
+      "their dashes ('open = true'); '#' starts a comment.  Flags override\n"
+      "the file; --join flags replace the file's join lines.\n"
+      "\n"
+      "Exit status: 0 after a clean shutdown (SIGINT, SIGTERM), 1 when the\n"
+      "node cannot start (key, token, address), 2 for a bad flag or config.\n",
+      BEE_DEFAULT_LISTEN, BEE_JOIN_MAX, BEE_DEFAULT_IDENTITY, BEE_DEFAULT_SWARM,
+      BEE_DEFAULT_MAX_CONNS, BEE_DEFAULT_STATUS_S);
+}
