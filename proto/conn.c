@@ -558,7 +558,7 @@ void proto_conn_close(proto_conn *c, int code, const char *text) {
   proto__conn_abort(c, code ? code : BEE_ECLOSED, "");
 }
 
-void proto__conn_tick(proto_conn *c, uint64_t now) {
+void proto__conn_tick(proto_conn *c, uint64_t now, uint64_t now_s) {
   proto_host_config *cfg = &c->h->cfg;
   char id[24];
   if (c->state == CONN_CLOSING) {
@@ -573,6 +573,12 @@ void proto__conn_tick(proto_conn *c, uint64_t now) {
                c->state == CONN_HANDSHAKE ? "handshake" : "connect");
       proto__conn_abort(c, BEE_ETIMEOUT, NULL);
     }
+    return;
+  }
+  if (c->peer.token_expires && now_s >= c->peer.token_expires) {
+    bee_warn(COMP, "%s: access token expired, closing (%s)", who(c, id),
+             bee_errname(BEE_ETOKEN_EXPIRED));
+    proto_conn_close(c, BEE_ETOKEN_EXPIRED, bee_strerror(BEE_ETOKEN_EXPIRED));
     return;
   }
   if (c->queued > 0 && now - c->last_write_ms >= cfg->stall_timeout_ms) {

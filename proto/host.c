@@ -2,8 +2,8 @@
  *
  * The host owns every connection.  One timer, ticking every
  * PROTO_TICK_MS, enforces all deadlines (connect, handshake, keepalive,
- * idle, stalled writes, RPC timeouts), so a thousand connections cost one
- * timer, not a thousand.  Incoming connections are capped in total and in
+ * idle, stalled writes, RPC timeouts, the peer's token expiry), so a
+ * thousand connections cost one timer, not a thousand.  Incoming connections are capped in total and in
  * handshakes in flight per source address, so a single host cannot tie up
  * the daemon with half-finished handshakes.
  */
@@ -57,10 +57,10 @@ static void on_handle_closed(uv_handle_t *handle) {
 
 static void tick(uv_timer_t *t) {
   proto_host *h = t->data;
-  uint64_t now = proto__now_ms(h);
+  uint64_t now = proto__now_ms(h), now_s = proto__now_s();
   for (proto_conn *c = h->conns, *next; c; c = next) {
     next = c->next; /* a tick never frees c: closing completes later */
-    proto__conn_tick(c, now);
+    proto__conn_tick(c, now, now_s);
   }
   if (h->closing && h->nall == 0 && !uv_is_closing((uv_handle_t *)t))
     uv_close((uv_handle_t *)t, on_handle_closed);

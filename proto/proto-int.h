@@ -221,8 +221,9 @@ struct proto_host {
 proto_conn *proto__conn_new(proto_host *h, bool initiator, int purpose);
 /* Starts reading and, for an initiator, sends the HELLO. */
 int proto__conn_start(proto_conn *c);
-/* Checks c's deadlines at now_ms (host timer). */
-void proto__conn_tick(proto_conn *c, uint64_t now_ms);
+/* Checks c's deadlines at now_ms (loop clock) and its peer's token
+ * expiry at now_s (wall clock); run by the host timer. */
+void proto__conn_tick(proto_conn *c, uint64_t now_ms, uint64_t now_s);
 /* Tears c down at once with code; runs the callbacks that are due. */
 void proto__conn_abort(proto_conn *c, int code, const char *why);
 /* host.c */

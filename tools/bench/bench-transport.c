@@ -267,9 +267,25 @@ static void pattern_fill(uint8_t *p, size_t n) {
   }
 }
 
-/* Forks the receiver.  It runs fn(o, w, pattern, port_fd) and exits with
- * its status; fn writes the port it listens on (an int) to port_fd.  The
- * parent gets the child's pid and the port. */
+/* The receiver, while one runs: the timeout handler takes it down too. */
+static volatile pid_t receiver_pid = -1;
+
+static void on_alarm(int sig) {
+  static const char msg[] = "bench-transport: timed out\n";
+  (void)sig;
+  if (receiver_pid > 0) {
+    kill(receiver_pid, SIGKILL);
+    waitpid(receiver_pid, NULL, 0);
+  }
+  ssize_t n = write(STDERR_FILENO, msg, sizeof msg - 1);
+  (void)n; /* nothing more to do if even that fails */
+  _exit(124);
+}
+
+/* Forks the receiver, which runs fn and exits with its status.  fn writes
+ * the port it listens on (an int) to port_fd and may write an rx_report
+ * to out_fd.  The parent gets the child's pid, the port, and the reading
+ * end of out_fd in *out_fd (its to close). */
 typedef int (*receiver_fn)(const opts *o, const world *w,
                            const uint8_t *pattern, int port_fd, int out_fd);
 
@@ -311,21 +327,6 @@ static int spawn(receiver_fn fn, const opts *o, const world *w,
     return BEE_ECLOSED; /* the receiver failed to listen and said why */
   }
   return 0;
-}
-
-/* The receiver, while one runs: the timeout handler takes it down too. */
-static volatile pid_t receiver_pid = -1;
-
-static void on_alarm(int sig) {
-  static const char msg[] = "bench-transport: timed out\n";
-  (void)sig;
-  if (receiver_pid > 0) {
-    kill(receiver_pid, SIGKILL);
-    waitpid(receiver_pid, NULL, 0);
-  }
-  if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0)
-    _exit(124);
-  _exit(124);
 }
 
 /* Waits for the receiver; kills it first if the sender failed. */
