@@ -244,23 +244,6 @@ out:
 
 /* ---- handshake ---------------------------------------------------------- */
 
-/* Reads a bin of exactly n bytes (a key or a signature) into out.  Any
- * other size is BEE_ERANGE, longer ones included, which
- * proto__rd_fixbin reports as BEE_ETOOBIG. */
-static int rd_key(proto_rd *r, uint8_t *out, size_t n) {
-  proto_rd save = *r;
-  proto_bytes b;
-  int rc = proto__rd_bin(r, &b, SIZE_MAX);
-  if (rc)
-    return rc;
-  if (b.n != n) {
-    *r = save;
-    return BEE_ERANGE;
-  }
-  memcpy(out, b.p, n);
-  return 0;
-}
-
 static bool purpose_ok(uint64_t v) {
   return v == PROTO_PURPOSE_CONTROL || v == PROTO_PURPOSE_BULK;
 }
@@ -317,7 +300,7 @@ static int hello_fields(proto_rd *r, proto_hello *m) {
   m->ciphers = (int)ciphers;
   if ((rc = proto__rd_bool(r, &m->moderated)))
     return rc;
-  return rd_key(r, m->eph_pk, sizeof m->eph_pk);
+  return proto__rd_fixbin(r, m->eph_pk, sizeof m->eph_pk);
 }
 
 int proto__hello_decode(const uint8_t *buf, size_t len, proto_hello *m) {
@@ -368,7 +351,7 @@ static int auth_fields(proto_rd *r, proto_auth_msg *m) {
   if ((rc = proto__rd_nil(r)) < 0)
     return rc;
   m->has_eph = rc == 0;
-  if (m->has_eph && (rc = rd_key(r, m->eph_pk, sizeof m->eph_pk)))
+  if (m->has_eph && (rc = proto__rd_fixbin(r, m->eph_pk, sizeof m->eph_pk)))
     return rc;
   if (m->has_eph ? !cipher_ok(cipher) : cipher != 0)
     return BEE_ERANGE;
@@ -416,7 +399,7 @@ int proto__auth_inner_encode(const proto_auth_inner *m, uint8_t *buf,
  * encoding, nil; an empty bin is refused. */
 static int auth_inner_fields(proto_rd *r, proto_auth_inner *m) {
   int rc;
-  if ((rc = rd_key(r, m->id_pk, sizeof m->id_pk)))
+  if ((rc = proto__rd_fixbin(r, m->id_pk, sizeof m->id_pk)))
     return rc;
   if ((rc = proto__rd_nil(r)) < 0)
     return rc;
@@ -426,7 +409,7 @@ static int auth_inner_fields(proto_rd *r, proto_auth_inner *m) {
     if (m->token.n == 0)
       return BEE_ERANGE;
   }
-  return rd_key(r, m->sig, sizeof m->sig);
+  return proto__rd_fixbin(r, m->sig, sizeof m->sig);
 }
 
 int proto__auth_inner_decode(const uint8_t *buf, size_t len,

@@ -82,35 +82,6 @@ int proto_unhex(const char *s, uint8_t *out, size_t n) {
   return 0;
 }
 
-/* Finds the one content line of a key file: skips comment and blank lines,
- * requires "KEY_MAGIC <payload>" with optional trailing blanks, and no
- * further content line.  On success the payload is buf[*off, *off + *n). */
-static int key_line(const char *buf, size_t len, size_t *off, size_t *n) {
-  size_t i = 0;
-  bool found = false;
-  while (i < len) {
-    size_t start = i, end;
-    while (i < len && buf[i] != '\n')
-      i++;
-    end = i;
-    if (i < len)
-      i++; /* the newline */
-    while (end > start && (buf[end - 1] == ' ' || buf[end - 1] == '\t' ||
-                           buf[end - 1] == '\r'))
-      end--;
-    if (end == start || buf[start] == '#')
-      continue;
-    size_t ml = sizeof KEY_MAGIC - 1;
-    if (found || end - start <= ml + 1 || memcmp(buf + start, KEY_MAGIC, ml) ||
-        buf[start + ml] != ' ')
-      return BEE_EKEYFILE;
-    *off = start + ml + 1;
-    *n = end - *off;
-    found = true;
-  }
-  return found ? 0 : BEE_EKEYFILE;
-}
-
 /* Reads the key file on an open fd, checking its mode on that same fd so
  * the file checked is the file read. */
 static int load_fd(proto_identity *out, int fd) {
@@ -142,7 +113,7 @@ static int load_fd(proto_identity *out, int fd) {
       goto out;
     }
   }
-  if ((rc = key_line(buf, got, &off, &n)))
+  if ((rc = proto__text_line(buf, got, KEY_MAGIC, &off, &n)))
     goto out;
   if (n != 2 * SEED_BYTES) {
     rc = BEE_EKEYFILE;

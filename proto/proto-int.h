@@ -40,7 +40,8 @@ int proto__rd_nil(proto_rd *r);
 /* Reads a str (or bin) of at most max bytes as a view. */
 int proto__rd_str(proto_rd *r, proto_bytes *out, size_t max);
 int proto__rd_bin(proto_rd *r, proto_bytes *out, size_t max);
-/* Reads a bin of exactly n bytes into out. */
+/* Reads a bin of exactly n bytes (a key, a signature) into out; any
+ * other size is BEE_ERANGE. */
 int proto__rd_fixbin(proto_rd *r, uint8_t *out, size_t n);
 /* Skips one value of any type, nested at most depth levels. */
 int proto__rd_skip(proto_rd *r, int depth);
@@ -94,6 +95,12 @@ static inline uint32_t proto__get_u32(const uint8_t *p) {
   return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 |
          (uint32_t)p[3];
 }
+/* Finds the one content line "magic <payload>" of a small text file
+ * (keys, tokens, lists): '#' comments and blank lines are skipped,
+ * trailing blanks ignored, a second content line refused.  The payload is
+ * buf[*off, *off + *n).  BEE_EKEYFILE when there is no such line. */
+int proto__text_line(const char *buf, size_t len, const char *magic,
+                     size_t *off, size_t *n);
 /* Reads a whole small file (at most max bytes) into a heap buffer. */
 int proto__read_file(const char *path, size_t max, uint8_t **out, size_t *len);
 /* Writes a file atomically (temp file + rename) with the given mode. */

@@ -171,8 +171,10 @@ typedef struct proto_msg {
 
 /* Upper bound on proto_msg_encode's output for m. */
 size_t proto_msg_encoded_max(const proto_msg *m);
-/* Encodes m into buf (cap bytes).  Returns 0 and the length in *len, or
- * BEE_ETOOBIG when a field is over its limit or buf is too small. */
+/* Encodes m into buf (cap bytes).  Returns 0 and the length in *len,
+ * BEE_ETOOBIG when a field is over its limit or buf is too small,
+ * BEE_EUNKNOWN for a type that is not an envelope message, BEE_ERANGE for
+ * an empty method or kind name. */
 int proto_msg_encode(const proto_msg *m, uint8_t *buf, size_t cap, size_t *len);
 /* Strictly decodes one envelope message that fills buf exactly.  On success
  * *m holds views into buf.  Never allocates. */
@@ -476,7 +478,10 @@ void proto_host_close(proto_host *h);
  * Returns 0 or a negative code; the bound port goes to *port if non-NULL. */
 int proto_host_listen(proto_host *h, const char *addr, int *port);
 /* Resolves "HOST:PORT" (uv_getaddrinfo), connects and handshakes for
- * purpose.  cb runs exactly once unless this returns an error. */
+ * purpose.  cb runs exactly once unless this returns an error.  For a
+ * control connection to a peer we already have one with, cb gets that
+ * existing connection (see proto_host_find), which may be one the peer
+ * opened to us. */
 int proto_host_connect(proto_host *h, const char *hostport, int purpose,
                        proto_connect_cb cb, void *arg);
 /* Number of live authenticated connections. */
@@ -497,7 +502,7 @@ void proto_host_foreach(const proto_host *h, void (*fn)(proto_conn *c, void *arg
 
 /* The authenticated peer on c. */
 const proto_peer *proto_conn_peer(const proto_conn *c);
-/* "ip:port" of the remote end. */
+/* "ip:port" of the remote end ("[ip]:port" for IPv6). */
 const char *proto_conn_addr(const proto_conn *c);
 void proto_conn_set_data(proto_conn *c, void *data);
 void *proto_conn_get_data(const proto_conn *c);
@@ -505,7 +510,9 @@ void *proto_conn_get_data(const proto_conn *c);
 size_t proto_conn_queued(const proto_conn *c);
 
 /* Sends a request; cb runs exactly once unless this returns an error.
- * timeout_ms 0 means the host default.  The request id goes to *id. */
+ * timeout_ms 0 means the host default.  The request id goes to *id.
+ * This and every send below copy the payload before returning: the
+ * caller keeps its buffer. */
 int proto_conn_call(proto_conn *c, const char *method, const uint8_t *payload,
                     size_t len, uint64_t timeout_ms, proto_reply_cb cb,
                     void *arg, uint64_t *id);
@@ -523,7 +530,10 @@ int proto_conn_send(proto_conn *c, const proto_msg *m);
 /* Sends one stream chunk of up to PROTO_CHUNK_MAX bytes (copied). */
 int proto_conn_send_chunk(proto_conn *c, uint64_t stream_id, uint64_t offset,
                           const uint8_t *data, size_t len);
-/* Closes c with a reason the peer logs; on_down runs later. */
+/* Closes c with a reason the peer logs.  Pending calls fail with
+ * BEE_ECLOSED and on_down runs before this returns (if on_up ran); the
+ * memory goes back to the loop later, so c stays valid until the current
+ * callback returns, but must not be used after that. */
 void proto_conn_close(proto_conn *c, int code, const char *text);
 
 #endif /* BEE_PROTO_H */

@@ -75,53 +75,11 @@ static int rd_swarm(proto_rd *r, char out[PROTO_SWARM_MAX + 1]) {
   return 0;
 }
 
-/* Reads a bin that must be exactly n bytes; any other size is BEE_ERANGE
- * (proto__rd_fixbin reports an oversized one as BEE_ETOOBIG). */
-static int rd_exact(proto_rd *r, uint8_t *out, size_t n) {
-  proto_bytes b;
-  int rc = proto__rd_bin(r, &b, SIZE_MAX);
-  if (rc)
-    return rc;
-  if (b.n != n)
-    return BEE_ERANGE;
-  memcpy(out, b.p, n);
-  return 0;
-}
-
 static int check_swarm(const char *swarm) {
   size_t n = strlen(swarm);
   if (n == 0)
     return BEE_ERANGE;
   return n > PROTO_SWARM_MAX ? BEE_ETOOBIG : 0;
-}
-
-/* Finds the one content line "magic <payload>" of a text file, skipping
- * '#' comments and blank lines; trailing blanks are ignored.  The payload
- * is buf[*off, *off + *n). */
-static int text_line(const char *buf, size_t len, const char *magic,
-                     size_t *off, size_t *n) {
-  size_t ml = strlen(magic), i = 0;
-  bool found = false;
-  while (i < len) {
-    size_t start = i, end;
-    while (i < len && buf[i] != '\n')
-      i++;
-    end = i;
-    if (i < len)
-      i++;
-    while (end > start && (buf[end - 1] == ' ' || buf[end - 1] == '\t' ||
-                           buf[end - 1] == '\r'))
-      end--;
-    if (end == start || buf[start] == '#')
-      continue;
-    if (found || end - start <= ml + 1 || memcmp(buf + start, magic, ml) ||
-        buf[start + ml] != ' ')
-      return BEE_EKEYFILE;
-    *off = start + ml + 1;
-    *n = end - *off;
-    found = true;
-  }
-  return found ? 0 : BEE_EKEYFILE;
 }
 
 /* Reads the file at path (at most max bytes) and base64-decodes its
@@ -133,7 +91,7 @@ static int load_b64(const char *path, size_t max, const char *magic,
   int rc = proto__read_file(path, max, &file, &len);
   if (rc)
     return rc;
-  if ((rc = text_line((const char *)file, len, magic, &off, &n)))
+  if ((rc = proto__text_line((const char *)file, len, magic, &off, &n)))
     goto out;
   size_t cap = n / 4 * 3 + 3;
   if (!(bin = malloc(cap))) {
@@ -243,7 +201,7 @@ int proto_token_decode(const uint8_t *buf, size_t len, proto_token *out) {
   proto__rd_init(&r, buf, len);
   if ((rc = proto__rd_head(&r, PROTO_T_TOKEN, 7, &type)) ||
       (rc = rd_swarm(&r, out->swarm)) ||
-      (rc = rd_exact(&r, out->peer_pk, PROTO_PK_BYTES)) ||
+      (rc = proto__rd_fixbin(&r, out->peer_pk, PROTO_PK_BYTES)) ||
       (rc = proto__rd_uint(&r, &role)))
     goto out;
   if (!role_valid(role)) {
@@ -258,8 +216,8 @@ int proto_token_decode(const uint8_t *buf, size_t len, proto_token *out) {
     rc = BEE_ERANGE;
     goto out;
   }
-  if ((rc = rd_exact(&r, out->moderator_pk, PROTO_PK_BYTES)) ||
-      (rc = rd_exact(&r, out->sig, PROTO_SIG_BYTES)) ||
+  if ((rc = proto__rd_fixbin(&r, out->moderator_pk, PROTO_PK_BYTES)) ||
+      (rc = proto__rd_fixbin(&r, out->sig, PROTO_SIG_BYTES)) ||
       (rc = proto__rd_end(&r)))
     goto out;
   memcpy(out->raw, buf, len);
@@ -485,7 +443,7 @@ int proto_revocation_decode(const uint8_t *buf, size_t len,
   proto__rd_init(&r, buf, len);
   if ((rc = proto__rd_head(&r, PROTO_T_REVOCATION, 6, &type)) ||
       (rc = rd_swarm(&r, tmp.swarm)) ||
-      (rc = rd_exact(&r, tmp.moderator_pk, PROTO_PK_BYTES)) ||
+      (rc = proto__rd_fixbin(&r, tmp.moderator_pk, PROTO_PK_BYTES)) ||
       (rc = proto__rd_uint(&r, &tmp.seq)) ||
       (rc = proto__rd_uint(&r, &tmp.issued)) || (rc = proto__rd_array(&r, &n)))
     goto out;
@@ -498,7 +456,7 @@ int proto_revocation_decode(const uint8_t *buf, size_t len,
     goto out;
   }
   for (tmp.n = 0; tmp.n < n; tmp.n++) {
-    if ((rc = rd_exact(&r, tmp.keys[tmp.n], PROTO_PK_BYTES)))
+    if ((rc = proto__rd_fixbin(&r, tmp.keys[tmp.n], PROTO_PK_BYTES)))
       goto out;
     if (tmp.n > 0 &&
         memcmp(tmp.keys[tmp.n - 1], tmp.keys[tmp.n], PROTO_PK_BYTES) >= 0) {
@@ -506,7 +464,7 @@ int proto_revocation_decode(const uint8_t *buf, size_t len,
       goto out;
     }
   }
-  if ((rc = rd_exact(&r, sig, PROTO_SIG_BYTES)) || (rc = proto__rd_end(&r)))
+  if ((rc = proto__rd_fixbin(&r, sig, PROTO_SIG_BYTES)) || (rc = proto__rd_end(&r)))
     goto out;
   if (memcmp(tmp.moderator_pk, moderator_pk, PROTO_PK_BYTES) != 0) {
     rc = BEE_ETOKEN_MODERATOR;

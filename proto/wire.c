@@ -25,7 +25,7 @@ void proto__rd_init(proto_rd *r, const uint8_t *buf, size_t len) {
   r->end = buf + len;
 }
 
-/* Reads a big-endian unsigned integer of n bytes at r->p + off. */
+/* Reads a big-endian unsigned integer of n bytes at p. */
 static uint64_t be(const uint8_t *p, int n) {
   uint64_t v = 0;
   for (int i = 0; i < n; i++)
@@ -33,8 +33,7 @@ static uint64_t be(const uint8_t *p, int n) {
   return v;
 }
 
-/* Reads a length-prefixed header: tag byte then an n-byte length.  Sets
- * *hdr to the header size and *count to the length. */
+/* BEE_ETRUNCATED unless n more bytes are there. */
 static int need(const proto_rd *r, size_t n) {
   return proto__rd_left(r) < n ? BEE_ETRUNCATED : 0;
 }
@@ -393,6 +392,32 @@ uint64_t proto__now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (uint64_t)ts.tv_sec;
+}
+
+int proto__text_line(const char *buf, size_t len, const char *magic,
+                     size_t *off, size_t *n) {
+  size_t ml = strlen(magic), i = 0;
+  bool found = false;
+  while (i < len) {
+    size_t start = i, end;
+    while (i < len && buf[i] != '\n')
+      i++;
+    end = i;
+    if (i < len)
+      i++;
+    while (end > start && (buf[end - 1] == ' ' || buf[end - 1] == '\t' ||
+                           buf[end - 1] == '\r'))
+      end--;
+    if (end == start || buf[start] == '#')
+      continue;
+    if (found || end - start <= ml + 1 || memcmp(buf + start, magic, ml) ||
+        buf[start + ml] != ' ')
+      return BEE_EKEYFILE;
+    *off = start + ml + 1;
+    *n = end - *off;
+    found = true;
+  }
+  return found ? 0 : BEE_EKEYFILE;
 }
 
 int proto__read_file(const char *path, size_t max, uint8_t **out, size_t *len) {
