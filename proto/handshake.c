@@ -69,6 +69,8 @@ proto_hs *proto_hs_new(const proto_auth *auth, bool initiator, int purpose,
 void proto_hs_free(proto_hs *hs) {
   if (!hs)
     return;
+  proto_sealer_clear(&hs->tx); /* unless proto_hs_result moved them */
+  proto_sealer_clear(&hs->rx);
   sodium_memzero(hs, sizeof *hs);
   free(hs);
 }
@@ -448,9 +450,9 @@ int proto_hs_result(proto_hs *hs, proto_peer *peer, proto_sealer *tx,
   if (hs->state != HS_DONE)
     return BEE_ECLOSED;
   *peer = hs->peer;
-  *tx = hs->tx;
+  *tx = hs->tx; /* moved: the caller clears them */
   *rx = hs->rx;
-  proto_sealer_clear(&hs->tx);
-  proto_sealer_clear(&hs->rx);
+  sodium_memzero(&hs->tx, sizeof hs->tx);
+  sodium_memzero(&hs->rx, sizeof hs->rx);
   return 0;
 }

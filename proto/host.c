@@ -38,6 +38,7 @@ void proto_host_config_default(proto_host_config *cfg) {
 uint64_t proto__now_ms(const proto_host *h) { return uv_now(h->loop); }
 
 static void host_free(proto_host *h) {
+  proto__conn_pool_free(h);
   while (h->methods) {
     proto_method *m = h->methods;
     h->methods = m->next;

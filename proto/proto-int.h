@@ -109,6 +109,11 @@ int proto__write_file(const char *path, const void *p, size_t n, int mode,
 
 /* seal.c: sets up one direction of sealed traffic. */
 int proto__sealer_init(proto_sealer *s, int cipher, const uint8_t key[32]);
+/* Seals the concatenation hdr || data into out (hlen + len bytes, then
+ * the tag), reading the parts where they are: no copy first.  hdr may be
+ * out itself (in place); data may be out + hlen. */
+int proto__seal_parts(proto_sealer *s, uint8_t *out, const uint8_t *hdr,
+                      size_t hlen, const uint8_t *data, size_t len);
 /* The PROTO_CIPHER_* this CPU runs (AES-GCM only with AES-NI). */
 int proto__ciphers_local(void);
 
@@ -219,6 +224,8 @@ struct proto_host {
   bool closing;
   int handles; /* open uv handles and in-flight requests; free at 0 */
   proto_conn *conns;
+  void *wpool;   /* free chunk-sized write buffers (conn.c) */
+  size_t nwpool;
   size_t nall; /* every connection object, any state */
   size_t nup;
   proto_method *methods;
@@ -233,6 +240,8 @@ int proto__conn_start(proto_conn *c);
 void proto__conn_tick(proto_conn *c, uint64_t now_ms, uint64_t now_s);
 /* Tears c down at once with code; runs the callbacks that are due. */
 void proto__conn_abort(proto_conn *c, int code, const char *why);
+/* Frees the host's pool of write buffers. */
+void proto__conn_pool_free(proto_host *h);
 /* host.c */
 void proto__host_unlink(proto_host *h, proto_conn *c);
 void proto__host_handle_done(proto_host *h);

@@ -369,12 +369,14 @@ typedef struct proto_peer {
 } proto_peer;
 
 /* One direction of sealed traffic: key plus a nonce counter that only
- * grows, so no nonce repeats under one key. */
+ * grows, so no nonce repeats under one key.  A sealer owns a cipher
+ * context once used: release it with proto_sealer_clear.  It may be moved
+ * by value, but only one copy may be cleared. */
 typedef struct proto_sealer {
   int cipher;
   uint64_t counter;
   uint8_t key[32];
-  _Alignas(16) uint8_t state[512]; /* libsodium precomputed AES-GCM state */
+  void *ctx; /* AES-256-GCM: the libcrypto context, made on first use */
 } proto_sealer;
 
 /* Seals buf[0..len) in place and appends the PROTO_TAG_BYTES tag, so buf
@@ -385,6 +387,7 @@ int proto_seal(proto_sealer *s, uint8_t *buf, size_t len);
  * plaintext is buf[0..*plain_len).  BEE_EAUTH on a forged, replayed,
  * reordered or corrupted body. */
 int proto_open(proto_sealer *s, uint8_t *buf, size_t len, size_t *plain_len);
+/* Frees the sealer's context and wipes its key. */
 void proto_sealer_clear(proto_sealer *s);
 
 /* Handshake state machine.  The initiator calls proto_hs_step with no input

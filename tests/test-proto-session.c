@@ -79,6 +79,13 @@ static void run(const node *a, const node *b, int purpose, int tamper_msg,
   proto_hs_free(hr);
 }
 
+static void result_clear(result *r) {
+  proto_sealer_clear(&r->tx_i);
+  proto_sealer_clear(&r->rx_i);
+  proto_sealer_clear(&r->tx_r);
+  proto_sealer_clear(&r->rx_r);
+}
+
 /* Both sides fail: the refuser with code, the refused with BEE_EREMOTE
  * carrying code. */
 static void expect_refusal(const node *a, const node *b, int purpose,
@@ -94,6 +101,7 @@ static void expect_refusal(const node *a, const node *b, int purpose,
     ASSERT_RC(r.rc_r, BEE_EREMOTE);
     ASSERT_RC(r.remote_r, code);
   }
+  result_clear(&r);
 }
 
 static void traffic(result *r) {
@@ -155,6 +163,8 @@ static void test_ok(void) {
   ASSERT_RC(proto_open(&r2.rx_r, m1, sizeof m1, &plen), BEE_EAUTH);
   /* Too short to hold a tag. */
   ASSERT_RC(proto_open(&r2.rx_r, m1, 5, &plen), BEE_EAUTH);
+  result_clear(&r);
+  result_clear(&r2);
 }
 
 static void test_xchacha(void) {
@@ -167,6 +177,7 @@ static void test_xchacha(void) {
   ASSERT_OK(r.rc_i);
   ASSERT_EQ(r.peer_i.cipher, PROTO_CIPHER_XCHACHA20POLY1305);
   traffic(&r);
+  result_clear(&r);
   if (crypto_aead_aes256gcm_is_available()) {
     a.auth.ciphers = PROTO_CIPHER_AES256GCM;
     expect_refusal(&a, &b, PROTO_PURPOSE_CONTROL, true, BEE_ECIPHER);
@@ -184,6 +195,7 @@ static void test_open_swarm(void) {
   ASSERT_OK(r.rc_i);
   ASSERT_OK(r.rc_r);
   ASSERT_EQ(r.peer_i.role, PROTO_ROLE_BEE);
+  result_clear(&r);
   /* Open meets moderated, either way round. */
   node_init(&b, "test", PROTO_ROLE_BEE, NOW + DAY);
   expect_refusal(&a, &b, PROTO_PURPOSE_CONTROL, true, BEE_EOPEN_MISMATCH);
@@ -233,6 +245,7 @@ static void test_refusals(void) {
   run(&c, &b, PROTO_PURPOSE_CONTROL, -1, 0, &r);
   ASSERT_OK(r.rc_r);
   ASSERT_EQ(r.peer_r.role, PROTO_ROLE_MONITOR);
+  result_clear(&r);
   expect_refusal(&c, &b, PROTO_PURPOSE_BULK, true, BEE_ETOKEN_ROLE);
 
   /* Revoked. */
@@ -248,6 +261,7 @@ static void test_refusals(void) {
   run(&a, &a, PROTO_PURPOSE_CONTROL, -1, 0, &r);
   ASSERT(r.rc_i == BEE_ESELF || r.rc_r == BEE_ESELF);
   ASSERT(r.rc_i != 0 && r.rc_r != 0);
+  result_clear(&r);
 }
 
 /* Flipping any one byte of any handshake message never yields a session
@@ -259,6 +273,7 @@ static void test_tamper(void) {
   node_init(&b, "test", PROTO_ROLE_BEE, NOW + DAY);
   run(&a, &b, PROTO_PURPOSE_CONTROL, -1, 0, &clean);
   ASSERT_OK(clean.rc_i);
+  result_clear(&clean);
   size_t tried = 0;
   for (int msg = 0; msg < 4; msg++) {
     ASSERT_GT(clean.lens[msg], 0);
@@ -268,6 +283,7 @@ static void test_tamper(void) {
       if (r.done_i)
         FAIL("flip in message %d at byte %zu gave a session", msg, pos);
       ASSERT(r.rc_i != 0 || r.rc_r != 0);
+      result_clear(&r);
     }
   }
   ASSERT_GT(tried, 150); /* every third byte of ~700 */
