@@ -281,7 +281,26 @@ int proto__hello_encode(const proto_hello *m, uint8_t *buf, size_t cap,
 }
 
 /* Reads HELLO's fields after the head into m. */
-static int hello_fields(proto_rd *r, proto_hello *m) {
+/* Decodes a handshake message [1, type, nfields fields] whose fields
+ * fields() reads into m (msize bytes); m is all zero on failure. */
+static int decode(const uint8_t *buf, size_t len, int type, uint32_t nfields,
+                  int (*fields)(proto_rd *r, void *m), void *m, size_t msize) {
+  proto_rd r;
+  int t;
+  memset(m, 0, msize);
+  proto__rd_init(&r, buf, len);
+  int rc = proto__rd_head(&r, type, nfields, &t);
+  if (rc == 0)
+    rc = fields(&r, m);
+  if (rc == 0)
+    rc = proto__rd_end(&r);
+  if (rc)
+    memset(m, 0, msize);
+  return rc;
+}
+
+static int hello_fields(proto_rd *r, void *out) {
+  proto_hello *m = out;
   uint64_t purpose, ciphers;
   int rc;
   if ((rc = proto__rd_str(r, &m->swarm, PROTO_SWARM_MAX)))
@@ -304,18 +323,7 @@ static int hello_fields(proto_rd *r, proto_hello *m) {
 }
 
 int proto__hello_decode(const uint8_t *buf, size_t len, proto_hello *m) {
-  proto_rd r;
-  int type;
-  memset(m, 0, sizeof *m);
-  proto__rd_init(&r, buf, len);
-  int rc = proto__rd_head(&r, PROTO_T_HELLO, 5, &type);
-  if (rc == 0)
-    rc = hello_fields(&r, m);
-  if (rc == 0)
-    rc = proto__rd_end(&r);
-  if (rc)
-    memset(m, 0, sizeof *m);
-  return rc;
+  return decode(buf, len, PROTO_T_HELLO, 5, hello_fields, m, sizeof *m);
 }
 
 /* AUTH = [1, 21, cipher, eph_pk or nil, sealed].  With has_eph the cipher
@@ -343,7 +351,8 @@ int proto__auth_encode(const proto_auth_msg *m, uint8_t *buf, size_t cap,
 }
 
 /* Reads AUTH's fields after the head into m. */
-static int auth_fields(proto_rd *r, proto_auth_msg *m) {
+static int auth_fields(proto_rd *r, void *out) {
+  proto_auth_msg *m = out;
   uint64_t cipher;
   int rc;
   if ((rc = proto__rd_uint(r, &cipher)))
@@ -360,18 +369,7 @@ static int auth_fields(proto_rd *r, proto_auth_msg *m) {
 }
 
 int proto__auth_decode(const uint8_t *buf, size_t len, proto_auth_msg *m) {
-  proto_rd r;
-  int type;
-  memset(m, 0, sizeof *m);
-  proto__rd_init(&r, buf, len);
-  int rc = proto__rd_head(&r, PROTO_T_AUTH, 3, &type);
-  if (rc == 0)
-    rc = auth_fields(&r, m);
-  if (rc == 0)
-    rc = proto__rd_end(&r);
-  if (rc)
-    memset(m, 0, sizeof *m);
-  return rc;
+  return decode(buf, len, PROTO_T_AUTH, 3, auth_fields, m, sizeof *m);
 }
 
 /* AUTH inner = [1, 21, id_pk, token or nil, sig].  token.n == 0 is sent
@@ -397,7 +395,8 @@ int proto__auth_inner_encode(const proto_auth_inner *m, uint8_t *buf,
 
 /* Reads the inner AUTH fields after the head into m.  "No token" has one
  * encoding, nil; an empty bin is refused. */
-static int auth_inner_fields(proto_rd *r, proto_auth_inner *m) {
+static int auth_inner_fields(proto_rd *r, void *out) {
+  proto_auth_inner *m = out;
   int rc;
   if ((rc = proto__rd_fixbin(r, m->id_pk, sizeof m->id_pk)))
     return rc;
@@ -414,18 +413,7 @@ static int auth_inner_fields(proto_rd *r, proto_auth_inner *m) {
 
 int proto__auth_inner_decode(const uint8_t *buf, size_t len,
                              proto_auth_inner *m) {
-  proto_rd r;
-  int type;
-  memset(m, 0, sizeof *m);
-  proto__rd_init(&r, buf, len);
-  int rc = proto__rd_head(&r, PROTO_T_AUTH, 3, &type);
-  if (rc == 0)
-    rc = auth_inner_fields(&r, m);
-  if (rc == 0)
-    rc = proto__rd_end(&r);
-  if (rc)
-    memset(m, 0, sizeof *m);
-  return rc;
+  return decode(buf, len, PROTO_T_AUTH, 3, auth_inner_fields, m, sizeof *m);
 }
 
 /* RESULT = [1, 22, code, text].  A NULL text is sent as ""; one over
@@ -443,25 +431,26 @@ int proto__result_encode(int64_t code, const char *text, uint8_t *buf,
   return wr_done(&w, len);
 }
 
+typedef struct result_msg {
+  int64_t code;
+  proto_bytes text;
+} result_msg;
+
+static int result_fields(proto_rd *r, void *out) {
+  result_msg *m = out;
+  int rc = proto__rd_int(r, &m->code);
+  return rc ? rc : proto__rd_str(r, &m->text, PROTO_TEXT_MAX);
+}
+
 /* *text is a view into buf (not NUL-terminated); *code and *text are set
  * only on success. */
 int proto__result_decode(const uint8_t *buf, size_t len, int64_t *code,
                          proto_bytes *text) {
-  proto_rd r;
-  int type;
-  int64_t c = 0;
-  proto_bytes t = {0};
-  proto__rd_init(&r, buf, len);
-  int rc = proto__rd_head(&r, PROTO_T_RESULT, 2, &type);
-  if (rc == 0)
-    rc = proto__rd_int(&r, &c);
-  if (rc == 0)
-    rc = proto__rd_str(&r, &t, PROTO_TEXT_MAX);
-  if (rc == 0)
-    rc = proto__rd_end(&r);
+  result_msg m;
+  int rc = decode(buf, len, PROTO_T_RESULT, 2, result_fields, &m, sizeof m);
   if (rc)
     return rc;
-  *code = c;
-  *text = t;
+  *code = m.code;
+  *text = m.text;
   return 0;
 }

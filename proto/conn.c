@@ -496,12 +496,6 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     memmove(c->rbuf, c->rbuf + off, c->rlen - off);
     c->rlen -= off;
   }
-  /* A buffer grown for a big frame goes back once it is drained. */
-  if (c->rlen == 0 && c->rcap > 4 * RBUF_STEP) {
-    free(c->rbuf);
-    c->rbuf = NULL;
-    c->rcap = 0;
-  }
 }
 
 /* ---- life cycle --------------------------------------------------------- */
@@ -630,6 +624,13 @@ void proto__conn_tick(proto_conn *c, uint64_t now, uint64_t now_s) {
              (unsigned long long)(now - c->last_rx_ms));
     proto__conn_abort(c, BEE_ETIMEOUT, NULL);
     return;
+  }
+  /* A receive buffer grown for big frames goes back once the connection
+   * has been quiet for a second, not between two frames of a stream. */
+  if (c->rlen == 0 && c->rcap > 4 * RBUF_STEP && now - c->last_rx_ms >= 1000) {
+    free(c->rbuf);
+    c->rbuf = NULL;
+    c->rcap = 0;
   }
   if (now - c->last_rx_ms >= cfg->keepalive_ms && !c->ping_sent_ms) {
     proto_msg ping = {.type = PROTO_T_PING, .id = now};
