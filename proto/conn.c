@@ -26,7 +26,7 @@
 typedef struct wreq {
   uv_write_t req;
   proto_conn *c;
-  size_t len;
+  size_t len;        /* frame bytes */
   bool pooled;       /* chunk-sized: goes back to the host's pool */
   struct wreq *next; /* in the pool */
   uint8_t buf[];     /* the whole frame: header, body, tag */
@@ -80,7 +80,7 @@ static void write_cb(uv_write_t *req, int status) {
   wreq *w = (wreq *)req;
   proto_conn *c = w->c;
   proto_host *h = c->h;
-  c->queued -= w->len;
+  c->queued -= sizeof(wreq) + w->len;
   c->last_write_ms = proto__now_ms(h);
   wreq_free(h, w);
   if (status < 0 && status != UV_ECANCELED && c->state != CONN_CLOSING) {
@@ -113,7 +113,9 @@ static int write_frame(proto_conn *c, wreq *w, size_t body_len) {
   }
   if (c->queued == 0)
     c->last_write_ms = proto__now_ms(c->h);
-  c->queued += w->len;
+  /* The queue counts what a write costs in memory, not just its frame:
+   * for tiny messages the request itself is most of it. */
+  c->queued += sizeof(wreq) + w->len;
   return 0;
 }
 
@@ -153,15 +155,24 @@ void proto__conn_pool_free(proto_host *h) {
   h->nwpool = 0;
 }
 
-/* Sends one sealed message.  Control messages (pings, replies to the
- * protocol itself, CLOSE) skip the queue limit; they are small, and the
- * stall timeout bounds a peer that never reads them. */
+/* Sends one sealed message.  Control messages (pongs, error replies,
+ * cancels, CLOSE) may pass the queue limit by CONTROL_SLACK, so they are
+ * not lost behind bulk data; a peer that makes us queue more than that
+ * (say, by sending pings it never reads the answers to) is closed. */
+#define CONTROL_SLACK (1u << 20)
 static int send_msg(proto_conn *c, const proto_msg *m, bool control) {
   if (c->state != CONN_UP)
     return BEE_ECLOSED;
   size_t max = proto_msg_encoded_max(m);
-  if (!control && c->queued > 0 &&
-      c->queued + max > c->h->cfg.write_queue_max) {
+  size_t limit = c->h->cfg.write_queue_max + (control ? CONTROL_SLACK : 0);
+  if (c->queued > 0 && c->queued + max > limit) {
+    if (control) {
+      char id[24];
+      bee_warn(COMP, "%s: peer does not read what it asks for (%zu bytes "
+               "queued), closing", who(c, id), c->queued);
+      proto__conn_abort(c, BEE_EQUEUE, NULL);
+      return BEE_ECLOSED;
+    }
     c->want_drain = true;
     return BEE_EQUEUE;
   }

@@ -457,7 +457,7 @@ typedef struct proto_host_config {
   uint64_t keepalive_ms;         /* ping after this much silence; default 15000 */
   uint64_t rpc_timeout_ms;       /* default per-call timeout, default 10000 */
   uint64_t stall_timeout_ms;     /* write queue makes no progress: close; default 30000 */
-  size_t write_queue_max;        /* bytes queued per connection, default 16 MiB */
+  size_t write_queue_max;        /* memory queued per connection, default 16 MiB */
   proto_request_cb on_request;
   proto_oneway_cb on_oneway;
   proto_stream_cb on_stream;
@@ -509,7 +509,7 @@ const proto_peer *proto_conn_peer(const proto_conn *c);
 const char *proto_conn_addr(const proto_conn *c);
 void proto_conn_set_data(proto_conn *c, void *data);
 void *proto_conn_get_data(const proto_conn *c);
-/* Bytes waiting in c's write queue. */
+/* Memory held by c's write queue: queued frames and their bookkeeping. */
 size_t proto_conn_queued(const proto_conn *c);
 
 /* Sends a request; cb runs exactly once unless this returns an error.

@@ -41,6 +41,12 @@ typedef struct tnode {
 
 static uint64_t now_s(void) { return (uint64_t)time(NULL); }
 
+static long max_rss_kib(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
 static void on_up(proto_conn *c, int status, void *data) {
   tnode *t = data;
   (void)status;
@@ -506,6 +512,7 @@ typedef struct proxy {
   uv_tcp_t listener;
   int port, target;
   int flip_frame; /* 1-based index of the client frame to corrupt */
+  int mute_after; /* stop reading the server once the client sent this many */
 } proxy;
 
 typedef struct pconn {
@@ -563,6 +570,8 @@ static void corrupt(pconn *pc, uint8_t *p, size_t n) {
         pc->frame_no++;
         if (pc->frame_no == pc->p->flip_frame && i < n)
           p[i] ^= 0x01; /* first body byte (sealed: ciphertext) */
+        if (pc->p->mute_after && pc->frame_no == pc->p->mute_after + 1)
+          uv_read_stop((uv_stream_t *)&pc->srv);
       }
       continue;
     }
@@ -618,21 +627,25 @@ static void proxy_accept(uv_stream_t *server, int status) {
   uv_tcp_connect(&pc->creq, &pc->srv, (struct sockaddr *)&sa, srv_connected);
 }
 
+static void proxy_start(proxy *px, int target) {
+  px->target = target;
+  uv_tcp_init(loop, &px->listener);
+  px->listener.data = px;
+  struct sockaddr_in sa;
+  uv_ip4_addr("127.0.0.1", 0, &sa);
+  ASSERT_OK(uv_tcp_bind(&px->listener, (struct sockaddr *)&sa, 0));
+  ASSERT_OK(uv_listen((uv_stream_t *)&px->listener, 16, proxy_accept));
+  int len = sizeof sa;
+  uv_tcp_getsockname(&px->listener, (struct sockaddr *)&sa, &len);
+  px->port = ntohs(sa.sin_port);
+}
+
 static void test_tampered_frame(void) {
   tnode a, b;
   proxy px = {.flip_frame = 3}; /* HELLO, AUTH, then the first sealed frame */
   tnode_new(&a, true, NULL);
   tnode_new(&b, false, NULL);
-  px.target = a.port;
-  uv_tcp_init(loop, &px.listener);
-  px.listener.data = &px;
-  struct sockaddr_in sa;
-  uv_ip4_addr("127.0.0.1", 0, &sa);
-  ASSERT_OK(uv_tcp_bind(&px.listener, (struct sockaddr *)&sa, 0));
-  ASSERT_OK(uv_listen((uv_stream_t *)&px.listener, 16, proxy_accept));
-  int len = sizeof sa;
-  uv_tcp_getsockname(&px.listener, (struct sockaddr *)&sa, &len);
-  px.port = ntohs(sa.sin_port);
+  proxy_start(&px, a.port);
 
   proto_conn *c;
   rres r;
@@ -646,6 +659,65 @@ static void test_tampered_frame(void) {
   ASSERT_RC(r.status, BEE_ECLOSED);
   ASSERT(wait_for(&b.downs, 1, 3000));
   ASSERT_EQ(a.requests, 0);
+  uv_close((uv_handle_t *)&px.listener, NULL);
+  tnode_stop(&a);
+  tnode_stop(&b);
+  drain_loop();
+}
+
+/* A peer that keeps sending pings but never reads the pongs: the proxy
+ * stops reading the host's side once the handshake is through.  The
+ * host's control replies may pass its queue limit only by a little; then
+ * it must close the connection rather than grow. */
+static proto_conn *flood_conn;
+static size_t flood_sent;
+
+static void flood_pump(void) {
+  proto_msg ping = {.type = PROTO_T_PING};
+  while (flood_conn && flood_sent < 4000000) {
+    ping.id = UINT64_MAX - flood_sent; /* widest nonce: 9 bytes */
+    if (proto_conn_send(flood_conn, &ping) != 0)
+      return; /* queue full: on_drain resumes; closed: done */
+    flood_sent++;
+  }
+}
+
+static void flood_drain(proto_conn *c, void *data) {
+  (void)c, (void)data;
+  flood_pump();
+}
+
+static void flood_down(proto_conn *c, int status, void *data) {
+  if (c == flood_conn)
+    flood_conn = NULL;
+  on_down(c, status, data);
+}
+
+static void tweak_small_queue(proto_host_config *cfg) {
+  cfg->write_queue_max = 64u << 10;
+}
+
+static void tweak_flooder(proto_host_config *cfg) {
+  cfg->on_drain = flood_drain;
+  cfg->on_down = flood_down;
+}
+
+static void test_ping_flood(void) {
+  tnode a, b;
+  proxy px = {.mute_after = 2}; /* HELLO and AUTH pass, then silence */
+  tnode_new(&a, true, tweak_small_queue);
+  tnode_new(&b, false, tweak_flooder);
+  proxy_start(&px, a.port);
+  ASSERT_OK(dial(&b, px.port, PROTO_PURPOSE_CONTROL, &flood_conn));
+  ASSERT(wait_for(&a.ups, 1, 2000));
+  long rss0 = max_rss_kib();
+  flood_pump();
+  ASSERT(wait_for(&a.downs, 1, 30000));
+  ASSERT_RC(a.last_down, BEE_EQUEUE);
+  printf("ping flood: closed after %zu pings, rss +%ld KiB\n", flood_sent,
+         max_rss_kib() - rss0);
+  ASSERT_LT(max_rss_kib() - rss0, 64 * 1024);
+  flood_conn = NULL;
   uv_close((uv_handle_t *)&px.listener, NULL);
   tnode_stop(&a);
   tnode_stop(&b);
@@ -692,12 +764,6 @@ static void tweak_stall(proto_host_config *cfg) {
   cfg->write_queue_max = 4u << 20;
   cfg->on_drain = on_drain;
   cfg->on_down = stall_down;
-}
-
-static long max_rss_kib(void) {
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_maxrss;
 }
 
 /* Child mode: connect to port, then freeze once the connection is up. */
@@ -868,6 +934,7 @@ int main(int argc, char **argv) {
   test_conn_cap();
   test_tampered_frame();
   test_keepalive();
+  test_ping_flood();
   test_stalled_peer();
   test_many();
   ASSERT_OK(uv_loop_close(loop));
