@@ -711,12 +711,18 @@ static void test_ping_flood(void) {
   ASSERT_OK(dial(&b, px.port, PROTO_PURPOSE_CONTROL, &flood_conn));
   ASSERT(wait_for(&a.ups, 1, 2000));
   long rss0 = max_rss_kib();
+  uint64_t t0 = uv_now(loop);
   flood_pump();
-  ASSERT(wait_for(&a.downs, 1, 30000));
+  /* Without the cap on control replies the host would only close this
+   * peer through the stall timeout (30 s by default), as BEE_ETIMEOUT. */
+  ASSERT(wait_for(&a.downs, 1, 20000));
   ASSERT_RC(a.last_down, BEE_EQUEUE);
-  printf("ping flood: closed after %zu pings, rss +%ld KiB\n", flood_sent,
+  ASSERT_LT(uv_now(loop) - t0, 20000);
+  printf("ping flood: closed after %zu pings, %llu ms, rss +%ld KiB\n",
+         flood_sent, (unsigned long long)(uv_now(loop) - t0),
          max_rss_kib() - rss0);
-  ASSERT_LT(max_rss_kib() - rss0, 64 * 1024);
+  if (!TEST_ASAN)
+    ASSERT_LT(max_rss_kib() - rss0, 64 * 1024);
   flood_conn = NULL;
   uv_close((uv_handle_t *)&px.listener, NULL);
   tnode_stop(&a);
@@ -824,7 +830,8 @@ static void test_stalled_peer(void) {
    * what the socket took is far less than what we tried to send. */
   ASSERT_LE(stall_max_queued, (4u << 20) + PROTO_CHUNK_MAX + 64);
   ASSERT_LT(stall_sent, 256u << 20);
-  ASSERT_LT(max_rss_kib() - rss0, 64 * 1024);
+  if (!TEST_ASAN)
+    ASSERT_LT(max_rss_kib() - rss0, 64 * 1024);
   printf("stalled peer: queued at most %zu bytes, socket took %zu, rss +%ld KiB\n",
          stall_max_queued, stall_sent, max_rss_kib() - rss0);
   reap(&ch);

@@ -15,6 +15,19 @@
 
 #define TEST_SKIP 77
 
+/* True in AddressSanitizer builds, where memory figures (RSS) include the
+ * sanitizer's redzones and quarantine and say little about our code. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_ASAN 1
+#endif
+#endif
+#ifndef TEST_ASAN
+#define TEST_ASAN 0
+#endif
+
 #define FAIL(...)                                                              \
   do {                                                                         \
     fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                            \
