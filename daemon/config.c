@@ -11,9 +11,12 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 enum opt_id {
   O_LISTEN,
@@ -202,18 +205,6 @@ static int parse_hex32(const char *s, uint8_t out[PROTO_PK_BYTES]) {
   return 0;
 }
 
-static bool valid_swarm(const char *s) {
-  size_t n = strlen(s);
-  if (n < 1 || n > PROTO_SWARM_MAX)
-    return false;
-  for (size_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)s[i];
-    if (!isalnum(c) && c != '.' && c != '_' && c != '-')
-      return false;
-  }
-  return true;
-}
-
 static int set_path(char *dst, const char *v, char *msg, size_t cap) {
   size_t n = strlen(v);
   if (n == 0)
@@ -262,7 +253,7 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
     cfg->moderated = true;
     return 0;
   case O_SWARM:
-    if (!valid_swarm(v))
+    if (!proto_swarm_valid(v))
       return fail(msg, cap, BEE_ECONFIG,
                   "bad swarm name '%.80s' (want 1..%d of A-Z a-z 0-9 . _ -)", v,
                   PROTO_SWARM_MAX);
@@ -384,9 +375,24 @@ static int file_line(bee_config *cfg, char *line, const char *path,
 
 int bee_config_load_file(bee_config *cfg, const char *path, char *err,
                          size_t errlen) {
-  FILE *f = fopen(path, "r");
+  /* O_NONBLOCK and the type check: a FIFO or a directory named by mistake
+   * is refused instead of hanging or misreading. */
+  struct stat st = {0};
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) {
+    int e = errno;
+    return fail(err, errlen, -e, "config file %s: %s", path, strerror(e));
+  }
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+    int e = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+    close(fd);
+    return fail(err, errlen, -e, "config file %s: %s", path,
+                e == EISDIR ? strerror(e) : "not a regular file");
+  }
+  FILE *f = fdopen(fd, "r");
   if (!f) {
     int e = errno;
+    close(fd);
     return fail(err, errlen, -e, "config file %s: %s", path, strerror(e));
   }
   char *line = malloc(BEE_LINE_MAX + 2);

@@ -172,9 +172,10 @@ static void on_down(proto_conn *c, int status, void *data) {
 static void on_oneway(proto_conn *c, proto_bytes method, proto_bytes payload,
                       void *data) {
   bee_daemon *d = data;
+  char name[PROTO_METHOD_MAX + 1];
   if (!bee_members_oneway(&d->members, c, method, payload))
-    bee_debug(COMP, "ignoring one-way %.*s", (int)method.n,
-              (const char *)method.p);
+    bee_debug(COMP, "ignoring one-way %s",
+              bee_printable(method.p, method.n, name, sizeof name));
 }
 
 /* ---- life cycle ---------------------------------------------------------- */

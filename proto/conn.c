@@ -384,12 +384,13 @@ static void dispatch(proto_conn *c, const proto_msg *m) {
   case PROTO_T_PONG:
     c->ping_sent_ms = 0;
     break;
-  case PROTO_T_CLOSE:
-    bee_info(COMP, "%s closed the connection: %.*s", who(c, id),
-             (int)(m->payload.n < 200 ? m->payload.n : 200),
-             (const char *)m->payload.p);
+  case PROTO_T_CLOSE: {
+    char text[200];
+    bee_info(COMP, "%s closed the connection: %s", who(c, id),
+             bee_printable(m->payload.p, m->payload.n, text, sizeof text));
     proto__conn_abort(c, BEE_ECLOSED, NULL);
     break;
+  }
   default:
     break;
   }

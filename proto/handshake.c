@@ -96,6 +96,7 @@ static void kdf(const proto_hs *hs, const char *label, uint8_t out[32]) {
   crypto_generichash_update(&st, (const uint8_t *)label, strlen(label));
   crypto_generichash_update(&st, hs->th, 32);
   crypto_generichash_final(&st, out, 32);
+  sodium_memzero(&st, sizeof st); /* it was keyed with the DH secret */
 }
 
 static void box_nonce(uint64_t n, uint8_t nonce[24]) {
@@ -253,10 +254,7 @@ static int remote(proto_hs *hs, const uint8_t *buf, size_t len, int *remote_code
   int rc = proto__result_decode(buf, len, &code, &text);
   if (rc)
     return rc;
-  size_t n = text.n < PROTO_TEXT_MAX ? text.n : PROTO_TEXT_MAX;
-  for (size_t i = 0; i < n; i++) /* printable for logs */
-    hs->remote_text[i] = text.p[i] >= 0x20 && text.p[i] < 0x7f ? (char)text.p[i] : '?';
-  hs->remote_text[n] = 0;
+  bee_printable(text.p, text.n, hs->remote_text, sizeof hs->remote_text);
   *remote_code = code < INT32_MIN || code > INT32_MAX ? BEE_ERANGE : (int)code;
   return code == 0 ? 0 : BEE_EREMOTE;
 }
@@ -326,8 +324,10 @@ static int i_auth(proto_hs *hs, const uint8_t *in, size_t in_len, uint8_t *out,
                   size_t *out_len, int *remote_code) {
   proto_auth_msg m;
   int rc = proto__auth_decode(in, in_len, &m);
-  if (rc == BEE_EUNKNOWN) /* a plaintext refusal of our HELLO */
-    return remote(hs, in, in_len, remote_code);
+  if (rc == BEE_EUNKNOWN) { /* a plaintext refusal of our HELLO */
+    rc = remote(hs, in, in_len, remote_code);
+    return rc ? rc : BEE_ETYPE; /* a plaintext "welcome" is never valid */
+  }
   if (rc)
     return rc;
   if (!m.has_eph || !(m.cipher & proto__ciphers_local() & hs->auth->ciphers))

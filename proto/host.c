@@ -175,10 +175,9 @@ void proto__host_conn_up(proto_host *h, proto_conn *c) {
      * keep the one opened by the smaller id; if one side opened both,
      * keep the older. */
     int cmp = memcmp(opener(h, c), opener(h, old), PROTO_ID_BYTES);
-    proto_conn *loser = cmp < 0 ? old : c;
     proto_hex(c->peer.id, 4, id);
     bee_debug(COMP, "%s: duplicate control connection, keeping one", id);
-    if (loser == c) {
+    if (cmp >= 0) { /* the new one goes; the caller gets the old one */
       proto_connect_cb cb = c->connect_cb;
       c->connect_cb = NULL;
       proto_conn_close(c, 0, "duplicate connection");
@@ -186,16 +185,23 @@ void proto__host_conn_up(proto_host *h, proto_conn *c) {
         cb(h, old, 0, c->connect_arg);
       return;
     }
-    proto_conn_close(old, 0, "duplicate connection");
   }
+  /* The new connection is reported before its duplicate closes, so the
+   * peer never looks gone in between. */
   c->up_reported = true;
   h->nup++;
   if (h->cfg.on_up)
     h->cfg.on_up(c, 0, h->cfg.data);
-  if (c->connect_cb && c->state == CONN_UP) {
+  if (old && old->state == CONN_UP && c->state == CONN_UP)
+    proto_conn_close(old, 0, "duplicate connection");
+  /* Exactly once, even if a callback above closed c. */
+  if (c->connect_cb) {
     proto_connect_cb cb = c->connect_cb;
     c->connect_cb = NULL;
-    cb(h, c, 0, c->connect_arg);
+    if (c->state == CONN_UP)
+      cb(h, c, 0, c->connect_arg);
+    else
+      cb(h, NULL, c->close_code ? c->close_code : BEE_ECLOSED, c->connect_arg);
   }
 }
 

@@ -135,7 +135,9 @@ out:
 
 /* Opens and loads path; -ENOENT when it does not exist. */
 static int load_path(proto_identity *out, const char *path) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  /* O_NONBLOCK: a FIFO named by mistake must not hang us; load_fd then
+   * refuses anything but a regular file. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0)
     return -errno;
   int rc = load_fd(out, fd);

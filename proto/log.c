@@ -40,7 +40,7 @@ static const struct {
     E(BEE_EREVOKED, "peer is revoked"),
     E(BEE_EOPEN_MISMATCH, "one side is moderated, the other open"),
     E(BEE_ECIPHER, "no common cipher"),
-    E(BEE_EKEYPERM, "key file is group- or world-readable"),
+    E(BEE_EKEYPERM, "key file is accessible to group or others (chmod 600)"),
     E(BEE_EKEYFILE, "key or token file malformed"),
     E(BEE_ETIMEOUT, "timed out"),
     E(BEE_ECLOSED, "connection closed"),
@@ -51,6 +51,8 @@ static const struct {
     E(BEE_ESELF, "connected to self"),
     E(BEE_ECONFIG, "bad configuration"),
     E(BEE_EREMOTE, "peer reported an error"),
+    E(BEE_EEXPIRED, "record expired"),
+    E(BEE_ESTALE, "record older than the one held"),
 #undef E
 };
 
@@ -68,6 +70,15 @@ const char *bee_errname(int code) {
   if (code < 0 && code > -4096)
     return "ERRNO";
   return code == 0 ? "OK" : "EUNKNOWN_CODE";
+}
+
+char *bee_printable(const void *p, size_t n, char *out, size_t cap) {
+  const uint8_t *s = p;
+  size_t k = n < cap - 1 ? n : cap - 1;
+  for (size_t i = 0; i < k; i++)
+    out[i] = s[i] >= 0x20 && s[i] < 0x7f ? (char)s[i] : '?';
+  out[k] = 0;
+  return out;
 }
 
 static int log_level = BEE_LOG_INFO;

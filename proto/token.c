@@ -82,6 +82,19 @@ static int check_swarm(const char *swarm) {
   return n > PROTO_SWARM_MAX ? BEE_ETOOBIG : 0;
 }
 
+bool proto_swarm_valid(const char *name) {
+  size_t n = strlen(name);
+  if (n < 1 || n > PROTO_SWARM_MAX)
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    char c = name[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+          (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+      return false;
+  }
+  return true;
+}
+
 /* Reads the file at path (at most max bytes) and base64-decodes its
  * payload into a heap buffer (*out, freed by the caller). */
 static int load_b64(const char *path, size_t max, const char *magic,
@@ -170,6 +183,8 @@ int proto_token_issue(proto_token *out, const proto_identity *moderator,
   int rc = check_swarm(swarm);
   if (rc)
     return rc;
+  if (!proto_swarm_valid(swarm)) /* no daemon would run in it */
+    return BEE_ERANGE;
   if (role < 0 || !role_valid((uint64_t)role) || expires < issued)
     return BEE_ERANGE;
   memset(out, 0, sizeof *out);
@@ -190,14 +205,18 @@ int proto_token_issue(proto_token *out, const proto_identity *moderator,
   return 0;
 }
 
-/* On failure *out is zeroed, so a half-decoded token is never used. */
+/* Only the canonical encoding is accepted (BEE_ERANGE otherwise), so a
+ * token's bytes are exactly what its moderator produced and cannot be
+ * reshaped by anyone on the way.  On failure *out is zeroed, so a
+ * half-decoded token is never used. */
 int proto_token_decode(const uint8_t *buf, size_t len, proto_token *out) {
   proto_rd r;
+  proto_wr w;
   uint64_t role;
   int type, rc;
+  memset(out, 0, sizeof *out);
   if (len > PROTO_TOKEN_MAX)
     return BEE_ETOOBIG;
-  memset(out, 0, sizeof *out);
   proto__rd_init(&r, buf, len);
   if ((rc = proto__rd_head(&r, PROTO_T_TOKEN, 7, &type)) ||
       (rc = rd_swarm(&r, out->swarm)) ||
@@ -220,7 +239,12 @@ int proto_token_decode(const uint8_t *buf, size_t len, proto_token *out) {
       (rc = proto__rd_fixbin(&r, out->sig, PROTO_SIG_BYTES)) ||
       (rc = proto__rd_end(&r)))
     goto out;
-  memcpy(out->raw, buf, len);
+  proto__wr_init(&w, out->raw, sizeof out->raw);
+  token_wr(&w, out, true);
+  if (w.err || w.len != len || memcmp(out->raw, buf, len) != 0) {
+    rc = BEE_ERANGE; /* not the canonical encoding */
+    goto out;
+  }
   out->raw_len = len;
 out:
   if (rc)
@@ -466,6 +490,20 @@ int proto_revocation_decode(const uint8_t *buf, size_t len,
   }
   if ((rc = proto__rd_fixbin(&r, sig, PROTO_SIG_BYTES)) || (rc = proto__rd_end(&r)))
     goto out;
+  /* Only the canonical encoding, as for tokens. */
+  if (!(msg = malloc(len))) {
+    rc = -ENOMEM;
+    goto out;
+  }
+  proto_wr w;
+  proto__wr_init(&w, msg, len);
+  rl_wr(&w, &tmp, tmp.moderator_pk, sig);
+  if (w.err || w.len != len || memcmp(msg, buf, len) != 0) {
+    rc = BEE_ERANGE;
+    goto out;
+  }
+  free(msg);
+  msg = NULL;
   if (memcmp(tmp.moderator_pk, moderator_pk, PROTO_PK_BYTES) != 0) {
     rc = BEE_ETOKEN_MODERATOR;
     goto out;

@@ -423,7 +423,8 @@ int proto__text_line(const char *buf, size_t len, const char *magic,
 int proto__read_file(const char *path, size_t max, uint8_t **out, size_t *len) {
   int rc = 0;
   uint8_t *buf = NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: a FIFO named by mistake must not hang us. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0)
     return -errno;
   struct stat st;

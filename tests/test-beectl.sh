@@ -80,7 +80,7 @@ cmp -s peer.key peer.key.bak || fail "keygen overwrote peer.key"
 cp mod.key open.key
 chmod 644 open.key
 run 1 pubkey --key open.key
-expect_err '^beectl: open.key: .*readable'
+expect_err '^beectl: open.key: .*accessible to group or others'
 run 1 pubkey --key missing.key
 expect_err '^beectl: missing.key: '
 

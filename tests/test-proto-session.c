@@ -316,6 +316,36 @@ static void test_replay(void) {
   proto_hs_free(hi);
 }
 
+/* A plaintext "welcome" where AUTH is due is refused, not waited on, and
+ * peer text reaches logs only as printable ASCII. */
+static void test_plain_welcome(void) {
+  node a;
+  node_init(&a, "test", PROTO_ROLE_BEE, NOW + DAY);
+  uint8_t out[PROTO_HS_OUT_MAX];
+  size_t ol;
+  bool done;
+  int remote;
+  proto_hs *hi = proto_hs_new(&a.auth, true, PROTO_PURPOSE_CONTROL, NOW);
+  ASSERT_OK(proto_hs_step(hi, NULL, 0, out, &ol, &done, &remote));
+  /* [1, 22, 0, "welcome"] */
+  const uint8_t welcome[] = {0x94, 1, 22, 0, 0xa7, 'w', 'e', 'l', 'c', 'o', 'm', 'e'};
+  ASSERT_RC(proto_hs_step(hi, welcome, sizeof welcome, out, &ol, &done, &remote),
+            BEE_ETYPE);
+  ASSERT(!done);
+  proto_hs_free(hi);
+  /* A refusal whose text tries to forge a log line. */
+  hi = proto_hs_new(&a.auth, true, PROTO_PURPOSE_CONTROL, NOW);
+  ASSERT_OK(proto_hs_step(hi, NULL, 0, out, &ol, &done, &remote));
+  const uint8_t evil[] = {0x94, 1, 22, 0xd0, 0x80, 0xa6, 'x', '\n', 'E', 0x1b, '[', 'J'};
+  ASSERT_RC(proto_hs_step(hi, evil, sizeof evil, out, &ol, &done, &remote),
+            BEE_EREMOTE);
+  ASSERT_STREQ(proto_hs_remote_text(hi), "x?E?[J");
+  proto_hs_free(hi);
+  char buf[8];
+  ASSERT_STREQ(bee_printable("ab\r\ncd\x7f", 7, buf, sizeof buf), "ab??cd?");
+  ASSERT_STREQ(bee_printable("0123456789", 10, buf, sizeof buf), "0123456");
+}
+
 /* Garbage and truncated handshake frames fail cleanly. */
 static void test_garbage(void) {
   node b;
@@ -347,6 +377,7 @@ int main(void) {
   test_refusals();
   test_tamper();
   test_replay();
+  test_plain_welcome();
   test_garbage();
   printf("session: all checks passed\n");
   return 0;

@@ -299,6 +299,109 @@ static void test_rpc(void) {
   ASSERT_EQ(b.downs, 3); /* the bulk connections went down on close */
 }
 
+/* A host whose on_up closes the connection still gets exactly one connect
+ * callback, with an error. */
+static void up_close(proto_conn *c, int status, void *data) {
+  on_up(c, status, data);
+  proto_conn_close(c, BEE_ELIMIT, "not now");
+}
+
+static void tweak_up_close(proto_host_config *cfg) { cfg->on_up = up_close; }
+
+static int cb_calls;
+static void count_cb(proto_host *h, proto_conn *c, int status, void *arg) {
+  cres *r = arg;
+  (void)h;
+  cb_calls++;
+  r->done = true;
+  r->status = status;
+  r->c = c;
+}
+
+static void test_up_close(void) {
+  tnode a, b;
+  cres r = {0};
+  char addr[32];
+  tnode_new(&a, true, NULL);
+  tnode_new(&b, false, tweak_up_close);
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", a.port);
+  cb_calls = 0;
+  ASSERT_OK(proto_host_connect(b.h, addr, PROTO_PURPOSE_CONTROL, count_cb, &r));
+  ASSERT(test_run_until(loop, cres_done, &r, 5000));
+  sleep_loop(100);
+  ASSERT_EQ(cb_calls, 1);
+  ASSERT(r.c == NULL);
+  ASSERT_RC(r.status, BEE_ELIMIT);
+  ASSERT_EQ(b.ups, 1);
+  ASSERT_EQ(b.downs, 1);
+  tnode_stop(&a);
+  tnode_stop(&b);
+  drain_loop();
+}
+
+/* Two peers dialing each other at once end with one connection, and
+ * neither ever sees the other gone: the winner is reported before the
+ * duplicate closes. */
+typedef struct racer {
+  tnode t;
+  int live, min_live_after_up;
+} racer;
+
+static void race_up(proto_conn *c, int status, void *data) {
+  racer *r = data;
+  (void)c, (void)status;
+  r->t.ups++;
+  r->live++;
+}
+
+static void race_down(proto_conn *c, int status, void *data) {
+  racer *r = data;
+  (void)c, (void)status;
+  r->t.downs++;
+  r->live--;
+  if (r->live < r->min_live_after_up)
+    r->min_live_after_up = r->live;
+}
+
+static void test_dial_race(void) {
+  racer x, y;
+  cres rx = {0}, ry = {0};
+  char ax[32], ay[32];
+  for (int i = 0; i < 2; i++) {
+    racer *r = i ? &y : &x;
+    tnode_init(&r->t, PROTO_ROLE_BEE, now_s() + 3600);
+    r->live = 0;
+    r->min_live_after_up = 1;
+    proto_host_config cfg;
+    proto_host_config_default(&cfg);
+    cfg.loop = loop;
+    cfg.auth = r->t.n.auth;
+    cfg.on_up = race_up;
+    cfg.on_down = race_down;
+    cfg.data = r;
+    ASSERT_OK(proto_host_new(&cfg, &r->t.h));
+    ASSERT_OK(proto_host_listen(r->t.h, "127.0.0.1:0", &r->t.port));
+  }
+  snprintf(ax, sizeof ax, "127.0.0.1:%d", y.t.port);
+  snprintf(ay, sizeof ay, "127.0.0.1:%d", x.t.port);
+  ASSERT_OK(proto_host_connect(x.t.h, ax, PROTO_PURPOSE_CONTROL, connect_cb, &rx));
+  ASSERT_OK(proto_host_connect(y.t.h, ay, PROTO_PURPOSE_CONTROL, connect_cb, &ry));
+  ASSERT(test_run_until(loop, cres_done, &rx, 5000));
+  ASSERT(test_run_until(loop, cres_done, &ry, 5000));
+  sleep_loop(300);
+  ASSERT_OK(rx.status);
+  ASSERT_OK(ry.status);
+  ASSERT_EQ(proto_host_conn_count(x.t.h), 1);
+  ASSERT_EQ(proto_host_conn_count(y.t.h), 1);
+  ASSERT_EQ(x.live, 1);
+  ASSERT_EQ(y.live, 1);
+  ASSERT_GE(x.min_live_after_up, 1); /* never dropped to zero */
+  ASSERT_GE(y.min_live_after_up, 1);
+  tnode_stop(&x.t);
+  tnode_stop(&y.t);
+  drain_loop();
+}
+
 /* ---- token refusals over real sockets --------------------------------- */
 
 static void expect_dial(tnode *bad, tnode *a, int purpose, int code) {
@@ -936,6 +1039,8 @@ int main(int argc, char **argv) {
   uv_loop_init(&l);
   loop = &l;
   test_rpc();
+  test_up_close();
+  test_dial_race();
   test_refusals();
   test_raw_attacks();
   test_conn_cap();

@@ -154,9 +154,9 @@ static int parse_pk(const flag *f, uint8_t pk[PROTO_PK_BYTES]) {
 }
 
 static int parse_swarm(const flag *f) {
-  size_t n = strlen(f->value);
-  if (n == 0 || n > PROTO_SWARM_MAX) {
-    errorf("%s: a swarm name is 1 to %d bytes", f->name, PROTO_SWARM_MAX);
+  if (!proto_swarm_valid(f->value)) {
+    errorf("%s: a swarm name is 1 to %d characters of A-Z a-z 0-9 . _ -",
+           f->name, PROTO_SWARM_MAX);
     return EXIT_USAGE;
   }
   return 0;
