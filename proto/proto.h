@@ -55,6 +55,8 @@ enum {
   BEE_ESELF,         /* connected to ourselves */
   BEE_ECONFIG,       /* bad flag or config line */
   BEE_EREMOTE,       /* the peer answered with an error */
+  BEE_EEXPIRED,      /* a record's expiration has passed */
+  BEE_ESTALE,        /* a record older than the one held */
   BEE_ELAST
 };
 
@@ -77,6 +79,10 @@ void bee_log(int level, const char *component, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+/* Copies n bytes of text from a peer into out (cap bytes, NUL-terminated)
+ * for a log line: every byte outside printable ASCII becomes '?', so a
+ * peer can never forge lines or send terminal escapes.  Returns out. */
+char *bee_printable(const void *p, size_t n, char *out, size_t cap);
 #define bee_err(comp, ...) bee_log(BEE_LOG_ERROR, comp, __VA_ARGS__)
 #define bee_warn(comp, ...) bee_log(BEE_LOG_WARN, comp, __VA_ARGS__)
 #define bee_info(comp, ...) bee_log(BEE_LOG_INFO, comp, __VA_ARGS__)
@@ -150,6 +156,12 @@ enum proto_type {
   PROTO_T_REVOCATION = 31,  /* revocation list                    */
   PROTO_T_SWARM_HELLO = 40, /* swarm.hello payload [v, t, port]   */
   PROTO_T_SWARM_PEERS = 41, /* swarm.peers answer [v, t, [addr..]] */
+  PROTO_T_DHT_PING = 50,    /* DHT payloads, see proto_dht_msg    */
+  PROTO_T_DHT_PONG = 51,
+  PROTO_T_DHT_STORE = 52,
+  PROTO_T_DHT_STORED = 53,
+  PROTO_T_DHT_FIND = 54,
+  PROTO_T_DHT_FOUND = 55,
 };
 
 /* One envelope message, decoded.  Views point into the decoded buffer.
@@ -253,6 +265,9 @@ enum proto_role {
 };
 #define PROTO_ROLES_ALL (PROTO_ROLE_BEE | PROTO_ROLE_MONITOR | PROTO_ROLE_AUX)
 
+/* A swarm name: 1..PROTO_SWARM_MAX characters of [A-Za-z0-9._-]. */
+bool proto_swarm_valid(const char *name);
+
 /* Returns "bee", "monitor", "aux" or "?". */
 const char *proto_role_name(int role);
 /* Parses one role name.  Returns 0 or BEE_ECONFIG. */
@@ -329,6 +344,96 @@ int proto_revocation_save(const proto_revocation *rl,
 int proto_revocation_load(proto_revocation *rl, const char *path,
                           const uint8_t moderator_pk[PROTO_PK_BYTES],
                           const char *swarm);
+
+/* ------------------------------------------------------------------------ */
+/* DHT payloads (issue 3): the requests and answers of the RPC methods
+ * "dht.ping", "dht.store" and "dht.find".  docs/PROTOCOL.md has the
+ * layouts.  Every request carries the sender's listen port (0: a client
+ * that must never enter routing tables) and its wall clock, so the
+ * receiver learns its contact and can warn about clock skew.            */
+
+#define PROTO_DHT_KEY_BYTES 20   /* keys live in the peer-id space */
+#ifndef PROTO_DHT_SUBKEY_MAX
+#define PROTO_DHT_SUBKEY_MAX 64  /* subkey, bytes */
+#endif
+#ifndef PROTO_DHT_VALUE_MAX
+#define PROTO_DHT_VALUE_MAX (16u << 10) /* one value, bytes */
+#endif
+#ifndef PROTO_DHT_RECORDS_MAX
+#define PROTO_DHT_RECORDS_MAX 1024 /* records in one STORE or FOUND */
+#endif
+#ifndef PROTO_DHT_NODES_MAX
+#define PROTO_DHT_NODES_MAX 32 /* contacts in one FOUND */
+#endif
+/* An owned subkey is this byte followed by the owner's Ed25519 public key;
+ * only the owner may write it, and its value must carry the owner's
+ * signature.  No other subkey may start with this byte. */
+#define PROTO_DHT_OWNER_TAG 0x01
+#define PROTO_DHT_OWNED_SUBKEY_BYTES (1 + PROTO_PK_BYTES)
+
+/* One record.  subkey.n == 0: the key's plain value.  Views point into
+ * the decoded buffer. */
+typedef struct proto_dht_record {
+  uint8_t key[PROTO_DHT_KEY_BYTES];
+  proto_bytes subkey;
+  proto_bytes value;
+  uint64_t expiration; /* unix seconds */
+  bool has_sig;
+  uint8_t sig[PROTO_SIG_BYTES];
+} proto_dht_record;
+
+/* A node as other nodes know it: id and "host:port" to dial. */
+typedef struct proto_dht_contact {
+  uint8_t id[PROTO_ID_BYTES];
+  proto_bytes addr;
+} proto_dht_contact;
+
+/* One DHT payload, decoded.  Which fields a type uses:
+ *   PING   port, now
+ *   PONG   now, observed (the requester's address as the answerer sees it)
+ *   STORE  port, now, records[nrecords]
+ *   STORED now, results[nresults]: 0 or a BEE_E* reason per record
+ *   FIND   port, now, key, want_value
+ *   FOUND  now, found + records[nrecords] (all of the key's live subkeys,
+ *          or its plain value), nodes[nnodes] (the closest it knows)
+ * The struct is large (fixed arrays); keep it off small stacks. */
+typedef struct proto_dht_msg {
+  int type;
+  uint32_t port;
+  uint64_t now;
+  uint8_t key[PROTO_DHT_KEY_BYTES];
+  bool want_value;
+  bool found;
+  proto_bytes observed;
+  size_t nrecords;
+  proto_dht_record records[PROTO_DHT_RECORDS_MAX];
+  size_t nresults;
+  int32_t results[PROTO_DHT_RECORDS_MAX];
+  size_t nnodes;
+  proto_dht_contact nodes[PROTO_DHT_NODES_MAX];
+} proto_dht_msg;
+
+/* Upper bound on the encoding of m. */
+size_t proto_dht_encoded_max(const proto_dht_msg *m);
+/* Refuses what proto_dht_decode would refuse; a small buffer is
+ * BEE_ETOOBIG.  Counts alone do not keep a message inside one frame: the
+ * DHT bounds the bytes under one key (DHT_KEY_BYTES_MAX) so an answer
+ * always fits, and splits what it sends in batches. */
+int proto_dht_encode(const proto_dht_msg *m, uint8_t *buf, size_t cap,
+                     size_t *len);
+/* Strict decode of one DHT payload; views into buf, never allocates. */
+int proto_dht_decode(const uint8_t *buf, size_t len, proto_dht_msg *m);
+
+/* If subkey is an owned subkey, returns true and points *pk at the owner's
+ * key inside it. */
+bool proto_dht_subkey_owner(proto_bytes subkey, const uint8_t **pk);
+/* Signs r (key, subkey, value, expiration) with id; sets has_sig.  r must
+ * be within the limits above; out of memory aborts (small allocation). */
+void proto_dht_record_sign(proto_dht_record *r, const proto_identity *id);
+/* Checks an owned record's signature against the key in its subkey.
+ * Returns 0, BEE_EAUTH (missing or forged signature) or BEE_ERANGE (the
+ * subkey is not an owned subkey). */
+int proto_dht_record_verify(const proto_dht_record *r);
 
 /* ------------------------------------------------------------------------ */
 /* Session core: handshake and sealed frames, no I/O.                        */

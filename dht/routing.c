@@ -1,0 +1,304 @@
+/* routing.c: the routing table and the blacklist.
+ *
+ * Buckets partition the 160-bit id space as the leaves of a binary trie,
+ * kept in an array sorted by range.  A full bucket splits when its range
+ * holds our own id, or when its depth is not a multiple of DHT_DEPTH_B
+ * (Kademlia 4.2: this keeps more contacts in ranges far from us, which
+ * makes lookups in unbalanced trees converge in fewer rounds).  Otherwise
+ * the newcomer waits in the bucket's replacement list while the least
+ * recently seen contact is pinged; a contact that fails twice in a row
+ * (or once, when a replacement waits) gives its place to the newest
+ * replacement.  Only authenticated peers enter: contacts that answered us
+ * or sent us a request, never names heard from third parties.
+ */
+#include "dht-int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static bool bit(const uint8_t *id, unsigned i) {
+  return id[i / 8] >> (7 - i % 8) & 1;
+}
+
+/* Does id fall in b's range (share lo's first depth bits)? */
+static bool in_range(const dht_bucket *b, const uint8_t id[ID_BYTES]) {
+  unsigned full = b->depth / 8, rest = b->depth % 8;
+  if (memcmp(b->lo, id, full) != 0)
+    return false;
+  if (!rest)
+    return true;
+  uint8_t mask = (uint8_t)(0xff << (8 - rest));
+  return (b->lo[full] & mask) == (id[full] & mask);
+}
+
+void dht__table_init(dht_table *t, const uint8_t self[ID_BYTES]) {
+  memset(t, 0, sizeof *t);
+  memcpy(t->self, self, ID_BYTES);
+  t->b = calloc(1, sizeof *t->b);
+  t->b[0] = calloc(1, sizeof **t->b);
+  if (!t->b || !t->b[0])
+    abort(); /* small internal allocation */
+  t->nb = 1;
+}
+
+static void contact_free(dht_contact *c) {
+  free(c->addr);
+  c->addr = NULL;
+}
+
+void dht__table_close(dht_table *t) {
+  for (size_t i = 0; i < t->nb; i++) {
+    for (size_t j = 0; j < t->b[i]->n; j++)
+      contact_free(&t->b[i]->c[j]);
+    for (size_t j = 0; j < t->b[i]->nrep; j++)
+      contact_free(&t->b[i]->rep[j]);
+    free(t->b[i]);
+  }
+  free(t->b);
+  memset(t, 0, sizeof *t);
+}
+
+int dht__cmp_dist(const uint8_t target[ID_BYTES], const uint8_t a[ID_BYTES],
+                  const uint8_t b[ID_BYTES]) {
+  for (size_t i = 0; i < ID_BYTES; i++) {
+    uint8_t da = a[i] ^ target[i], db = b[i] ^ target[i];
+    if (da != db)
+      return da < db ? -1 : 1;
+  }
+  return 0;
+}
+
+dht_bucket *dht__bucket_for(const dht_table *t, const uint8_t id[ID_BYTES]) {
+  for (size_t i = 0; i < t->nb; i++)
+    if (in_range(t->b[i], id))
+      return t->b[i];
+  return t->b[0]; /* unreachable: the buckets cover the space */
+}
+
+static size_t bucket_index(const dht_table *t, const dht_bucket *b) {
+  for (size_t i = 0; i < t->nb; i++)
+    if (t->b[i] == b)
+      return i;
+  return 0;
+}
+
+/* Splits b in two at bit b->depth. */
+static void split(dht_table *t, dht_bucket *b) {
+  dht_bucket *hi = calloc(1, sizeof *hi);
+  dht_bucket **nbv = realloc(t->b, (t->nb + 1) * sizeof *t->b);
+  if (!hi || !nbv)
+    abort();
+  t->b = nbv;
+  unsigned d = b->depth;
+  memcpy(hi->lo, b->lo, ID_BYTES);
+  hi->lo[d / 8] |= (uint8_t)(0x80 >> (d % 8));
+  hi->depth = b->depth = d + 1;
+  hi->touched_ms = b->touched_ms;
+  /* Move the contacts and replacements of the upper half, keeping order. */
+  size_t keep = 0, krep = 0;
+  for (size_t i = 0; i < b->n; i++) {
+    if (bit(b->c[i].id, d))
+      hi->c[hi->n++] = b->c[i];
+    else
+      b->c[keep++] = b->c[i];
+  }
+  b->n = keep;
+  for (size_t i = 0; i < b->nrep; i++) {
+    if (bit(b->rep[i].id, d))
+      hi->rep[hi->nrep++] = b->rep[i];
+    else
+      b->rep[krep++] = b->rep[i];
+  }
+  b->nrep = krep;
+  b->evict_req = 0;
+  size_t at = bucket_index(t, b) + 1;
+  memmove(&t->b[at + 1], &t->b[at], (t->nb - at) * sizeof *t->b);
+  t->b[at] = hi;
+  t->nb++;
+}
+
+static bool splittable(const dht_table *t, const dht_bucket *b) {
+  if (b->depth >= ID_BYTES * 8)
+    return false;
+  return in_range(b, t->self) || b->depth % DHT_DEPTH_B != 0;
+}
+
+static int find_in(const dht_contact *v, size_t n, const uint8_t id[ID_BYTES]) {
+  for (size_t i = 0; i < n; i++)
+    if (memcmp(v[i].id, id, ID_BYTES) == 0)
+      return (int)i;
+  return -1;
+}
+
+/* Refreshes a known contact: newest address, seen now, moved to the tail
+ * (most recently seen). */
+static void touch(dht_contact *v, size_t n, size_t i, const char *addr,
+                  uint64_t now) {
+  dht_contact c = v[i];
+  if (addr && strcmp(c.addr, addr) != 0) {
+    char *a = dht__strdup(addr);
+    free(c.addr);
+    c.addr = a;
+  }
+  c.seen_ms = now;
+  c.fails = 0;
+  memmove(&v[i], &v[i + 1], (n - i - 1) * sizeof *v);
+  v[n - 1] = c;
+}
+
+int dht__table_seen(dht_table *t, const uint8_t id[ID_BYTES], const char *addr,
+                    uint64_t now, dht_bucket **evict) {
+  *evict = NULL;
+  if (memcmp(id, t->self, ID_BYTES) == 0 || !addr || !*addr)
+    return 0;
+  for (;;) {
+    dht_bucket *b = dht__bucket_for(t, id);
+    b->touched_ms = now;
+    int i = find_in(b->c, b->n, id);
+    if (i >= 0) {
+      touch(b->c, b->n, (size_t)i, addr, now);
+      return 0;
+    }
+    if (b->n < DHT_K) {
+      dht_contact *c = &b->c[b->n++];
+      memset(c, 0, sizeof *c);
+      memcpy(c->id, id, ID_BYTES);
+      c->addr = dht__strdup(addr);
+      c->seen_ms = now;
+      t->ncontacts++;
+      /* It may have been waiting as a replacement. */
+      int r = find_in(b->rep, b->nrep, id);
+      if (r >= 0) {
+        contact_free(&b->rep[r]);
+        memmove(&b->rep[r], &b->rep[r + 1], (b->nrep - (size_t)r - 1) * sizeof *b->rep);
+        b->nrep--;
+      }
+      return 1;
+    }
+    if (splittable(t, b)) {
+      split(t, b);
+      continue;
+    }
+    /* Full: park it as a replacement and question the oldest contact. */
+    int r = find_in(b->rep, b->nrep, id);
+    if (r >= 0) {
+      touch(b->rep, b->nrep, (size_t)r, addr, now);
+    } else {
+      if (b->nrep == DHT_REPLACEMENTS) {
+        contact_free(&b->rep[0]);
+        memmove(&b->rep[0], &b->rep[1], (b->nrep - 1) * sizeof *b->rep);
+        b->nrep--;
+      }
+      dht_contact *c = &b->rep[b->nrep++];
+      memset(c, 0, sizeof *c);
+      memcpy(c->id, id, ID_BYTES);
+      c->addr = dht__strdup(addr);
+      c->seen_ms = now;
+    }
+    if (!b->evict_req)
+      *evict = b;
+    return 0;
+  }
+}
+
+void dht__table_failed(dht_table *t, const uint8_t id[ID_BYTES]) {
+  dht_bucket *b = dht__bucket_for(t, id);
+  int i = find_in(b->c, b->n, id);
+  if (i < 0) {
+    int r = find_in(b->rep, b->nrep, id);
+    if (r >= 0) { /* a dead replacement is no replacement */
+      contact_free(&b->rep[r]);
+      memmove(&b->rep[r], &b->rep[r + 1], (b->nrep - (size_t)r - 1) * sizeof *b->rep);
+      b->nrep--;
+    }
+    return;
+  }
+  dht_contact *c = &b->c[i];
+  if (++c->fails < 2 && b->nrep == 0)
+    return;
+  contact_free(c);
+  memmove(&b->c[i], &b->c[i + 1], (b->n - (size_t)i - 1) * sizeof *b->c);
+  b->n--;
+  t->ncontacts--;
+  if (b->nrep) { /* the newest replacement takes the place */
+    b->c[b->n++] = b->rep[--b->nrep];
+    t->ncontacts++;
+  }
+}
+
+const dht_contact *dht__table_find(const dht_table *t,
+                                   const uint8_t id[ID_BYTES]) {
+  const dht_bucket *b = dht__bucket_for(t, id);
+  int i = find_in(b->c, b->n, id);
+  return i >= 0 ? &b->c[i] : NULL;
+}
+
+size_t dht__table_closest(const dht_table *t, const uint8_t target[ID_BYTES],
+                          const dht_contact **out, size_t max) {
+  size_t n = 0;
+  for (size_t i = 0; i < t->nb; i++) {
+    const dht_bucket *b = t->b[i];
+    for (size_t j = 0; j < b->n; j++) {
+      const dht_contact *c = &b->c[j];
+      if (n == max && dht__cmp_dist(target, c->id, out[n - 1]->id) >= 0)
+        continue;
+      size_t k = n < max ? n++ : n - 1; /* insertion sort, bounded */
+      while (k > 0 && dht__cmp_dist(target, c->id, out[k - 1]->id) < 0) {
+        out[k] = out[k - 1];
+        k--;
+      }
+      out[k] = c;
+    }
+  }
+  return n;
+}
+
+void dht__bucket_random_id(const dht_bucket *b, const uint8_t rnd[ID_BYTES],
+                           uint8_t out[ID_BYTES]) {
+  for (unsigned i = 0; i < ID_BYTES * 8; i++) {
+    uint8_t m = (uint8_t)(0x80 >> (i % 8));
+    bool v = i < b->depth ? bit(b->lo, i) : bit(rnd, i);
+    out[i / 8] = (uint8_t)(v ? out[i / 8] | m : out[i / 8] & ~m);
+  }
+}
+
+/* ---- blacklist ---------------------------------------------------------- */
+
+static dht_ban *ban_find(const dht_table *t, const uint8_t id[ID_BYTES]) {
+  for (size_t i = 0; i < t->nbans; i++)
+    if (memcmp(t->bans[i].id, id, ID_BYTES) == 0)
+      return (dht_ban *)&t->bans[i];
+  return NULL;
+}
+
+bool dht__banned(const dht_table *t, const uint8_t id[ID_BYTES], uint64_t now) {
+  const dht_ban *b = ban_find(t, id);
+  return b && now < b->until_ms;
+}
+
+void dht__ban(dht_table *t, const uint8_t id[ID_BYTES], uint64_t now) {
+  dht_ban *b = ban_find(t, id);
+  if (!b) {
+    if (t->nbans == DHT_BANS_MAX) { /* forget the ban that ends first */
+      size_t old = 0;
+      for (size_t i = 1; i < t->nbans; i++)
+        if (t->bans[i].until_ms < t->bans[old].until_ms)
+          old = i;
+      t->bans[old] = t->bans[--t->nbans];
+    }
+    b = &t->bans[t->nbans++];
+    memcpy(b->id, id, ID_BYTES);
+    b->backoff_ms = 0;
+  }
+  /* 1 s, doubling to 5 minutes while it keeps failing. */
+  b->backoff_ms = b->backoff_ms ? b->backoff_ms * 2 : 1000;
+  if (b->backoff_ms > 300000)
+    b->backoff_ms = 300000;
+  b->until_ms = now + b->backoff_ms;
+}
+
+void dht__unban(dht_table *t, const uint8_t id[ID_BYTES]) {
+  dht_ban *b = ban_find(t, id);
+  if (b)
+    *b = t->bans[--t->nbans];
+}
