@@ -64,6 +64,7 @@ typedef struct bee_config {
   int log_level; /* BEE_LOG_* */
   unsigned max_conns;
   bool no_listen;
+  bool client; /* DHT client mode: never in routing tables */
   unsigned status_interval_s; /* 0: no status lines */
   bool help;    /* --help was given: print usage, nothing else is checked */
   bool version; /* --version was given */

@@ -31,6 +31,7 @@ enum opt_id {
   O_LOG_LEVEL,
   O_MAX_CONNS,
   O_NO_LISTEN,
+  O_CLIENT,
   O_STATUS_INTERVAL,
   O_HELP,
   O_VERSION,
@@ -60,6 +61,7 @@ static const struct opt {
     {"log-level", O_LOG_LEVEL, K_VALUE, true},
     {"max-conns", O_MAX_CONNS, K_VALUE, true},
     {"no-listen", O_NO_LISTEN, K_BOOL, true},
+    {"client", O_CLIENT, K_BOOL, true},
     {"status-interval", O_STATUS_INTERVAL, K_VALUE, true},
     {"help", O_HELP, K_ACTION, false},
     {"version", O_VERSION, K_ACTION, false},
@@ -278,7 +280,8 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
     cfg->status_interval_s = u;
     return 0;
   case O_OPEN:
-  case O_NO_LISTEN: {
+  case O_NO_LISTEN:
+  case O_CLIENT: {
     bool b;
     if (strcmp(v, "true") == 0)
       b = true;
@@ -289,6 +292,8 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
                   "bad value '%.80s' (want true or false)", v);
     if (o->id == O_OPEN)
       cfg->open = b;
+    else if (o->id == O_CLIENT)
+      cfg->client = b;
     else
       cfg->no_listen = b;
     return 0;
@@ -553,6 +558,8 @@ void bee_config_usage(FILE *f) {
       "  --listen ADDR:PORT       listen here (default %s);\n"
       "                           also [V6ADDR]:PORT and :PORT\n"
       "  --no-listen              make outgoing connections only\n"
+      "  --client                 DHT client: make requests, never be put in\n"
+      "                           other nodes' routing tables (behind NAT)\n"
       "  --join HOST:PORT         a peer to join through (repeatable, up to "
       "%d)\n"
       "  --identity FILE          node key, created if missing (default %s)\n"

@@ -11,6 +11,7 @@
  */
 #include "bee.h"
 #include "bee-config.h"
+#include "dht.h"
 
 #include <signal.h>
 #include <sodium.h>
@@ -47,6 +48,7 @@ struct bee_daemon {
   proto_token token;
   proto_revocation revoked;
   proto_host *host;
+  dht_glue *dht;
   bee_members members;
   uv_signal_t sigint, sigterm;
   uv_timer_t status_timer;
@@ -183,6 +185,28 @@ static void on_oneway(proto_conn *c, proto_bytes method, proto_bytes payload,
 static void status_cb(uv_timer_t *t) {
   bee_daemon *d = t->data;
   bee_members_log_status(&d->members);
+  if (d->dht) {
+    dht_info in;
+    dht_node_info(dht_glue_node(d->dht), &in);
+    bee_info(COMP, "dht: %zu contacts in %zu buckets, %zu keys (%zu records, "
+             "%zu bytes), %zu lookups running, %zu peers blacklisted",
+             in.contacts, in.buckets, in.keys, in.records, in.bytes,
+             in.lookups, in.blacklisted);
+  }
+}
+
+static void dht_boot_cb(dht_node *n, int status, const dht_stats *st,
+                        void *arg) {
+  bee_daemon *d = arg;
+  dht_info in;
+  if (status) {
+    if (!d->stopping)
+      bee_warn(COMP, "dht: bootstrap ended: %s", bee_strerror(status));
+    return;
+  }
+  dht_node_info(n, &in);
+  bee_info(COMP, "dht: joined in %llu ms: %zu contacts", (unsigned long long)st->ms,
+           in.contacts);
 }
 
 /* Stops everything; uv_run returns once the handles are closed. */
@@ -191,6 +215,8 @@ static void daemon_stop(bee_daemon *d) {
     return;
   d->stopping = true;
   bee_members_stop(&d->members);
+  dht_glue_close(d->dht);
+  d->dht = NULL;
   if (d->host)
     proto_host_close(d->host);
   d->host = NULL;
@@ -326,6 +352,24 @@ static int daemon_start(bee_daemon *d) {
   if ((rc = bee_members_start(&d->members, d->host, (unsigned)port))) {
     bee_err(COMP, "cannot register the swarm handlers: %s", bee_strerror(rc));
     return rc;
+  }
+  dht_config dc;
+  dht_config_default(&dc);
+  dc.id = &d->id;
+  dc.port = cfg->client ? 0 : (unsigned)port;
+  if ((rc = dht_glue_new(&d->loop, d->host, &dc, NULL, NULL, &d->dht))) {
+    bee_err(COMP, "cannot start the DHT: %s", bee_strerror(rc));
+    return rc;
+  }
+  if (cfg->client || !port)
+    bee_info(COMP, "dht: client mode: requests only, never in routing tables");
+  if (cfg->njoin) {
+    const char *targets[BEE_JOIN_MAX];
+    for (size_t i = 0; i < cfg->njoin; i++)
+      targets[i] = cfg->join[i];
+    rc = dht_bootstrap(dht_glue_node(d->dht), targets, cfg->njoin, dht_boot_cb, d);
+    if (rc)
+      bee_warn(COMP, "dht: cannot bootstrap: %s", bee_strerror(rc));
   }
   uv_signal_start(&d->sigint, signal_cb, SIGINT);
   uv_signal_start(&d->sigterm, signal_cb, SIGTERM);

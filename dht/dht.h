@@ -93,7 +93,8 @@ void dht_config_default(dht_config *cfg);
 int dht_node_new(const dht_config *cfg, const dht_io *io, dht_node **out);
 /* Frees the node.  Pending lookups end with BEE_ECANCELED first; answers
  * still in flight must not be delivered afterwards (the glue drops
- * them). */
+ * them).  Never call it from inside one of the node's own callbacks (as
+ * with any object here); dht_glue_close defers it for you. */
 void dht_node_free(dht_node *n);
 
 /* ---- driving the core --------------------------------------------------- */
@@ -199,5 +200,26 @@ void dht_node_foreach_contact(const dht_node *n,
 /* Reads a stored record without the network (tests, beectl). */
 int dht_node_local_get(dht_node *n, const uint8_t key[PROTO_DHT_KEY_BYTES],
                        dht_value *v);
+
+/* ---- binding to the transport (glue.c) ---------------------------------- */
+
+/* A node served over a proto_host: it answers the dht.* requests of every
+ * connection, sends its own through the host (reusing the connection to a
+ * peer, dialing its address when there is none), and runs the node's
+ * timer on the loop. */
+typedef struct dht_glue dht_glue;
+
+/* Creates a node with cfg (as dht_node_new) bound to host on loop, with an
+ * optional validator for records of known types.  host must outlive the
+ * glue.  Returns 0 and *out, or an error. */
+int dht_glue_new(uv_loop_t *loop, proto_host *host, const dht_config *cfg,
+                 int (*validate)(void *ctx, const proto_dht_record *r),
+                 void *validate_ctx, dht_glue **out);
+dht_node *dht_glue_node(dht_glue *g);
+/* Stops serving at once and frees the node on a later turn of the loop
+ * (its operations still running end with BEE_ECANCELED then); the glue
+ * itself goes once the calls still in flight have ended.  Safe from any
+ * callback.  Call before proto_host_close. */
+void dht_glue_close(dht_glue *g);
 
 #endif /* BEE_DHT_H */

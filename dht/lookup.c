@@ -363,8 +363,10 @@ static void put_after_lookup(dht_lookup *l, int status) {
     sent++;
     last = c;
   }
-  /* Keep a copy here too if we are closer than the farthest replica. */
-  if (sent < n->cfg.replicas || dht__cmp_dist(op->key, n->self, last->id) < 0) {
+  /* Keep a copy here too if we are closer than the farthest replica; a
+   * client keeps none, since no one would ask it. */
+  if (n->cfg.port &&
+      (sent < n->cfg.replicas || dht__cmp_dist(op->key, n->self, last->id) < 0)) {
     int rc = dht__store_put(n, &view, dht__wall(n));
     if (rc == 0)
       op->stored++;

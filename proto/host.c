@@ -119,10 +119,17 @@ int proto_host_on(proto_host *h, const char *method, proto_request_cb cb,
   size_t n = strlen(method);
   if (n == 0 || n > PROTO_METHOD_MAX)
     return BEE_ETOOBIG;
-  proto_method *m;
-  for (m = h->methods; m; m = m->next)
+  proto_method *m, **pp;
+  for (pp = &h->methods; (m = *pp); pp = &m->next)
     if (strcmp(m->name, method) == 0)
       break;
+  if (!cb) { /* removal */
+    if (m) {
+      *pp = m->next;
+      free(m);
+    }
+    return 0;
+  }
   if (!m) {
     if (!(m = calloc(1, sizeof *m)))
       return -ENOMEM;

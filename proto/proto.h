@@ -595,9 +595,9 @@ int proto_host_connect(proto_host *h, const char *hostport, int purpose,
 /* Number of live authenticated connections. */
 size_t proto_host_conn_count(const proto_host *h);
 /* Registers the handler for one RPC method (copied name, at most
- * PROTO_METHOD_MAX bytes; a later call replaces it).  Requests for methods
- * with no handler go to cfg.on_request if set, else get a BEE_ENOMETHOD
- * error reply.  Returns 0, BEE_ETOOBIG or -ENOMEM. */
+ * PROTO_METHOD_MAX bytes; a later call replaces it, a NULL cb removes it).
+ * Requests for methods with no handler go to cfg.on_request if set, else
+ * get a BEE_ENOMETHOD error reply.  Returns 0, BEE_ETOOBIG or -ENOMEM. */
 int proto_host_on(proto_host *h, const char *method, proto_request_cb cb,
                   void *data);
 /* The live control connection to the peer with this id, or NULL.  There is

@@ -8,8 +8,8 @@
  * Exit status: 0 on success, 1 when an operation fails (the message names
  * the file and the reason), 2 on bad usage (the message names the flag).
  */
+#include "beectl.h"
 #include "bee-config.h"
-#include "proto.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -19,9 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-#define EXIT_USAGE 2
 #define MAX_DURATION_S (36525ull * 86400) /* 100 years */
-#define MAX_POSITIONAL 2
 
 static const char usage_text[] =
     "usage: beectl COMMAND [ARGS]\n"
@@ -40,16 +38,17 @@ static const char usage_text[] =
     "      Add a peer to the swarm's revocation list (created if missing).\n"
     "  revocation show FILE --moderator PUBKEY --swarm NAME\n"
     "      Check and print a revocation list.\n"
+    "  dht get KEY [--latest] | put KEY VALUE --ttl DURATION [--plain] | peers\n"
+    "      --join HOST:PORT --swarm NAME (--open | --moderator PUBKEY\n"
+    "      --token FILE) --identity FILE\n"
+    "      Use a swarm's DHT through any of its peers, as a client node.\n"
+    "      put stores VALUE under the caller's own signed subkey of KEY\n"
+    "      (--plain: as the key's plain value).\n"
     "  --help, --version\n"
     "\n"
     "PUBKEY is 64 hex digits, as printed by keygen and pubkey.\n";
 
-static void errorf(const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 1, 2)))
-#endif
-    ;
-static void errorf(const char *fmt, ...) {
+void beectl_errorf(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   fputs("beectl: ", stderr);
@@ -60,26 +59,11 @@ static void errorf(const char *fmt, ...) {
 
 /* Reports a runtime failure on file and returns the exit status. */
 static int fail(const char *file, int rc) {
-  errorf("%s: %s", file, bee_strerror(rc));
+  beectl_errorf("%s: %s", file, bee_strerror(rc));
   return 1;
 }
 
 /* ---- flags ------------------------------------------------------------- */
-
-typedef struct flag {
-  const char *name; /* "--out" */
-  bool has_value;   /* takes an argument */
-  bool required;
-  bool set;
-  const char *value; /* the argument, when set */
-} flag;
-
-typedef struct args {
-  flag *flags;
-  size_t nflags;
-  const char *pos[MAX_POSITIONAL];
-  size_t npos;
-} args;
 
 static flag *find_flag(args *a, const char *name, size_t len) {
   for (size_t i = 0; i < a->nflags; i++)
@@ -89,16 +73,13 @@ static flag *find_flag(args *a, const char *name, size_t len) {
   return NULL;
 }
 
-/* Parses argv into a's flags ("--name VALUE" or "--name=VALUE") and up to
- * npos_max positional arguments, then checks the required flags are there.
- * Returns 0 or EXIT_USAGE (reported). */
-static int parse_args(args *a, int argc, char **argv, size_t npos_max) {
+int beectl_parse_args(args *a, int argc, char **argv, size_t npos_max) {
   a->npos = 0;
   for (int i = 0; i < argc; i++) {
     const char *s = argv[i];
     if (strncmp(s, "--", 2) != 0 || s[2] == 0) {
       if (a->npos >= npos_max) {
-        errorf("unexpected argument '%s'", s);
+        beectl_errorf("unexpected argument '%s'", s);
         return EXIT_USAGE;
       }
       a->pos[a->npos++] = s;
@@ -108,17 +89,17 @@ static int parse_args(args *a, int argc, char **argv, size_t npos_max) {
     size_t len = eq ? (size_t)(eq - s) : strlen(s);
     flag *f = find_flag(a, s, len);
     if (!f) {
-      errorf("unknown flag '%.*s'", (int)len, s);
+      beectl_errorf("unknown flag '%.*s'", (int)len, s);
       return EXIT_USAGE;
     }
     if (f->set) {
-      errorf("%s given twice", f->name);
+      beectl_errorf("%s given twice", f->name);
       return EXIT_USAGE;
     }
     f->set = true;
     if (!f->has_value) {
       if (eq) {
-        errorf("%s takes no value", f->name);
+        beectl_errorf("%s takes no value", f->name);
         return EXIT_USAGE;
       }
       continue;
@@ -128,34 +109,34 @@ static int parse_args(args *a, int argc, char **argv, size_t npos_max) {
     } else if (i + 1 < argc) {
       f->value = argv[++i];
     } else {
-      errorf("%s needs a value", f->name);
+      beectl_errorf("%s needs a value", f->name);
       return EXIT_USAGE;
     }
     if (!*f->value) {
-      errorf("%s needs a non-empty value", f->name);
+      beectl_errorf("%s needs a non-empty value", f->name);
       return EXIT_USAGE;
     }
   }
   for (size_t i = 0; i < a->nflags; i++)
     if (a->flags[i].required && !a->flags[i].set) {
-      errorf("missing %s", a->flags[i].name);
+      beectl_errorf("missing %s", a->flags[i].name);
       return EXIT_USAGE;
     }
   return 0;
 }
 
-static int parse_pk(const flag *f, uint8_t pk[PROTO_PK_BYTES]) {
+int beectl_parse_pk(const flag *f, uint8_t pk[PROTO_PK_BYTES]) {
   if (proto_unhex(f->value, pk, PROTO_PK_BYTES) != 0) {
-    errorf("%s: expected a public key of %d hex digits", f->name,
+    beectl_errorf("%s: expected a public key of %d hex digits", f->name,
            2 * PROTO_PK_BYTES);
     return EXIT_USAGE;
   }
   return 0;
 }
 
-static int parse_swarm(const flag *f) {
+int beectl_parse_swarm(const flag *f) {
   if (!proto_swarm_valid(f->value)) {
-    errorf("%s: a swarm name is 1 to %d characters of A-Z a-z 0-9 . _ -",
+    beectl_errorf("%s: a swarm name is 1 to %d characters of A-Z a-z 0-9 . _ -",
            f->name, PROTO_SWARM_MAX);
     return EXIT_USAGE;
   }
@@ -164,7 +145,7 @@ static int parse_swarm(const flag *f) {
 
 /* Parses "N" followed by s, m, h or d into seconds, 0 < secs < 100 years.
  * Returns 0 or -1. */
-static int parse_duration(const char *s, uint64_t *secs) {
+int beectl_parse_duration(const char *s, uint64_t *secs) {
   uint64_t n = 0, mult;
   const char *p = s;
   if (*p < '0' || *p > '9')
@@ -250,12 +231,12 @@ static int cmd_keygen(int argc, char **argv) {
   args a = {fl, sizeof fl / sizeof fl[0], {NULL}, 0};
   proto_identity id;
   int rc;
-  if ((rc = parse_args(&a, argc, argv, 0)))
+  if ((rc = beectl_parse_args(&a, argc, argv, 0)))
     return rc;
   proto_identity_generate(&id);
   rc = proto_identity_save(&id, fl[1].value);
   if (rc == -EEXIST) {
-    errorf("%s: %s (refusing to overwrite)", fl[1].value, bee_strerror(rc));
+    beectl_errorf("%s: %s (refusing to overwrite)", fl[1].value, bee_strerror(rc));
     rc = 1;
     goto out;
   }
@@ -276,7 +257,7 @@ static int cmd_pubkey(int argc, char **argv) {
   args a = {fl, sizeof fl / sizeof fl[0], {NULL}, 0};
   proto_identity id;
   int rc;
-  if ((rc = parse_args(&a, argc, argv, 0)))
+  if ((rc = beectl_parse_args(&a, argc, argv, 0)))
     return rc;
   if ((rc = proto_identity_load(&id, fl[0].value, false)))
     return fail(fl[0].value, rc);
@@ -298,15 +279,15 @@ static int cmd_token_issue(int argc, char **argv) {
   proto_token tok;
   uint64_t dur, now = now_s();
   int role, rc;
-  if ((rc = parse_args(&a, argc, argv, 0)) || (rc = parse_swarm(&fl[1])) ||
-      (rc = parse_pk(&fl[2], peer)))
+  if ((rc = beectl_parse_args(&a, argc, argv, 0)) || (rc = beectl_parse_swarm(&fl[1])) ||
+      (rc = beectl_parse_pk(&fl[2], peer)))
     return rc;
   if (proto_role_parse(fl[3].value, &role)) {
-    errorf("--role: expected bee, monitor or aux, not '%s'", fl[3].value);
+    beectl_errorf("--role: expected bee, monitor or aux, not '%s'", fl[3].value);
     return EXIT_USAGE;
   }
-  if (parse_duration(fl[4].value, &dur)) {
-    errorf("--expires: expected a duration like 30d, 12h, 90m or 3600s, "
+  if (beectl_parse_duration(fl[4].value, &dur)) {
+    beectl_errorf("--expires: expected a duration like 30d, 12h, 90m or 3600s, "
            "above zero and under 100 years");
     return EXIT_USAGE;
   }
@@ -315,7 +296,7 @@ static int cmd_token_issue(int argc, char **argv) {
   rc = proto_token_issue(&tok, &mod, fl[1].value, peer, role, now, now + dur);
   proto_identity_clear(&mod);
   if (rc) {
-    errorf("issuing the token: %s", bee_strerror(rc));
+    beectl_errorf("issuing the token: %s", bee_strerror(rc));
     return 1;
   }
   if ((rc = proto_token_save(&tok, fl[5].value)))
@@ -332,19 +313,19 @@ static int cmd_token_show(int argc, char **argv) {
   uint8_t mod[PROTO_PK_BYTES], peer[PROTO_PK_BYTES];
   proto_token tok;
   int rc;
-  if ((rc = parse_args(&a, argc, argv, 1)))
+  if ((rc = beectl_parse_args(&a, argc, argv, 1)))
     return rc;
   if (a.npos != 1) {
-    errorf("token show: missing the token FILE");
+    beectl_errorf("token show: missing the token FILE");
     return EXIT_USAGE;
   }
   if (!fl[0].set && (fl[1].set || fl[2].set)) {
-    errorf("%s needs --moderator", fl[1].set ? "--swarm" : "--peer");
+    beectl_errorf("%s needs --moderator", fl[1].set ? "--swarm" : "--peer");
     return EXIT_USAGE;
   }
-  if ((fl[0].set && (rc = parse_pk(&fl[0], mod))) ||
-      (fl[1].set && (rc = parse_swarm(&fl[1]))) ||
-      (fl[2].set && (rc = parse_pk(&fl[2], peer))))
+  if ((fl[0].set && (rc = beectl_parse_pk(&fl[0], mod))) ||
+      (fl[1].set && (rc = beectl_parse_swarm(&fl[1]))) ||
+      (fl[2].set && (rc = beectl_parse_pk(&fl[2], peer))))
     return rc;
   if ((rc = proto_token_load(&tok, a.pos[0])))
     return fail(a.pos[0], rc);
@@ -373,8 +354,8 @@ static int cmd_revoke(int argc, char **argv) {
   proto_revocation rl;
   bool listed;
   int rc;
-  if ((rc = parse_args(&a, argc, argv, 0)) || (rc = parse_swarm(&fl[1])) ||
-      (rc = parse_pk(&fl[2], peer)))
+  if ((rc = beectl_parse_args(&a, argc, argv, 0)) || (rc = beectl_parse_swarm(&fl[1])) ||
+      (rc = beectl_parse_pk(&fl[2], peer)))
     return rc;
   if ((rc = proto_identity_load(&mod, fl[0].value, false)))
     return fail(fl[0].value, rc);
@@ -420,13 +401,13 @@ static int cmd_revocation_show(int argc, char **argv) {
   uint8_t mod[PROTO_PK_BYTES];
   proto_revocation rl;
   int rc;
-  if ((rc = parse_args(&a, argc, argv, 1)))
+  if ((rc = beectl_parse_args(&a, argc, argv, 1)))
     return rc;
   if (a.npos != 1) {
-    errorf("revocation show: missing the list FILE");
+    beectl_errorf("revocation show: missing the list FILE");
     return EXIT_USAGE;
   }
-  if ((rc = parse_pk(&fl[0], mod)) || (rc = parse_swarm(&fl[1])))
+  if ((rc = beectl_parse_pk(&fl[0], mod)) || (rc = beectl_parse_swarm(&fl[1])))
     return rc;
   if ((rc = proto_revocation_load(&rl, a.pos[0], mod, fl[1].value)))
     return fail(a.pos[0], rc);
@@ -469,11 +450,13 @@ int main(int argc, char **argv) {
     rc = cmd_revoke(argc - 2, argv + 2);
   else if (!strcmp(cmd, "revocation") && !strcmp(sub, "show"))
     rc = cmd_revocation_show(argc - 3, argv + 3);
+  else if (!strcmp(cmd, "dht"))
+    rc = beectl_dht(argc - 2, argv + 2);
   else if (!strcmp(cmd, "token") || !strcmp(cmd, "revocation")) {
-    errorf("unknown %s command '%s'", cmd, sub);
+    beectl_errorf("unknown %s command '%s'", cmd, sub);
     rc = EXIT_USAGE;
   } else {
-    errorf("unknown command '%s'", cmd);
+    beectl_errorf("unknown command '%s'", cmd);
     rc = EXIT_USAGE;
   }
   if (rc == EXIT_USAGE)
