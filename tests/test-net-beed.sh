@@ -10,63 +10,8 @@
 # all three see each other.  Every daemon must exit 0 on SIGTERM.
 set -euo pipefail
 
-: "${BEED:?BEED must name the beed binary}" "${BEECTL:?BEECTL must name beectl}"
-work=$(mktemp -d "${TMPDIR:-/tmp}/beed-net.XXXXXX")
-declare -A pid
-base=$((20000 + RANDOM % 20000))
+. "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
 queen_port=$base
-
-cleanup() {
-  local n
-  for n in "${!pid[@]}"; do kill -9 "${pid[$n]}" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$work"/*.log; do
-    echo "----- $(basename "$f") -----" >&2
-    tail -n 40 "$f" >&2
-  done
-  exit 1
-}
-
-field() { awk -v k="$1" '$1 == k { print $2; exit }' "$2"; }
-
-# key NAME [--moderator]: makes NAME.key, sets pk_NAME.
-key() {
-  "$BEECTL" keygen ${2:-} --out "$work/$1.key" >"$work/$1.txt"
-  printf -v "pk_$1" '%s' "$(field public-key "$work/$1.txt")"
-}
-
-# token NAME MODERATOR SWARM EXPIRES
-token() {
-  local pkvar=pk_$1
-  "$BEECTL" token issue --moderator-key "$work/$2.key" --swarm "$3" \
-    --peer "${!pkvar}" --role bee --expires "$4" --out "$work/$1.tok" >/dev/null
-}
-
-# start NAME PORT [FLAGS...]
-start() {
-  local n=$1 p=$2
-  shift 2
-  (cd "$work" && exec "$BEED" --listen "127.0.0.1:$p" --identity "$n.key" \
-    --status-interval 1 "$@") >"$work/$n.log" 2>&1 &
-  pid[$n]=$!
-}
-
-# wait_log NAME PATTERN [SECONDS]: waits for an extended regex in the log.
-wait_log() {
-  local i
-  for ((i = 0; i < ${3:-10} * 10; i++)); do
-    grep -Eq "$2" "$work/$1.log" 2>/dev/null && return 0
-    kill -0 "${pid[$1]}" 2>/dev/null || fail "$1 exited early"
-    sleep 0.1
-  done
-  fail "$1: no log line matching '$2' within ${3:-10} s"
-}
 
 peers_now() { grep -o 'swarm: [0-9]* peers' "$work/$1.log" | tail -n 1 | awk '{print $2}'; }
 
@@ -145,11 +90,5 @@ for n in wrongmod wrongswarm open revoked; do
   [ "$(peers_now "$n")" = 0 ] || fail "$n reports peers"
 done
 
-for n in "${!pid[@]}"; do kill -TERM "${pid[$n]}"; done
-for n in "${!pid[@]}"; do
-  rc=0
-  wait "${pid[$n]}" || rc=$?
-  [ "$rc" = 0 ] || fail "$n exited with $rc after SIGTERM"
-  unset "pid[$n]"
-done
+stop_all
 echo "beed processes: all checks passed"

@@ -1,0 +1,74 @@
+# netlib.sh: helpers for the tests that run real beed processes.
+# Source it after `set -euo pipefail`; it makes $work (removed on exit),
+# a random port base $base, and the pid table the helpers keep.
+
+: "${BEED:?BEED must name the beed binary}" "${BEECTL:?BEECTL must name beectl}"
+work=$(mktemp -d "${TMPDIR:-/tmp}/beed-net.XXXXXX")
+declare -A pid
+base=$((20000 + RANDOM % 20000))
+
+cleanup() {
+  local n
+  for n in "${!pid[@]}"; do kill -9 "${pid[$n]}" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$work"/*.log; do
+    [ -f "$f" ] || continue
+    echo "----- $(basename "$f") -----" >&2
+    tail -n 40 "$f" >&2
+  done
+  exit 1
+}
+
+field() { awk -v k="$1" '$1 == k { print $2; exit }' "$2"; }
+
+# key NAME [--moderator]: makes NAME.key, sets pk_NAME.
+key() {
+  "$BEECTL" keygen ${2:-} --out "$work/$1.key" >"$work/$1.txt"
+  printf -v "pk_$1" '%s' "$(field public-key "$work/$1.txt")"
+}
+
+# token NAME MODERATOR SWARM EXPIRES [ROLE]
+token() {
+  local pkvar=pk_$1
+  "$BEECTL" token issue --moderator-key "$work/$2.key" --swarm "$3" \
+    --peer "${!pkvar}" --role "${5:-bee}" --expires "$4" \
+    --out "$work/$1.tok" >/dev/null
+}
+
+# start NAME PORT [FLAGS...]
+start() {
+  local n=$1 p=$2
+  shift 2
+  (cd "$work" && exec "$BEED" --listen "127.0.0.1:$p" --identity "$n.key" \
+    --status-interval 1 "$@") >"$work/$n.log" 2>&1 &
+  pid[$n]=$!
+}
+
+# wait_log NAME PATTERN [SECONDS]: waits for an extended regex in the log.
+wait_log() {
+  local i
+  for ((i = 0; i < ${3:-10} * 10; i++)); do
+    grep -Eq "$2" "$work/$1.log" 2>/dev/null && return 0
+    kill -0 "${pid[$1]}" 2>/dev/null || fail "$1 exited early"
+    sleep 0.1
+  done
+  fail "$1: no log line matching '$2' within ${3:-10} s"
+}
+
+# stop_all: SIGTERM to every node; each must exit 0.
+stop_all() {
+  local n rc
+  for n in "${!pid[@]}"; do kill -TERM "${pid[$n]}"; done
+  for n in "${!pid[@]}"; do
+    rc=0
+    wait "${pid[$n]}" || rc=$?
+    [ "$rc" = 0 ] || fail "$n exited with $rc after SIGTERM"
+    unset "pid[$n]"
+  done
+}
