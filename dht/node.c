@@ -264,13 +264,15 @@ static int handle_store(dht_node *n, const uint8_t from[ID_BYTES],
     bee_warn(COMP, "peer %s stores too fast: %zu records refused", hex,
              req->nrecords);
   } else {
+    /* Stale records are routine (replicas republish); anything else is
+     * worth a line, one per request. */
     for (size_t i = 0; i < req->nrecords; i++)
-      if (ans->results[i] == BEE_EAUTH || ans->results[i] == BEE_ERANGE) {
+      if (ans->results[i] != 0 && ans->results[i] != BEE_ESTALE) {
         char hex[9];
         proto_hex(from, 4, hex);
         bee_warn(COMP, "peer %s: record refused: %s", hex,
                  bee_strerror(ans->results[i]));
-        break; /* one line per request */
+        break;
       }
   }
   return 0;
