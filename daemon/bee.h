@@ -66,6 +66,7 @@ typedef struct bee_config {
   bool no_listen;
   bool client; /* DHT client mode: never in routing tables */
   unsigned status_interval_s; /* 0: no status lines */
+  unsigned revocation_interval_s; /* poll the DHT's revocation list */
   bool help;    /* --help was given: print usage, nothing else is checked */
   bool version; /* --version was given */
 } bee_config;
@@ -168,6 +169,45 @@ bool bee_members_oneway(bee_members *m, proto_conn *c, proto_bytes method,
 int bee_members_ask(bee_members *m, proto_conn *c);
 /* Logs "swarm: N peers [id8 ...]". */
 void bee_members_log_status(const bee_members *m);
+
+/* ------------------------------------------------------------------------ */
+/* The revocation list in the DHT (revoke.c).                                */
+
+struct dht_glue;
+struct dht_node;
+
+/* Lists live under the DHT key "<swarm>.revocation", one record per list
+ * with the list's seq (8 bytes, big-endian) as its subkey, so that an old
+ * list replayed with a later expiration can never displace a newer one.
+ * Every node publishes the newest list it holds and polls the key; a list
+ * with a higher seq replaces its own, and every connected peer the new list
+ * revokes is disconnected at once (the handshake refuses it from then on,
+ * since the host reads the same list). */
+typedef struct bee_revoke {
+  proto_revocation *list; /* the daemon's list, borrowed (host auth reads it) */
+  const uint8_t *moderator_pk;
+  const char *swarm;
+  uint8_t key[20];
+  proto_host *host;
+  struct dht_glue *dht;
+  uv_timer_t timer;
+  uint64_t interval_ms;
+  bool busy, stopped, published;
+} bee_revoke;
+
+/* Sets up r (its timer on loop) for a moderated swarm.  Nothing runs until
+ * bee_revoke_start. */
+void bee_revoke_init(bee_revoke *r, uv_loop_t *loop, proto_revocation *list,
+                     const uint8_t *moderator_pk, const char *swarm,
+                     unsigned interval_s);
+/* The DHT validator for records under the revocation key: the value must be
+ * a list signed by the moderator for this swarm, its seq equal to the
+ * subkey.  Records under other keys pass.  ctx is the bee_revoke. */
+int bee_revoke_validate(void *ctx, const proto_dht_record *rec);
+/* Publishes the list we hold (if any) and starts polling. */
+void bee_revoke_start(bee_revoke *r, proto_host *host, struct dht_glue *dht);
+/* Stops polling; closes the timer. */
+void bee_revoke_stop(bee_revoke *r);
 
 /* First 8 hex digits of a peer id (out: 9 bytes). */
 void bee_id8(const uint8_t id[PROTO_ID_BYTES], char out[9]);

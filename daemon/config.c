@@ -33,6 +33,7 @@ enum opt_id {
   O_NO_LISTEN,
   O_CLIENT,
   O_STATUS_INTERVAL,
+  O_REVOCATION_INTERVAL,
   O_HELP,
   O_VERSION,
 };
@@ -63,6 +64,7 @@ static const struct opt {
     {"no-listen", O_NO_LISTEN, K_BOOL, true},
     {"client", O_CLIENT, K_BOOL, true},
     {"status-interval", O_STATUS_INTERVAL, K_VALUE, true},
+    {"revocation-interval", O_REVOCATION_INTERVAL, K_VALUE, true},
     {"help", O_HELP, K_ACTION, false},
     {"version", O_VERSION, K_ACTION, false},
 };
@@ -100,6 +102,7 @@ void bee_config_init(bee_config *cfg) {
   cfg->log_level = BEE_LOG_INFO;
   cfg->max_conns = BEE_DEFAULT_MAX_CONNS;
   cfg->status_interval_s = BEE_DEFAULT_STATUS_S;
+  cfg->revocation_interval_s = 30;
 }
 
 /* ---- values ------------------------------------------------------------ */
@@ -271,6 +274,13 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
       return fail(msg, cap, BEE_ECONFIG, "bad number '%.80s' (want 1..65536)",
                   v);
     cfg->max_conns = u;
+    return 0;
+  case O_REVOCATION_INTERVAL:
+    if (parse_uint(v, 1, BEE_STATUS_MAX_S, &u))
+      return fail(msg, cap, BEE_ECONFIG,
+                  "bad number '%.80s' (want seconds, 1..%d)", v,
+                  BEE_STATUS_MAX_S);
+    cfg->revocation_interval_s = u;
     return 0;
   case O_STATUS_INTERVAL:
     if (parse_uint(v, 0, BEE_STATUS_MAX_S, &u))
@@ -566,7 +576,10 @@ void bee_config_usage(FILE *f) {
       "  --moderator PUBKEY       the swarm moderator's public key (64 hex)\n"
       "  --token FILE             this node's access token from the "
       "moderator\n"
-      "  --revocations FILE       moderator-signed list of revoked keys\n"
+      "  --revocations FILE       moderator-signed list of revoked keys;\n"
+      "                           it is also published in the DHT\n"
+      "  --revocation-interval SECS  how often to look for a newer list in\n"
+      "                           the DHT (default 30)\n"
       "  --open                   open swarm: no moderator, anyone may join\n"
       "  --swarm NAME             swarm name (default %s)\n"
       "  --max-conns N            connection limit, 1..65536 (default %d)\n"

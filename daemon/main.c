@@ -49,6 +49,7 @@ struct bee_daemon {
   proto_revocation revoked;
   proto_host *host;
   dht_glue *dht;
+  bee_revoke revoke;
   bee_members members;
   uv_signal_t sigint, sigterm;
   uv_timer_t status_timer;
@@ -215,6 +216,7 @@ static void daemon_stop(bee_daemon *d) {
     return;
   d->stopping = true;
   bee_members_stop(&d->members);
+  bee_revoke_stop(&d->revoke);
   dht_glue_close(d->dht);
   d->dht = NULL;
   if (d->host)
@@ -244,6 +246,9 @@ static int handles_init(bee_daemon *d) {
   uv_signal_init(&d->loop, &d->sigterm);
   uv_timer_init(&d->loop, &d->status_timer);
   uv_timer_init(&d->loop, &d->ask_timer);
+  bee_revoke_init(&d->revoke, &d->loop, &d->revoked,
+                  d->cfg.moderated ? d->cfg.moderator_pk : NULL, d->cfg.swarm,
+                  d->cfg.revocation_interval_s);
   d->sigint.data = d->sigterm.data = d;
   d->status_timer.data = d->ask_timer.data = d;
   for (size_t i = 0; i < d->cfg.njoin; i++) {
@@ -326,7 +331,7 @@ static int daemon_start(bee_daemon *d) {
   if (cfg->moderated) {
     hc.auth.token = &d->token;
     hc.auth.moderator_pk = cfg->moderator_pk;
-    hc.auth.revoked = cfg->revocations[0] ? &d->revoked : NULL;
+    hc.auth.revoked = &d->revoked; /* from the file, then the DHT */
   }
   hc.max_conns = cfg->max_conns;
   hc.on_up = on_up;
@@ -357,12 +362,15 @@ static int daemon_start(bee_daemon *d) {
   dht_config_default(&dc);
   dc.id = &d->id;
   dc.port = cfg->client ? 0 : (unsigned)port;
-  if ((rc = dht_glue_new(&d->loop, d->host, &dc, NULL, NULL, &d->dht))) {
+  if ((rc = dht_glue_new(&d->loop, d->host, &dc, bee_revoke_validate,
+                         &d->revoke, &d->dht))) {
     bee_err(COMP, "cannot start the DHT: %s", bee_strerror(rc));
     return rc;
   }
   if (cfg->client || !port)
     bee_info(COMP, "dht: client mode: requests only, never in routing tables");
+  if (cfg->moderated)
+    bee_revoke_start(&d->revoke, d->host, d->dht);
   if (cfg->njoin) {
     const char *targets[BEE_JOIN_MAX];
     for (size_t i = 0; i < cfg->njoin; i++)

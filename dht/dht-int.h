@@ -176,6 +176,8 @@ struct dht_lookup {
   dht_lookup_done done;     /* nodes lookups: what follows */
   void *op;                 /* the put or bootstrap it serves */
   bool finished;
+  bool starting;    /* inside the call that created it: never finish here */
+  bool finish_due;  /* finished while starting: the next tick completes it */
 };
 
 /* A request in flight: what its answer is for. */
@@ -224,6 +226,12 @@ typedef struct dht_own {
 dht_lookup *dht__lookup_start(dht_node *n, const uint8_t target[ID_BYTES],
                               int kind);
 void dht__lookup_step(dht_lookup *l);
+/* Takes the first steps of a new lookup without ever running a callback
+ * before the caller has returned (a lookup with nothing to ask finishes on
+ * the next tick instead). */
+void dht__lookup_begin(dht_lookup *l);
+/* Finishes lookups that completed while starting. */
+void dht__lookup_deferred(dht_node *n);
 /* Adds a found record, keeping the newest per subkey (copied). */
 void dht__lookup_merge(dht_lookup *l, const proto_dht_record *r);
 void dht__lookup_answer(dht_lookup *l, dht_pending *p, int status,

@@ -161,6 +161,10 @@ static void cache(dht_lookup *l) {
 
 static void finish(dht_lookup *l) {
   dht_node *n = l->n;
+  if (l->starting) { /* the caller of dht_get & co. has not returned */
+    l->finish_due = true;
+    return;
+  }
   l->finished = true;
   lookup_unlink(l);
   l->st.rounds = rounds(l);
@@ -197,9 +201,25 @@ static int send_find(dht_lookup *l, dht_cand *c) {
   return dht__send(n, c->id, c->addr, m, P_LOOKUP, l);
 }
 
+void dht__lookup_begin(dht_lookup *l) {
+  l->starting = true;
+  dht__lookup_step(l);
+  l->starting = false;
+}
+
+void dht__lookup_deferred(dht_node *n) {
+  for (dht_lookup *l = n->lookups, *nx; l; l = nx) {
+    nx = l->next;
+    if (l->finish_due) {
+      l->finish_due = false;
+      finish(l); /* unlinks l; nx stays valid */
+    }
+  }
+}
+
 void dht__lookup_step(dht_lookup *l) {
   dht_node *n = l->n;
-  if (l->finished)
+  if (l->finished || l->finish_due)
     return;
   if (l->kind == LK_VALUE && l->nfound) {
     finish(l);
@@ -218,7 +238,12 @@ void dht__lookup_step(dht_lookup *l) {
       all_done = false;
     if (c->state != C_NEW || l->active >= n->cfg.alpha)
       continue;
-    if (send_find(l, c) != 0) {
+    int rc = send_find(l, c);
+    if (rc != 0) {
+      char hex[9];
+      proto_hex(c->id, 4, hex);
+      bee_debug(COMP, "lookup: cannot ask %s at %s: %s", hex, c->addr,
+                bee_strerror(rc));
       c->state = C_FAILED;
       l->st.failures++;
       i = (size_t)-1, seen = 0, all_done = true; /* the window moved */
@@ -416,7 +441,7 @@ int dht__put_start(dht_node *n, const uint8_t key[PROTO_DHT_KEY_BYTES],
   }
   l->done = put_after_lookup;
   l->op = op;
-  dht__lookup_step(l);
+  dht__lookup_begin(l);
   return 0;
 }
 
@@ -506,7 +531,7 @@ void dht__boot_answer(dht_node *n, dht_pending *p, int status,
   b->looking = true;
   l->done = boot_after_lookup;
   l->op = b;
-  dht__lookup_step(l);
+  dht__lookup_begin(l);
 }
 
 void dht__boot_tick(dht_node *n, uint64_t now) {

@@ -264,10 +264,12 @@ static int handle_store(dht_node *n, const uint8_t from[ID_BYTES],
     bee_warn(COMP, "peer %s stores too fast: %zu records refused", hex,
              req->nrecords);
   } else {
-    /* Stale records are routine (replicas republish); anything else is
-     * worth a line, one per request. */
+    /* Stale records are routine (replicas republish) and so are records
+     * that expired on the way; anything else is worth a line, one per
+     * request. */
     for (size_t i = 0; i < req->nrecords; i++)
-      if (ans->results[i] != 0 && ans->results[i] != BEE_ESTALE) {
+      if (ans->results[i] != 0 && ans->results[i] != BEE_ESTALE &&
+          ans->results[i] != BEE_EEXPIRED) {
         char hex[9];
         proto_hex(from, 4, hex);
         bee_warn(COMP, "peer %s: record refused: %s", hex,
@@ -430,7 +432,7 @@ static void refresh(dht_node *n, uint64_t now) {
     b->touched_ms = now;
     dht_lookup *l = dht__lookup_start(n, target, LK_NODES);
     if (l)
-      dht__lookup_step(l);
+      dht__lookup_begin(l);
   }
 }
 
@@ -444,6 +446,7 @@ uint64_t dht_node_tick(dht_node *n) {
     refresh(n, now);
     n->refresh_ms = now + REFRESH_CHECK_MS;
   }
+  dht__lookup_deferred(n);
   republish(n, now);
   dht__boot_tick(n, now);
   uint64_t next = dht__lookup_stalls(n, now);
@@ -455,6 +458,9 @@ uint64_t dht_node_tick(dht_node *n) {
       until = o->due_ms - now;
   if (n->boot && !n->boot->looking && n->boot->waiting == 0)
     until = n->boot->retry_ms > now ? n->boot->retry_ms - now : 0;
+  for (dht_lookup *l = n->lookups; l; l = l->next)
+    if (l->finish_due)
+      until = 0; /* a lookup waits to be finished */
   return next < until ? next : until;
 }
 
@@ -490,7 +496,7 @@ int dht_get(dht_node *n, const uint8_t key[PROTO_DHT_KEY_BYTES], bool latest,
     free(views);
   }
   l->waiters = w;
-  dht__lookup_step(l);
+  dht__lookup_begin(l);
   return 0;
 }
 

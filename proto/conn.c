@@ -619,6 +619,10 @@ void proto__conn_tick(proto_conn *c, uint64_t now, uint64_t now_s) {
     }
     return;
   }
+  if (c->retire_ms && now >= c->retire_ms) {
+    proto_conn_close(c, 0, "duplicate connection");
+    return;
+  }
   if (c->peer.token_expires && now_s >= c->peer.token_expires) {
     bee_warn(COMP, "%s: access token expired, closing (%s)", who(c, id),
              bee_errname(BEE_ETOKEN_EXPIRED));

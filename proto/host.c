@@ -18,6 +18,9 @@
 #ifndef PROTO_TICK_MS
 #define PROTO_TICK_MS 100
 #endif
+#ifndef PROTO_RETIRE_MS
+#define PROTO_RETIRE_MS 2000 /* a duplicate connection's grace */
+#endif
 
 void proto_host_config_default(proto_host_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
@@ -151,7 +154,7 @@ const proto_method *proto__host_method(const proto_host *h, proto_bytes name) {
 
 proto_conn *proto_host_find(const proto_host *h, const uint8_t id[PROTO_ID_BYTES]) {
   for (proto_conn *c = h->conns; c; c = c->next)
-    if (c->up_reported && c->purpose == PROTO_PURPOSE_CONTROL &&
+    if (c->up_reported && !c->retire_ms && c->purpose == PROTO_PURPOSE_CONTROL &&
         memcmp(c->peer.id, id, PROTO_ID_BYTES) == 0)
       return c;
   return NULL;
@@ -199,8 +202,10 @@ void proto__host_conn_up(proto_host *h, proto_conn *c) {
   h->nup++;
   if (h->cfg.on_up)
     h->cfg.on_up(c, 0, h->cfg.data);
+  /* The duplicate is no longer used, but closed only after a grace, so
+   * the peer too has seen the winner by then and never misses us. */
   if (old && old->state == CONN_UP && c->state == CONN_UP)
-    proto_conn_close(old, 0, "duplicate connection");
+    old->retire_ms = proto__now_ms(h) + PROTO_RETIRE_MS;
   /* Exactly once, even if a callback above closed c. */
   if (c->connect_cb) {
     proto_connect_cb cb = c->connect_cb;

@@ -192,6 +192,7 @@ struct proto_conn {
   bool has_tcp;     /* tcp handle initialised (close it to free) */
   bool up_reported; /* on_up ran, so on_down must run */
   bool want_drain;  /* a send hit BEE_EQUEUE */
+  uint64_t retire_ms; /* a duplicate: unused, closed at this time */
   int purpose;
   char addr[64]; /* "ip:port" or the name being resolved */
   char ip[48];

@@ -302,6 +302,9 @@ typedef struct proto_revocation {
   uint64_t issued; /* unix seconds */
   size_t n;
   uint8_t (*keys)[PROTO_PK_BYTES]; /* heap, n entries, sorted */
+  uint8_t *raw; /* heap: the signed bytes it was decoded from, so it can be
+                   passed on (the DHT); NULL once changed or if built here */
+  size_t raw_len;
 } proto_revocation;
 
 void proto_revocation_init(proto_revocation *rl);

@@ -306,6 +306,7 @@ void proto_revocation_init(proto_revocation *rl) { memset(rl, 0, sizeof *rl); }
 
 void proto_revocation_close(proto_revocation *rl) {
   free(rl->keys);
+  free(rl->raw);
   proto_revocation_init(rl);
 }
 
@@ -344,6 +345,9 @@ int proto_revocation_add(proto_revocation *rl,
     return 0;
   if (rl->n >= PROTO_REVOKED_MAX)
     return BEE_ETOOBIG;
+  free(rl->raw); /* no longer what the moderator signed */
+  rl->raw = NULL;
+  rl->raw_len = 0;
   /* Lists change rarely (one revocation at a time), so grow by one. */
   uint8_t(*keys)[PROTO_PK_BYTES] =
       realloc(rl->keys, (rl->n + 1) * sizeof *rl->keys);
@@ -518,11 +522,19 @@ int proto_revocation_decode(const uint8_t *buf, size_t len,
     rc = BEE_ETOKEN_SWARM;
     goto out;
   }
+  if (!(tmp.raw = malloc(len ? len : 1))) {
+    rc = -ENOMEM;
+    goto out;
+  }
+  memcpy(tmp.raw, buf, len);
+  tmp.raw_len = len;
   *rl = tmp;
   tmp.keys = NULL;
+  tmp.raw = NULL;
 out:
   free(msg);
   free(tmp.keys);
+  free(tmp.raw);
   return rc;
 }
 

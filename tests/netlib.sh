@@ -5,7 +5,9 @@
 : "${BEED:?BEED must name the beed binary}" "${BEECTL:?BEECTL must name beectl}"
 work=$(mktemp -d "${TMPDIR:-/tmp}/beed-net.XXXXXX")
 declare -A pid
-base=$((20000 + RANDOM % 20000))
+# Below the ephemeral range (32768+), where outgoing connections get their
+# local ports, so a listen port is never taken by some connection.
+base=$((20000 + RANDOM % 12000))
 
 cleanup() {
   local n

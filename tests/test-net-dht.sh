@@ -6,7 +6,9 @@
 # Then the queen dies (SIGKILL, as a preempted VM would): the swarm keeps
 # working without it, a new bee joins through another peer, and both the
 # values stored before and new ones are found, through the newcomer too.
-# Every surviving daemon exits 0 on SIGTERM.
+# Last, a node started with a revocation list naming b5 publishes it in the
+# DHT: the others pick it up, drop b5 and refuse it from then on.  Every
+# surviving daemon exits 0 on SIGTERM.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
 
@@ -24,12 +26,13 @@ done
 key newbee
 token newbee mod "$swarm" 1d
 
-moderated=(--moderator "$pk_mod" --swarm "$swarm")
+auth=(--moderator "$pk_mod" --swarm "$swarm")
+moderated=("${auth[@]}" --revocation-interval 1)
 # dht OP ARGS... THROUGH-PORT: one beectl dht operation through a bee.
 dht() {
   local port=${*: -1}
   (cd "$work" && "$BEECTL" dht "${@:1:$#-1}" --join "127.0.0.1:$port" \
-    "${moderated[@]}" --token client.tok --identity client.key \
+    "${auth[@]}" --token client.tok --identity client.key \
     2>>"$work/beectl.log")
 }
 
@@ -77,6 +80,32 @@ out=$(dht put after-queen "still-here" --ttl 1h $((base + N))) ||
 out=$(dht get after-queen $((base + 3))) || fail "get after the queen died failed"
 [[ $out = *still-here* ]] || fail "get after-queen: '$out'"
 echo "dht 20: queen gone; newcomer joined through b7; all $KEYS old values and a new one found"
+
+# Revocation through the DHT.
+key revoker
+token revoker mod "$swarm" 1d
+"$BEECTL" revoke --moderator-key "$work/mod.key" --swarm "$swarm" \
+  --peer "$pk_b5" --list "$work/revoked.list" >/dev/null
+id_b5=$(field peer-id "$work/b5.txt")
+start revoker $((base + N + 1)) "${moderated[@]}" --token revoker.tok \
+  --revocations revoked.list --join "127.0.0.1:$((base + 3))"
+wait_log revoker 'revocation: list 1 published on [1-9]' 20
+for ((i = 1; i < N; i++)); do
+  [ "$i" = 5 ] && continue
+  wait_log "b$i" 'revocation: list 1 from the DHT replaces 0' 20
+done
+wait_log newbee 'revocation: list 1 from the DHT replaces 0' 20
+# b5 loses its connections and cannot make new ones.
+wait_log b5 'refused by the peer: .*EREVOKED|closed the connection: peer is revoked' 20
+for ((i = 1; i < N; i++)); do
+  [ "$i" = 5 ] && continue
+  if grep -q "swarm: peer ${id_b5:0:8} up" "$work/b$i.log" &&
+    ! grep -q "disconnecting revoked peer ${id_b5:0:8}" "$work/b$i.log" &&
+    ! grep -q "failed: .*EREVOKED" "$work/b$i.log"; then
+    fail "b$i knew b5 but neither dropped nor refused it"
+  fi
+done
+echo "dht 20: a revocation published in the DHT reached every node; b5 dropped"
 
 stop_all
 echo "dht processes: all checks passed"
