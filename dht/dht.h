@@ -68,6 +68,10 @@ typedef struct dht_io {
    * revocation...) must pass this check on every store and every value a
    * lookup returns.  Returns 0 or a BEE_E* reason. */
   int (*validate)(void *ctx, const proto_dht_record *r);
+  /* Optional: the node wants dht_node_tick within ms (it just sent a
+   * request that may stall).  Without it, tick at least every stall_ms
+   * while requests are in flight. */
+  void (*wake)(void *ctx, uint64_t ms);
 } dht_io;
 
 typedef struct dht_config {
@@ -112,7 +116,8 @@ int dht_node_handle(dht_node *n, const uint8_t from_id[PROTO_ID_BYTES],
 #define DHT_ANSWER_MAX (PROTO_FRAME_MAX - 4096)
 
 /* The answer to request req: status 0 with the responder's id and payload
- * (borrowed), or a failure (BEE_ETIMEOUT, BEE_ECLOSED, BEE_EREMOTE...). */
+ * (borrowed), or a failure (BEE_ETIMEOUT, BEE_ECLOSED, BEE_EREMOTE...);
+ * with a failure from_id and payload are ignored and may be NULL. */
 void dht_node_answer(dht_node *n, uint64_t req, int status,
                      const uint8_t *from_id, const uint8_t *payload,
                      size_t len);
@@ -168,9 +173,11 @@ void dht_node_add_contact(dht_node *n, const uint8_t id[PROTO_ID_BYTES],
  * cb runs exactly once unless this returns an error. */
 int dht_get(dht_node *n, const uint8_t key[PROTO_DHT_KEY_BYTES], bool latest,
             dht_get_cb cb, void *arg);
-/* Stores a record on the `replicas` closest nodes.  With an owned subkey
- * (PROTO_DHT_OWNER_TAG and our own key) the record is signed.  The node
- * republishes it until it expires.  Bytes are copied. */
+/* Stores a record on the `replicas` closest nodes, and on this node too if
+ * it is a server closer than the farthest of them (so `stored` may be one
+ * more).  With an owned subkey (PROTO_DHT_OWNER_TAG and our own key) the
+ * record is signed.  The node republishes it until it expires.  Bytes are
+ * copied. */
 int dht_put(dht_node *n, const uint8_t key[PROTO_DHT_KEY_BYTES],
             proto_bytes subkey, proto_bytes value, uint64_t expiration,
             dht_put_cb cb, void *arg);

@@ -74,6 +74,18 @@ static void io_random(void *ctx, void *buf, size_t n) {
   randombytes_buf(buf, n);
 }
 
+static void timer_cb(uv_timer_t *t);
+
+/* Brings the timer forward when the node needs a tick sooner. */
+static void io_wake(void *ctx, uint64_t ms) {
+  dht_glue *g = ctx;
+  if (g->closing)
+    return;
+  uint64_t due = uv_timer_get_due_in(&g->timer);
+  if (!uv_is_active((uv_handle_t *)&g->timer) || ms < due)
+    uv_timer_start(&g->timer, timer_cb, ms, 0);
+}
+
 static int io_validate(void *ctx, const proto_dht_record *r) {
   dht_glue *g = ctx;
   return g->validate ? g->validate(g->validate_ctx, r) : 0;
@@ -255,7 +267,7 @@ int dht_glue_new(uv_loop_t *loop, proto_host *host, const dht_config *cfg,
   g->validate_ctx = validate_ctx;
   dht_io io = {.ctx = g, .now_ms = io_now_ms, .wall_s = io_wall_s,
                .random = io_random, .send = io_send,
-               .validate = io_validate};
+               .validate = io_validate, .wake = io_wake};
   int rc = dht_node_new(cfg, &io, &g->node);
   if (!rc && !(rc = proto_host_on(host, DHT_METHOD_PING, on_request, g)) &&
       !(rc = proto_host_on(host, DHT_METHOD_STORE, on_request, g)))

@@ -456,9 +456,34 @@ static void boot_free(dht_node *n, dht_boot *b) {
     n->boot = NULL;
 }
 
+/* After joining, one lookup of a random id in every bucket but our own
+ * (Kademlia 2.3): without it the ranges far from us stay empty, and
+ * lookups for keys there converge on the wrong nodes. */
+static void refresh_far(dht_node *n) {
+  size_t nb = n->table.nb; /* lookups split no bucket before they answer */
+  dht_bucket **snap = malloc(nb * sizeof *snap);
+  if (!snap)
+    return;
+  memcpy(snap, n->table.b, nb * sizeof *snap);
+  dht_bucket *own = dht__bucket_for(&n->table, n->self);
+  for (size_t i = 0; i < nb; i++) {
+    if (snap[i] == own)
+      continue;
+    uint8_t rnd[ID_BYTES], target[ID_BYTES];
+    n->io.random(n->io.ctx, rnd, sizeof rnd);
+    dht__bucket_random_id(snap[i], rnd, target);
+    dht_lookup *r = dht__lookup_start(n, target, LK_NODES);
+    if (r)
+      dht__lookup_begin(r);
+  }
+  free(snap);
+}
+
 static void boot_after_lookup(dht_lookup *l, int status) {
   dht_node *n = l->n;
   dht_boot *b = l->op;
+  if (status == 0)
+    refresh_far(n);
   dht_stats st = l->st;
   st.ms = dht__now(n) - b->start_ms;
   dht_done_cb cb = b->cb;

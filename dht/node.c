@@ -172,6 +172,8 @@ int dht__send(dht_node *n, const uint8_t *id, const char *addr,
     free(p);
     return rc;
   }
+  if (n->io.wake) /* the request may stall: tick by then */
+    n->io.wake(n->io.ctx, n->cfg.stall_ms);
   p->next = n->pend[p->req % 64];
   n->pend[p->req % 64] = p;
   return 0;
@@ -365,6 +367,8 @@ void dht_node_answer(dht_node *n, uint64_t req, int status,
     m = scratch(S_IN);
     if (!from_id || (p->has_id && memcmp(from_id, p->id, ID_BYTES) != 0))
       status = BEE_ETOKEN_PEER; /* another node answers at that address */
+    else if (memcmp(from_id, n->self, ID_BYTES) == 0)
+      status = BEE_ESELF; /* a bootstrap address that is our own */
     else if (proto_dht_decode(payload, len, m) != 0 || m->type != expect[p->type])
       status = BEE_ETYPE;
   }
@@ -424,8 +428,8 @@ static void republish(dht_node *n, uint64_t now) {
 static void refresh(dht_node *n, uint64_t now) {
   for (size_t i = 0; i < n->table.nb; i++) {
     dht_bucket *b = n->table.b[i];
-    if (b->n == 0 || now - b->touched_ms < n->cfg.refresh_ms)
-      continue;
+    if (now - b->touched_ms < n->cfg.refresh_ms)
+      continue; /* empty ones too: a range we know no one in */
     uint8_t rnd[ID_BYTES], target[ID_BYTES];
     n->io.random(n->io.ctx, rnd, sizeof rnd);
     dht__bucket_random_id(b, rnd, target);

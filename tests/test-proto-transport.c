@@ -388,7 +388,7 @@ static void test_dial_race(void) {
   ASSERT_OK(proto_host_connect(y.t.h, ay, PROTO_PURPOSE_CONTROL, connect_cb, &ry));
   ASSERT(test_run_until(loop, cres_done, &rx, 5000));
   ASSERT(test_run_until(loop, cres_done, &ry, 5000));
-  sleep_loop(300);
+  sleep_loop(2500); /* past the duplicate's grace (PROTO_RETIRE_MS) */
   ASSERT_OK(rx.status);
   ASSERT_OK(ry.status);
   ASSERT_EQ(proto_host_conn_count(x.t.h), 1);
