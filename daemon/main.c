@@ -324,6 +324,10 @@ static int load_credentials(bee_daemon *d) {
 static int daemon_start(bee_daemon *d) {
   const bee_config *cfg = &d->cfg;
   proto_host_config hc;
+  /* Signals first: a SIGTERM during start-up still ends in a clean stop
+   * (libuv holds it until the loop runs). */
+  uv_signal_start(&d->sigint, signal_cb, SIGINT);
+  uv_signal_start(&d->sigterm, signal_cb, SIGTERM);
   proto_host_config_default(&hc);
   hc.loop = &d->loop;
   hc.auth.id = &d->id;
@@ -379,8 +383,6 @@ static int daemon_start(bee_daemon *d) {
     if (rc)
       bee_warn(COMP, "dht: cannot bootstrap: %s", bee_strerror(rc));
   }
-  uv_signal_start(&d->sigint, signal_cb, SIGINT);
-  uv_signal_start(&d->sigterm, signal_cb, SIGTERM);
   if (cfg->status_interval_s)
     uv_timer_start(&d->status_timer, status_cb,
                    (uint64_t)cfg->status_interval_s * 1000,
