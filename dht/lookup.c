@@ -205,6 +205,8 @@ void dht__lookup_begin(dht_lookup *l) {
   l->starting = true;
   dht__lookup_step(l);
   l->starting = false;
+  if (l->finish_due && l->n->io.wake) /* finish it on the very next tick */
+    l->n->io.wake(l->n->io.ctx, 0);
 }
 
 void dht__lookup_deferred(dht_node *n) {
