@@ -276,19 +276,18 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
     cfg->max_conns = u;
     return 0;
   case O_REVOCATION_INTERVAL:
-    if (parse_uint(v, 1, BEE_STATUS_MAX_S, &u))
+  case O_STATUS_INTERVAL: {
+    unsigned min = o->id == O_STATUS_INTERVAL ? 0 : 1; /* 0: no status */
+    if (parse_uint(v, min, BEE_STATUS_MAX_S, &u))
       return fail(msg, cap, BEE_ECONFIG,
-                  "bad number '%.80s' (want seconds, 1..%d)", v,
+                  "bad number '%.80s' (want seconds, %u..%d)", v, min,
                   BEE_STATUS_MAX_S);
-    cfg->revocation_interval_s = u;
+    if (o->id == O_STATUS_INTERVAL)
+      cfg->status_interval_s = u;
+    else
+      cfg->revocation_interval_s = u;
     return 0;
-  case O_STATUS_INTERVAL:
-    if (parse_uint(v, 0, BEE_STATUS_MAX_S, &u))
-      return fail(msg, cap, BEE_ECONFIG,
-                  "bad number '%.80s' (want seconds, 0..%d)", v,
-                  BEE_STATUS_MAX_S);
-    cfg->status_interval_s = u;
-    return 0;
+  }
   case O_OPEN:
   case O_NO_LISTEN:
   case O_CLIENT: {
