@@ -33,6 +33,7 @@ typedef struct dht_bucket {
   dht_contact rep[DHT_REPLACEMENTS];
   uint64_t touched_ms;      /* last lookup or contact in the range */
   uint64_t evict_req;       /* an eviction ping of c[0] is out (its req) */
+  bool due;                 /* refresh it soon, quiet or not (after joining) */
 } dht_bucket;
 
 typedef struct dht_ban {
@@ -265,6 +266,7 @@ struct dht_node {
   dht_own *own;
   dht_boot *boot;
   uint64_t expire_ms, refresh_ms;
+  unsigned refreshing; /* refresh lookups in flight */
   uint64_t skew_warned_ms;
 };
 
@@ -287,6 +289,11 @@ proto_dht_msg *dht__scratch(void);
 /* Contact seen: routing table, eviction pings, handing over keys. */
 void dht__seen(dht_node *n, const uint8_t id[ID_BYTES], const char *addr);
 void dht__failed(dht_node *n, const uint8_t id[ID_BYTES]);
+/* After joining, every bucket but our own is refreshed (Kademlia 2.3):
+ * without it the ranges far from us stay empty, and lookups for keys
+ * there converge on the wrong nodes.  The refresh runs a few buckets at a
+ * time, from the next tick on. */
+void dht__refresh_far(dht_node *n);
 /* Sends STORE of records to one node, fire and forget (caching, handover). */
 void dht__store_to(dht_node *n, const uint8_t id[ID_BYTES], const char *addr,
                    const proto_dht_record *recs, size_t nrecs);

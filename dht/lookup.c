@@ -229,10 +229,11 @@ void dht__lookup_step(dht_lookup *l) {
   }
   /* Ask the closest unasked among the k closest that have neither failed
    * nor stalled (a stalled one rejoins the window if it answers). */
-  size_t seen = 0;
+  size_t seen = 0, stalled = 0;
   bool all_done = true;
   for (size_t i = 0; i < l->nc && seen < DHT_K; i++) {
     dht_cand *c = &l->c[i];
+    stalled += c->state == C_STALLED;
     if (c->state == C_FAILED || c->state == C_STALLED)
       continue;
     seen++;
@@ -248,7 +249,7 @@ void dht__lookup_step(dht_lookup *l) {
                 bee_strerror(rc));
       c->state = C_FAILED;
       l->st.failures++;
-      i = (size_t)-1, seen = 0, all_done = true; /* the window moved */
+      i = (size_t)-1, seen = stalled = 0, all_done = true; /* the window moved */
       continue;
     }
     c->state = C_INFLIGHT;
@@ -257,6 +258,13 @@ void dht__lookup_step(dht_lookup *l) {
     l->pending++;
     l->st.requests++;
   }
+  /* A get does not end empty, nor a get of the latest value at all, while
+   * a slow request to a node inside the window may still bring the value:
+   * under load the replicas are the ones slow to answer.  A dead node
+   * costs the RPC timeout once; it is blacklisted then. */
+  if (all_done && stalled && l->kind != LK_NODES &&
+      (l->kind == LK_LATEST || l->nfound == 0))
+    all_done = false;
   /* The k closest have answered, or nothing is left to ask or wait for. */
   if (all_done || l->pending == 0)
     finish(l);
@@ -390,6 +398,16 @@ static void put_after_lookup(dht_lookup *l, int status) {
     sent++;
     last = c;
   }
+  /* Nodes nearer than the farthest replica that were too slow to answer
+   * the lookup are likely alive and loaded: they get a copy too, without
+   * holding the put up, so gets that reach them find it. */
+  for (size_t i = 0; last && i < l->nc; i++) {
+    const dht_cand *c = &l->c[i];
+    if (c == last)
+      break;
+    if (c->state == C_STALLED)
+      dht__store_to(n, c->id, c->addr, &view, 1);
+  }
   /* Keep a copy here too if we are closer than the farthest replica; a
    * client keeps none, since no one would ask it. */
   if (n->cfg.port &&
@@ -458,34 +476,11 @@ static void boot_free(dht_node *n, dht_boot *b) {
     n->boot = NULL;
 }
 
-/* After joining, one lookup of a random id in every bucket but our own
- * (Kademlia 2.3): without it the ranges far from us stay empty, and
- * lookups for keys there converge on the wrong nodes. */
-static void refresh_far(dht_node *n) {
-  size_t nb = n->table.nb; /* lookups split no bucket before they answer */
-  dht_bucket **snap = malloc(nb * sizeof *snap);
-  if (!snap)
-    return;
-  memcpy(snap, n->table.b, nb * sizeof *snap);
-  dht_bucket *own = dht__bucket_for(&n->table, n->self);
-  for (size_t i = 0; i < nb; i++) {
-    if (snap[i] == own)
-      continue;
-    uint8_t rnd[ID_BYTES], target[ID_BYTES];
-    n->io.random(n->io.ctx, rnd, sizeof rnd);
-    dht__bucket_random_id(snap[i], rnd, target);
-    dht_lookup *r = dht__lookup_start(n, target, LK_NODES);
-    if (r)
-      dht__lookup_begin(r);
-  }
-  free(snap);
-}
-
 static void boot_after_lookup(dht_lookup *l, int status) {
   dht_node *n = l->n;
   dht_boot *b = l->op;
   if (status == 0)
-    refresh_far(n);
+    dht__refresh_far(n);
   dht_stats st = l->st;
   st.ms = dht__now(n) - b->start_ms;
   dht_done_cb cb = b->cb;

@@ -5,10 +5,10 @@
  * (its id is the one the transport authenticated), a client (port 0)
  * never does, and a clock that differs from ours by more than
  * DHT_CLOCK_SKEW_S is warned about, since expirations depend on it.  A new
- * contact closer than us to keys we hold is handed those records.  The
- * node's own records are republished until they expire, and buckets no
- * lookup has touched for a while are refreshed with a lookup of a random
- * id in their range.
+ * contact that is now one of the num_replicas nearest nodes to keys we
+ * hold is handed those records.  The node's own records are republished
+ * until they expire, and buckets no lookup has touched for a while are
+ * refreshed with a lookup of a random id in their range.
  */
 #include "dht-int.h"
 
@@ -20,6 +20,7 @@
 
 #define EXPIRE_EVERY_MS 10000
 #define REFRESH_CHECK_MS 60000
+#define REFRESH_PARALLEL 2 /* refresh lookups at once */
 #define HANDOVER_MAX 256 /* records handed to one new contact at once */
 
 void dht_config_default(dht_config *cfg) {
@@ -200,16 +201,26 @@ void dht__store_to(dht_node *n, const uint8_t id[ID_BYTES], const char *addr,
 
 /* ---- contacts ----------------------------------------------------------- */
 
-/* A new contact closer than us to keys we hold gets those records. */
+/* A new contact gets the records we hold whose keys it is now one of the
+ * num_replicas nearest to, as far as our table knows (Kademlia 2.5): where
+ * a put would place them today.  Not every key it is merely nearer to
+ * than us: with churn that copies records far past their replicas. */
 static void handover(dht_node *n, const uint8_t id[ID_BYTES], const char *addr) {
   static _Thread_local proto_dht_record recs[HANDOVER_MAX];
+  const dht_contact *near[DHT_K];
+  size_t want = n->cfg.replicas < DHT_K ? n->cfg.replicas : DHT_K;
   size_t k = 0;
   uint64_t now = dht__wall(n);
   dht_store *s = &n->store;
   for (size_t t = 0; t < s->tabsize && k < HANDOVER_MAX; t++)
-    for (dht_entry *e = s->tab[t]; e && k < HANDOVER_MAX; e = e->next)
-      if (dht__cmp_dist(e->key, id, n->self) < 0)
-        k += dht__entry_view(e, now, &recs[k], HANDOVER_MAX - k);
+    for (dht_entry *e = s->tab[t]; e && k < HANDOVER_MAX; e = e->next) {
+      if (dht__cmp_dist(e->key, id, n->self) >= 0)
+        continue;
+      size_t m = dht__table_closest(&n->table, e->key, near, want);
+      if (m == want && dht__cmp_dist(e->key, id, near[m - 1]->id) > 0)
+        continue;
+      k += dht__entry_view(e, now, &recs[k], HANDOVER_MAX - k);
+    }
   if (k)
     dht__store_to(n, id, addr, recs, k);
 }
@@ -425,19 +436,50 @@ static void republish(dht_node *n, uint64_t now) {
   }
 }
 
+static void refresh_done(dht_lookup *l, int status) {
+  dht_node *n = l->n;
+  n->refreshing--;
+  if (status == BEE_ECANCELED)
+    return; /* the node is closing */
+  n->refresh_ms = dht__now(n); /* the next due bucket, at the next tick */
+  if (n->io.wake)
+    n->io.wake(n->io.ctx, 0);
+}
+
+/* Buckets no lookup or contact has touched for refresh_ms, and those
+ * marked after joining, are refreshed with a lookup of a random id in
+ * their range, at most REFRESH_PARALLEL at a time: a node that has just
+ * joined, or whose buckets all went quiet together, sends no burst.  A
+ * refreshed bucket counts as touched up to a quarter interval early, so
+ * buckets touched together drift apart. */
 static void refresh(dht_node *n, uint64_t now) {
-  for (size_t i = 0; i < n->table.nb; i++) {
+  for (size_t i = 0; i < n->table.nb && n->refreshing < REFRESH_PARALLEL; i++) {
     dht_bucket *b = n->table.b[i];
-    if (now - b->touched_ms < n->cfg.refresh_ms)
+    if (!b->due && now - b->touched_ms < n->cfg.refresh_ms)
       continue; /* empty ones too: a range we know no one in */
     uint8_t rnd[ID_BYTES], target[ID_BYTES];
+    uint32_t jitter;
     n->io.random(n->io.ctx, rnd, sizeof rnd);
+    n->io.random(n->io.ctx, &jitter, sizeof jitter);
     dht__bucket_random_id(b, rnd, target);
-    b->touched_ms = now;
     dht_lookup *l = dht__lookup_start(n, target, LK_NODES);
-    if (l)
-      dht__lookup_begin(l);
+    b->due = false;
+    b->touched_ms = now - jitter % (n->cfg.refresh_ms / 4 + 1);
+    if (!l)
+      continue;
+    l->done = refresh_done;
+    n->refreshing++;
+    dht__lookup_begin(l);
   }
+}
+
+void dht__refresh_far(dht_node *n) {
+  dht_bucket *own = dht__bucket_for(&n->table, n->self);
+  for (size_t i = 0; i < n->table.nb; i++)
+    n->table.b[i]->due = n->table.b[i] != own;
+  n->refresh_ms = dht__now(n);
+  if (n->io.wake)
+    n->io.wake(n->io.ctx, 0);
 }
 
 uint64_t dht_node_tick(dht_node *n) {

@@ -58,21 +58,43 @@ void dht__table_close(dht_table *t) {
   memset(t, 0, sizeof *t);
 }
 
+static uint64_t be64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++)
+    v = v << 8 | p[i];
+  return v;
+}
+
+static uint32_t be32(const uint8_t *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* Called for every contact a lookup or an answer weighs: compared in two
+ * 64-bit words and one 32-bit word rather than byte by byte. */
 int dht__cmp_dist(const uint8_t target[ID_BYTES], const uint8_t a[ID_BYTES],
                   const uint8_t b[ID_BYTES]) {
-  for (size_t i = 0; i < ID_BYTES; i++) {
-    uint8_t da = a[i] ^ target[i], db = b[i] ^ target[i];
+  _Static_assert(ID_BYTES == 20, "the words below cover 20 bytes");
+  for (size_t o = 0; o < 16; o += 8) {
+    uint64_t t = be64(target + o), da = be64(a + o) ^ t, db = be64(b + o) ^ t;
     if (da != db)
       return da < db ? -1 : 1;
   }
-  return 0;
+  uint32_t t = be32(target + 16), da = be32(a + 16) ^ t, db = be32(b + 16) ^ t;
+  return da == db ? 0 : da < db ? -1 : 1;
 }
 
+/* The buckets are sorted by range and lo is the lowest id of its range:
+ * the bucket for id is the last whose lo is not above id. */
 dht_bucket *dht__bucket_for(const dht_table *t, const uint8_t id[ID_BYTES]) {
-  for (size_t i = 0; i < t->nb; i++)
-    if (in_range(t->b[i], id))
-      return t->b[i];
-  return t->b[0]; /* unreachable: the buckets cover the space */
+  size_t lo = 0, hi = t->nb; /* answer in [lo, hi) */
+  while (hi - lo > 1) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (memcmp(t->b[mid]->lo, id, ID_BYTES) <= 0)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return t->b[lo];
 }
 
 static size_t bucket_index(const dht_table *t, const dht_bucket *b) {
@@ -233,23 +255,59 @@ const dht_contact *dht__table_find(const dht_table *t,
   return i >= 0 ? &b->c[i] : NULL;
 }
 
+/* Adds b's contacts to out (sorted, nearest first, at most max). */
+static void closest_add(const dht_bucket *b, const uint8_t target[ID_BYTES],
+                        const dht_contact **out, size_t *n, size_t max) {
+  for (size_t j = 0; j < b->n; j++) {
+    const dht_contact *c = &b->c[j];
+    if (*n == max && dht__cmp_dist(target, c->id, out[*n - 1]->id) >= 0)
+      continue;
+    size_t k = *n < max ? (*n)++ : *n - 1; /* insertion sort, bounded */
+    while (k > 0 && dht__cmp_dist(target, c->id, out[k - 1]->id) < 0) {
+      out[k] = out[k - 1];
+      k--;
+    }
+    out[k] = c;
+  }
+}
+
+/* Buckets [i, j) are the leaves under one trie node at depth d, in order.
+ * Every id under the child on target's side of bit d is nearer to target
+ * than every id under the other child, so the near child is visited first
+ * and the far one only while out has room.  Returns true once out is full. */
+static bool closest_walk(const dht_table *t, size_t i, size_t j, unsigned d,
+                         const uint8_t target[ID_BYTES],
+                         const dht_contact **out, size_t *n, size_t max) {
+  while (j - i > 1 && d < ID_BYTES * 8) {
+    size_t lo = i, hi = j; /* first bucket with bit d set, in [i, j] */
+    while (lo < hi) {
+      size_t mid = lo + (hi - lo) / 2;
+      if (bit(t->b[mid]->lo, d))
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    if (lo == i || lo == j) { /* one child only: go down */
+      d++;
+      continue;
+    }
+    bool one = bit(target, d);
+    if (closest_walk(t, one ? lo : i, one ? j : lo, d + 1, target, out, n, max))
+      return true;
+    i = one ? i : lo;
+    j = one ? lo : j;
+    d++;
+  }
+  for (size_t b = i; b < j; b++)
+    closest_add(t->b[b], target, out, n, max);
+  return *n == max;
+}
+
 size_t dht__table_closest(const dht_table *t, const uint8_t target[ID_BYTES],
                           const dht_contact **out, size_t max) {
   size_t n = 0;
-  for (size_t i = 0; i < t->nb; i++) {
-    const dht_bucket *b = t->b[i];
-    for (size_t j = 0; j < b->n; j++) {
-      const dht_contact *c = &b->c[j];
-      if (n == max && dht__cmp_dist(target, c->id, out[n - 1]->id) >= 0)
-        continue;
-      size_t k = n < max ? n++ : n - 1; /* insertion sort, bounded */
-      while (k > 0 && dht__cmp_dist(target, c->id, out[k - 1]->id) < 0) {
-        out[k] = out[k - 1];
-        k--;
-      }
-      out[k] = c;
-    }
-  }
+  if (max)
+    closest_walk(t, 0, t->nb, 0, target, out, &n, max);
   return n;
 }
 

@@ -536,6 +536,7 @@ int proto__conn_start(proto_conn *c) {
 static void on_close(uv_handle_t *handle) {
   proto_conn *c = handle->data;
   proto_host *h = c->h;
+  proto__host_unindex(h, c); /* normally done when it went down */
   proto__host_unlink(h, c);
   if (c->ai)
     uv_freeaddrinfo(c->ai);
@@ -554,6 +555,7 @@ static void conn_down(proto_conn *c, int code) {
   fail_calls(c, BEE_ECLOSED);
   if (c->up_reported) {
     c->up_reported = false;
+    proto__host_unindex(h, c);
     h->nup--;
     if (h->cfg.on_down)
       h->cfg.on_down(c, code, h->cfg.data);

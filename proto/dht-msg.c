@@ -295,6 +295,7 @@ static int rd_addr(proto_rd *r, proto_bytes *out, bool allow_empty) {
  * an empty bin subkey is BEE_ERANGE. */
 static int rd_record(proto_rd *r, proto_dht_record *rec) {
   int rc;
+  *rec = (proto_dht_record){0};
   if ((rc = rd_tuple(r, 5)) ||
       (rc = proto__rd_fixbin(r, rec->key, PROTO_DHT_KEY_BYTES)))
     return rc;
@@ -388,13 +389,25 @@ static int fields_get(proto_rd *r, proto_dht_msg *m) {
  * size, an empty subkey or contact address, an address with a NUL byte, or
  * a subkey starting with PROTO_DHT_OWNER_TAG that is not exactly
  * PROTO_DHT_OWNED_SUBKEY_BYTES long BEE_ERANGE; an owned subkey without a
- * signature BEE_EMISSING.  Signatures are not verified.  On failure *m is
- * all zero. */
+ * signature BEE_EMISSING.  Signatures are not verified.  On failure *m
+ * reads as empty: type 0 and every count 0. */
+/* Clears what a decode sets besides the arrays: the arrays are valid up
+ * to their counts, and the struct is too large to clear per message. */
+static void msg_reset(proto_dht_msg *m) {
+  m->type = 0;
+  m->port = 0;
+  m->now = 0;
+  memset(m->key, 0, sizeof m->key);
+  m->want_value = m->found = false;
+  m->observed = (proto_bytes){NULL, 0};
+  m->nrecords = m->nresults = m->nnodes = 0;
+}
+
 int proto_dht_decode(const uint8_t *buf, size_t len, proto_dht_msg *m) {
   proto_rd r, peek;
   uint32_t n, want;
   int type;
-  memset(m, 0, sizeof *m);
+  msg_reset(m);
   proto__rd_init(&r, buf, len);
   /* The field count depends on the type, which comes after the array
    * header: peek at the count, then let proto__rd_head check version and
@@ -419,7 +432,7 @@ int proto_dht_decode(const uint8_t *buf, size_t len, proto_dht_msg *m) {
     rc = proto__rd_end(&r);
 out:
   if (rc)
-    memset(m, 0, sizeof *m);
+    msg_reset(m);
   return rc;
 }
 

@@ -47,6 +47,7 @@ static void host_free(proto_host *h) {
     h->methods = m->next;
     free(m);
   }
+  free(h->byid);
   free(h);
 }
 
@@ -152,9 +153,59 @@ const proto_method *proto__host_method(const proto_host *h, proto_bytes name) {
   return NULL;
 }
 
+/* ---- index by peer id ---------------------------------------------------- */
+
+static size_t id_slot(const proto_host *h, const uint8_t id[PROTO_ID_BYTES]) {
+  uint64_t v; /* ids are hashes: any 8 bytes of one are uniform */
+  memcpy(&v, id, sizeof v);
+  return (size_t)(v & (h->byid_cap - 1));
+}
+
+static void index_add(proto_host *h, proto_conn *c) {
+  if (h->byid_n + 1 > h->byid_cap / 2) { /* keep chains short: grow */
+    size_t cap = h->byid_cap ? 2 * h->byid_cap : 64;
+    proto_conn **t = calloc(cap, sizeof *t);
+    if (!t)
+      abort(); /* small internal allocation */
+    proto_conn **old = h->byid;
+    size_t ocap = h->byid_cap;
+    h->byid = t;
+    h->byid_cap = cap;
+    for (size_t i = 0; i < ocap; i++)
+      for (proto_conn *x = old[i], *nx; x; x = nx) {
+        nx = x->id_next;
+        size_t s = id_slot(h, x->peer.id);
+        x->id_next = t[s];
+        t[s] = x;
+      }
+    free(old);
+  }
+  size_t s = id_slot(h, c->peer.id);
+  c->id_next = h->byid[s];
+  h->byid[s] = c;
+  c->indexed = true;
+  h->byid_n++;
+}
+
+void proto__host_unindex(proto_host *h, proto_conn *c) {
+  if (!c->indexed)
+    return;
+  for (proto_conn **pp = &h->byid[id_slot(h, c->peer.id)]; *pp;
+       pp = &(*pp)->id_next)
+    if (*pp == c) {
+      *pp = c->id_next;
+      break;
+    }
+  c->id_next = NULL;
+  c->indexed = false;
+  h->byid_n--;
+}
+
 proto_conn *proto_host_find(const proto_host *h, const uint8_t id[PROTO_ID_BYTES]) {
-  for (proto_conn *c = h->conns; c; c = c->next)
-    if (c->up_reported && !c->retire_ms && c->purpose == PROTO_PURPOSE_CONTROL &&
+  if (!h->byid_cap)
+    return NULL;
+  for (proto_conn *c = h->byid[id_slot(h, id)]; c; c = c->id_next)
+    if (c->up_reported && !c->retire_ms &&
         memcmp(c->peer.id, id, PROTO_ID_BYTES) == 0)
       return c;
   return NULL;
@@ -200,6 +251,8 @@ void proto__host_conn_up(proto_host *h, proto_conn *c) {
    * peer never looks gone in between. */
   c->up_reported = true;
   h->nup++;
+  if (c->purpose == PROTO_PURPOSE_CONTROL)
+    index_add(h, c);
   if (h->cfg.on_up)
     h->cfg.on_up(c, 0, h->cfg.data);
   /* The duplicate is no longer used, but closed only after a grace, so

@@ -187,6 +187,8 @@ typedef struct proto_method {
 struct proto_conn {
   proto_host *h;
   proto_conn *prev, *next; /* host's list of all connections */
+  proto_conn *id_next;     /* chain in the host's index by peer id */
+  bool indexed;            /* in that index: an up control connection */
   int state;
   bool initiator;
   bool has_tcp;     /* tcp handle initialised (close it to free) */
@@ -230,6 +232,10 @@ struct proto_host {
   size_t nall; /* every connection object, any state */
   size_t nup;
   proto_method *methods;
+  /* Up control connections by peer id (retiring duplicates included),
+   * so that proto_host_find costs the same with 5 peers or 5,000. */
+  proto_conn **byid;
+  size_t byid_cap, byid_n; /* cap is 0 or a power of two */
 };
 
 /* conn.c */
@@ -245,6 +251,8 @@ void proto__conn_abort(proto_conn *c, int code, const char *why);
 void proto__conn_pool_free(proto_host *h);
 /* host.c */
 void proto__host_unlink(proto_host *h, proto_conn *c);
+/* Takes c out of the index by peer id, if it is in. */
+void proto__host_unindex(proto_host *h, proto_conn *c);
 void proto__host_handle_done(proto_host *h);
 /* Handshake done on c: dedupe, then on_up / connect_cb. */
 void proto__host_conn_up(proto_host *h, proto_conn *c);
