@@ -552,11 +552,7 @@ void dht_owned_subkey(const dht_node *n, uint8_t out[PROTO_DHT_OWNED_SUBKEY_BYTE
 }
 
 void dht_key(const char *name, uint8_t key[PROTO_DHT_KEY_BYTES]) {
-  crypto_generichash_state st;
-  crypto_generichash_init(&st, NULL, 0, PROTO_DHT_KEY_BYTES);
-  crypto_generichash_update(&st, (const uint8_t *)"beed dht key", 12);
-  crypto_generichash_update(&st, (const uint8_t *)name, strlen(name));
-  crypto_generichash_final(&st, key, PROTO_DHT_KEY_BYTES);
+  proto_dht_key(name, key);
 }
 
 int dht_put(dht_node *n, const uint8_t key[PROTO_DHT_KEY_BYTES],

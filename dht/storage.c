@@ -129,11 +129,15 @@ int dht__record_check(dht_node *n, const proto_dht_record *r, uint64_t now_s) {
     return BEE_EEXPIRED;
   if (r->expiration > now_s + DHT_TTL_MAX_S)
     return BEE_ERANGE;
-  if (r->subkey.n && r->subkey.p[0] == PROTO_DHT_OWNER_TAG) {
-    int rc = proto_dht_record_verify(r);
-    if (rc)
-      return rc;
-  }
+  int rc, type;
+  if (r->subkey.n && r->subkey.p[0] == PROTO_DHT_OWNER_TAG &&
+      (rc = proto_dht_record_verify(r)))
+    return rc;
+  /* The swarm's typed records (progress, metrics, matchmaking, donors)
+   * are checked by every node, whatever it runs for; the owner decides
+   * the rest (the revocation list). */
+  if ((rc = proto_record_check(r, &type)))
+    return rc;
   return n->io.validate ? n->io.validate(n->io.ctx, r) : 0;
 }
 

@@ -2,12 +2,12 @@
  *
  *   gen-corpus DIR        (DIR is usually fuzz/corpus)
  *
- * Writes DIR/msg/, DIR/handshake/ and DIR/token/: valid encodings made
- * with the real encoders (so they follow the format when it changes) and
- * a few malformed ones.  The output is deterministic: keys come from fixed
- * seeds and Ed25519 signatures are deterministic, so rerunning it after a
- * format change gives a reviewable diff.  Built with the fuzz targets;
- * not run by the test suite.
+ * Writes DIR/msg/, DIR/handshake/, DIR/token/ and DIR/records/: valid
+ * encodings made with the real encoders (so they follow the format when
+ * it changes) and a few malformed ones.  The output is deterministic:
+ * keys come from fixed seeds and Ed25519 signatures are deterministic, so
+ * rerunning it after a format change gives a reviewable diff.  Built with
+ * the fuzz targets; not run by the test suite.
  */
 #include "proto-int.h"
 
@@ -182,6 +182,103 @@ static void gen_token(void) {
   proto_revocation_close(&rl);
 }
 
+/* A records seed: the flags byte of fuzz-records.c (bit 0: owned subkey,
+ * bit 1: the value's own key), then the value. */
+static void put_rec(const char *name, uint8_t flags, const uint8_t *p,
+                    size_t n) {
+  uint8_t buf[PROTO_RECORD_MAX + 64];
+  if (n + 1 > sizeof buf) {
+    fprintf(stderr, "gen-corpus: %s too long\n", name);
+    exit(1);
+  }
+  buf[0] = flags;
+  memcpy(buf + 1, p, n);
+  put("records", name, buf, n + 1);
+}
+
+static void must(int rc, const char *what) {
+  if (rc) {
+    fprintf(stderr, "gen-corpus: cannot encode %s: %s\n", what,
+            bee_strerror(rc));
+    exit(1);
+  }
+}
+
+static void gen_records(void) {
+  uint8_t buf[PROTO_RECORD_MAX + 32];
+  size_t len;
+  proto_progress p = {.epoch = 3,
+                      .samples = 12800,
+                      .samples_per_second = 512.5,
+                      .time_ms = FUZZ_NOW * 1000ull,
+                      .mode = PROTO_MODE_NODE};
+  snprintf(p.run, sizeof p.run, "fuzz-run");
+  snprintf(p.label, sizeof p.label, "gpu0 \xc3\xa9t\xc3\xa9");
+  must(proto_progress_encode(&p, buf, sizeof buf, &len), "progress");
+  put_rec("progress", 3, buf, len);
+  put_rec("progress-plain-subkey", 2, buf, len);
+  /* Two fields of a later version after the known ones. */
+  buf[0] += 2;
+  memcpy(buf + len, "\xa5later\x92\x01\xc0", 9);
+  put_rec("progress-later", 3, buf, len + 9);
+  /* Version 2: the byte after the 13-byte tag. */
+  must(proto_progress_encode(&p, buf, sizeof buf, &len), "progress");
+  buf[14] = 2;
+  put_rec("bad-progress-version", 3, buf, len);
+
+  proto_metrics m = {.step = 100,
+                     .samples_per_second = 2048,
+                     .compute_s = 1.5,
+                     .averaging_s = 0.25,
+                     .bytes_sent = 1u << 20,
+                     .bytes_received = 1u << 20,
+                     .group_size = 8,
+                     .grad_sq_local = 0.5,
+                     .batch_local = 64,
+                     .grad_sq_avg = 0.125,
+                     .batch_avg = 512,
+                     .time_ms = FUZZ_NOW * 1000ull};
+  snprintf(m.run, sizeof m.run, "fuzz-run");
+  must(proto_metrics_encode(&m, buf, sizeof buf, &len), "metrics");
+  put_rec("metrics-no-loss", 3, buf, len);
+  m.has_loss = true;
+  m.loss = 2.75;
+  must(proto_metrics_encode(&m, buf, sizeof buf, &len), "metrics");
+  put_rec("metrics", 3, buf, len);
+
+  proto_match a = {.round = 41,
+                   .mode = PROTO_MODE_CLIENT,
+                   .bandwidth_mbit = 100,
+                   .weight = 1};
+  snprintf(a.run, sizeof a.run, "fuzz-run");
+  snprintf(a.bits, sizeof a.bits, "0110");
+  snprintf(a.addr, sizeof a.addr, "10.0.0.1:45555");
+  memset(a.schema_hash, 0x5c, sizeof a.schema_hash);
+  must(proto_match_encode(&a, buf, sizeof buf, &len), "match");
+  put_rec("match", 3, buf, len);
+  /* The weight (the last field) as a float32, then as NaN. */
+  buf[len - 9] = 0xca;
+  put_rec("bad-match-float32", 3, buf, len - 4);
+  memcpy(buf + len - 9, "\xcb\x7f\xf8\0\0\0\0\0\0", 9);
+  put_rec("bad-match-nan", 3, buf, len);
+  a.bits[0] = 0;
+  must(proto_match_encode(&a, buf, sizeof buf, &len), "match");
+  put_rec("match-no-bits", 3, buf, len);
+
+  proto_donor d = {.epoch = 3, .slots = PROTO_DONOR_SLOTS_MAX};
+  snprintf(d.run, sizeof d.run, "fuzz-run");
+  snprintf(d.addr, sizeof d.addr, "donor.example:45555");
+  must(proto_donor_encode(&d, buf, sizeof buf, &len), "donor");
+  put_rec("donor", 3, buf, len);
+  put_rec("donor-other-key", 1, buf, len);
+
+  /* Untyped: a revocation list's head, and a newer peer's type. */
+  put_rec("plain-revocation-head", 3, (const uint8_t *)"\x92\x01\x1f", 3);
+  static const uint8_t future[] = "\x92\xaa"
+                                  "bee.future\x01";
+  put_rec("plain-future-type", 3, future, sizeof future - 1);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: gen-corpus DIR\n");
@@ -193,5 +290,6 @@ int main(int argc, char **argv) {
   gen_msg();
   gen_handshake();
   gen_token();
+  gen_records();
   return 0;
 }

@@ -34,6 +34,10 @@ int proto__rd_uint(proto_rd *r, uint64_t *v);
 /* Reads any integer that fits int64_t. */
 int proto__rd_int(proto_rd *r, int64_t *v);
 int proto__rd_bool(proto_rd *r, bool *v);
+/* Reads a float64 (0xcb) only: a float32 is BEE_ETYPE, so each value has
+ * one encoding.  NaN and infinities come back as they are; the caller's
+ * schema says which values it takes. */
+int proto__rd_f64(proto_rd *r, double *v);
 /* Consumes a nil and returns 1; returns 0 (consuming nothing) when the
  * next value is not nil; negative on end of data. */
 int proto__rd_nil(proto_rd *r);
@@ -72,6 +76,8 @@ void proto__wr_map(proto_wr *w, uint32_t n);
 void proto__wr_uint(proto_wr *w, uint64_t v);
 void proto__wr_int(proto_wr *w, int64_t v);
 void proto__wr_bool(proto_wr *w, bool v);
+/* Always a float64 (0xcb), never narrowed: what proto__rd_f64 reads. */
+void proto__wr_f64(proto_wr *w, double v);
 void proto__wr_nil(proto_wr *w);
 void proto__wr_str(proto_wr *w, const void *p, size_t n);
 void proto__wr_bin(proto_wr *w, const void *p, size_t n);

@@ -439,6 +439,135 @@ void proto_dht_record_sign(proto_dht_record *r, const proto_identity *id);
 int proto_dht_record_verify(const proto_dht_record *r);
 
 /* ------------------------------------------------------------------------ */
+/* Typed DHT records: what the swarm publishes under well-known names
+ * (docs/PROTOCOL.md, section 9).  Each value is one msgpack array
+ * [tag, version, fields...] with a str tag ("bee.progress"...) and version
+ * 1.  A record of a known type is published under an owned subkey (the
+ * publishing peer signs it) and under the key its name derives from its
+ * own fields, so no peer can file it elsewhere.  The limits below are part
+ * of the format and cannot be overridden.                                 */
+
+#define PROTO_RECORD_VERSION 1
+#define PROTO_RUN_MAX 64          /* run name, bytes: [A-Za-z0-9._-] */
+#define PROTO_LABEL_MAX 64        /* progress label, bytes of UTF-8 */
+#define PROTO_BITS_MAX 16         /* matchmaking group bits, '0'/'1' */
+#define PROTO_SCHEMA_HASH_BYTES 32
+#define PROTO_GROUP_MAX 65535     /* peers in one averaging group */
+#define PROTO_DONOR_SLOTS_MAX 1024
+/* No typed record this version writes is longer than this, bytes. */
+#define PROTO_RECORD_MAX 512
+
+enum proto_record_type {
+  PROTO_REC_NONE = 0, /* untyped, or a type this version does not know */
+  PROTO_REC_PROGRESS, /* "bee.progress" under "<run>_progress" */
+  PROTO_REC_METRICS,  /* "bee.metrics" under "<run>_metrics" */
+  PROTO_REC_MATCH,    /* "bee.match" under "<run>.avg.<round>.<bits>" */
+  PROTO_REC_DONOR,    /* "bee.donor" under "<run>_donors" */
+};
+
+/* How a peer takes part in a run. */
+enum proto_peer_mode {
+  PROTO_MODE_NODE = 0,   /* trains, averages and serves the DHT */
+  PROTO_MODE_CLIENT = 1, /* trains and averages; requests only */
+  PROTO_MODE_AUX = 2,    /* averages without data of its own */
+};
+
+/* Decoded records own their data: strings are NUL-terminated copies.
+ * Floats are finite; those said to be rates, times or squares are >= 0. */
+typedef struct proto_progress {
+  char run[PROTO_RUN_MAX + 1]; /* 1..64 bytes */
+  uint64_t epoch;
+  uint64_t samples;            /* accumulated in this epoch */
+  double samples_per_second;
+  uint64_t time_ms;            /* unix ms */
+  int mode;                    /* PROTO_MODE_* */
+  char label[PROTO_LABEL_MAX + 1]; /* 0..64 bytes, no control chars */
+} proto_progress;
+
+typedef struct proto_metrics {
+  char run[PROTO_RUN_MAX + 1];
+  uint64_t step;
+  bool has_loss;               /* false: loss unknown (nil on the wire) */
+  double loss;                 /* any finite value when has_loss */
+  double samples_per_second;
+  double compute_s;
+  double averaging_s;
+  uint64_t bytes_sent;
+  uint64_t bytes_received;
+  uint64_t group_size;         /* <= PROTO_GROUP_MAX */
+  double grad_sq_local;        /* squared gradient norm, this peer */
+  uint64_t batch_local;
+  double grad_sq_avg;          /* the same after averaging */
+  uint64_t batch_avg;
+  uint64_t time_ms;
+} proto_metrics;
+
+typedef struct proto_match {
+  char run[PROTO_RUN_MAX + 1];
+  uint64_t round;
+  char bits[PROTO_BITS_MAX + 1]; /* 0..16 of '0'/'1', may be empty */
+  char addr[PROTO_ADDR_MAX];     /* "host:port", no control chars */
+  uint8_t schema_hash[PROTO_SCHEMA_HASH_BYTES];
+  int mode;                      /* PROTO_MODE_* */
+  double bandwidth_mbit;         /* > 0 */
+  double weight;
+} proto_match;
+
+typedef struct proto_donor {
+  char run[PROTO_RUN_MAX + 1];
+  char addr[PROTO_ADDR_MAX];
+  uint64_t epoch;
+  uint64_t slots;                /* free download slots, <= 1024 */
+} proto_donor;
+
+/* The encoders refuse what the decoders would refuse, before writing
+ * anything: a string over its limit (or not NUL-terminated inside its
+ * array) is BEE_ETOOBIG, any other value out of its range BEE_ERANGE.  A
+ * buf smaller than the encoding is BEE_ETOOBIG; PROTO_RECORD_MAX bytes are
+ * always enough.  They write the current version, minimal-width integers
+ * and float64 floats. */
+int proto_progress_encode(const proto_progress *p, uint8_t *buf, size_t cap,
+                          size_t *len);
+int proto_metrics_encode(const proto_metrics *m, uint8_t *buf, size_t cap,
+                         size_t *len);
+int proto_match_encode(const proto_match *m, uint8_t *buf, size_t cap,
+                       size_t *len);
+int proto_donor_encode(const proto_donor *d, uint8_t *buf, size_t cap,
+                       size_t *len);
+/* Strict decoders, with the codes of docs/PROTOCOL.md sections 2 and 9:
+ * a tag that is not a str BEE_ETYPE, another tag BEE_EUNKNOWN, a version
+ * other than 1 BEE_EVERSION, too few fields BEE_EMISSING, a float32 or
+ * any other wrong msgpack type BEE_ETYPE, a string over its limit or a
+ * value over PROTO_DHT_VALUE_MAX bytes BEE_ETOOBIG, a value out of its
+ * range (NaN, infinity, a negative rate, a bad character) BEE_ERANGE.
+ * Fields after the known ones are skipped (how later versions extend a
+ * record), nested at most PROTO_DEPTH_MAX - 1 levels (BEE_EDEPTH).  On
+ * failure *out is all zero. */
+int proto_progress_decode(const uint8_t *buf, size_t len, proto_progress *out);
+int proto_metrics_decode(const uint8_t *buf, size_t len, proto_metrics *out);
+int proto_match_decode(const uint8_t *buf, size_t len, proto_match *out);
+int proto_donor_decode(const uint8_t *buf, size_t len, proto_donor *out);
+
+/* The DHT key of a name: BLAKE2b-160("beed dht key" || name), name without
+ * its NUL.  Every well-known key of the swarm derives from a name so. */
+void proto_dht_key(const char *name, uint8_t key[PROTO_DHT_KEY_BYTES]);
+/* The key a typed record of type (a PROTO_REC_* other than NONE) belongs
+ * under: the proto_dht_key of "<run>_progress", "<run>_metrics",
+ * "<run>_donors" or "<run>.avg.<round>.<bits>" (round in decimal).  round
+ * and bits count for PROTO_REC_MATCH only; bits NULL reads as "". */
+void proto_record_key(int type, const char *run, uint64_t round,
+                      const char *bits, uint8_t key[PROTO_DHT_KEY_BYTES]);
+/* The schema check of one DHT record, for every record a node stores or a
+ * lookup returns.  A value that is not a msgpack array starting with a str
+ * tag "bee.<...>", or whose "bee." tag this version does not know (a
+ * newer peer's type), is not judged: 0 with *type PROTO_REC_NONE.  A known
+ * type sets *type, pass or fail, and must decode (else the decoder's
+ * code), sit under an owned subkey and under the key proto_record_key
+ * derives from its decoded fields (else BEE_EAUTH).  The owner's signature
+ * is the DHT's to verify (proto_dht_record_verify). */
+int proto_record_check(const proto_dht_record *r, int *type);
+
+/* ------------------------------------------------------------------------ */
 /* Session core: handshake and sealed frames, no I/O.                        */
 
 enum proto_cipher {

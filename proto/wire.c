@@ -159,6 +159,23 @@ int proto__rd_bool(proto_rd *r, bool *v) {
   return 0;
 }
 
+/* msgpack floats are IEEE 754 bit patterns; so must double be here. */
+_Static_assert(sizeof(double) == sizeof(uint64_t), "double is not 64-bit");
+
+int proto__rd_f64(proto_rd *r, double *v) {
+  int rc = need(r, 1);
+  if (rc)
+    return rc;
+  if (r->p[0] != 0xcb)
+    return r->p[0] == 0xc1 ? BEE_EMALFORMED : BEE_ETYPE;
+  if ((rc = need(r, 9)))
+    return rc;
+  uint64_t bits = be(r->p + 1, 8);
+  memcpy(v, &bits, sizeof *v); /* IEEE 754 binary64, as msgpack says */
+  r->p += 9;
+  return 0;
+}
+
 int proto__rd_nil(proto_rd *r) {
   int rc = need(r, 1);
   if (rc)
@@ -357,6 +374,8 @@ void proto__wr_bool(proto_wr *w, bool v) {
   else
     msgpack_pack_false(&w->pk);
 }
+
+void proto__wr_f64(proto_wr *w, double v) { msgpack_pack_double(&w->pk, v); }
 
 void proto__wr_str(proto_wr *w, const void *p, size_t n) {
   if (n > UINT32_MAX) {

@@ -147,6 +147,30 @@ static void test_records(void) {
   ASSERT_RC(store1(&peer, &r), BEE_EAUTH);
   ASSERT_EQ(held("owned"), 1);
 
+  /* A typed record: kept under its own key when it decodes; refused
+   * under another key, when malformed, and the DHT keeps serving. */
+  proto_progress pg = {.epoch = 3, .samples = 100, .samples_per_second = 12.5,
+                       .time_ms = wall_ms(), .mode = PROTO_MODE_NODE};
+  snprintf(pg.run, sizeof pg.run, "run1");
+  uint8_t pv[PROTO_RECORD_MAX];
+  size_t pn;
+  ASSERT_OK(proto_progress_encode(&pg, pv, sizeof pv, &pn));
+  record(&r, "run1_progress", (proto_bytes){own, sizeof own}, 0, 60);
+  r.value = (proto_bytes){pv, pn};
+  proto_dht_record_sign(&r, &peer);
+  ASSERT_OK(store1(&peer, &r));
+  record(&r, "run2_progress", (proto_bytes){own, sizeof own}, 0, 60);
+  r.value = (proto_bytes){pv, pn};
+  proto_dht_record_sign(&r, &peer);
+  ASSERT_RC(store1(&peer, &r), BEE_EAUTH);
+  pv[pn - 1] = 0xc1; /* the label's place: a byte msgpack never uses */
+  record(&r, "run1_progress", (proto_bytes){own, sizeof own}, 0, 61);
+  r.value = (proto_bytes){pv, pn};
+  proto_dht_record_sign(&r, &peer);
+  ASSERT_NE(store1(&peer, &r), 0);
+  ASSERT_EQ(held("run1_progress"), 1);
+  ASSERT_EQ(held("run2_progress"), 0);
+
   /* Over the value size: the request does not even decode. */
   record(&r, "big", (proto_bytes){0}, 16, 60);
   req.type = PROTO_T_DHT_STORE;
