@@ -65,8 +65,10 @@ dht_bucket *dht__bucket_for(const dht_table *t, const uint8_t id[ID_BYTES]);
 int dht__table_seen(dht_table *t, const uint8_t id[ID_BYTES], const char *addr,
                     uint64_t now, dht_bucket **evict);
 /* A request to id failed: it loses its place after two failures in a
- * row, or at once when a replacement is waiting. */
-void dht__table_failed(dht_table *t, const uint8_t id[ID_BYTES]);
+ * row, or at once when a replacement is waiting or it was last heard from
+ * DHT_STALE_MS or more ago. */
+#define DHT_STALE_MS 60000
+void dht__table_failed(dht_table *t, const uint8_t id[ID_BYTES], uint64_t now);
 /* Up to max contacts closest to target, closest first. */
 size_t dht__table_closest(const dht_table *t, const uint8_t target[ID_BYTES],
                           const dht_contact **out, size_t max);

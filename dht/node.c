@@ -239,7 +239,7 @@ void dht__seen(dht_node *n, const uint8_t id[ID_BYTES], const char *addr) {
 }
 
 void dht__failed(dht_node *n, const uint8_t id[ID_BYTES]) {
-  dht__table_failed(&n->table, id);
+  dht__table_failed(&n->table, id, dht__now(n));
   dht__ban(&n->table, id, dht__now(n));
 }
 
@@ -303,11 +303,13 @@ static void handle_find(dht_node *n, const uint8_t from[ID_BYTES],
       ans->found = ans->nrecords > 0;
     }
   }
-  const dht_contact *c[DHT_K + 1];
-  size_t k = dht__table_closest(&n->table, req->key, c, DHT_K + 1);
+  /* A contact whose last request failed is not passed on: under churn it
+   * is most likely gone, and naming it would send the asker a timeout. */
+  const dht_contact *c[DHT_K + 8];
+  size_t k = dht__table_closest(&n->table, req->key, c, DHT_K + 8);
   for (size_t i = 0; i < k && ans->nnodes < DHT_K; i++) {
-    if (memcmp(c[i]->id, from, ID_BYTES) == 0)
-      continue; /* the asker knows itself */
+    if (memcmp(c[i]->id, from, ID_BYTES) == 0 || c[i]->fails)
+      continue; /* the asker knows itself; a suspect is not passed on */
     proto_dht_contact *o = &ans->nodes[ans->nnodes++];
     memcpy(o->id, c[i]->id, ID_BYTES);
     o->addr = (proto_bytes){(const uint8_t *)c[i]->addr, strlen(c[i]->addr)};

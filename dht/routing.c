@@ -223,7 +223,7 @@ int dht__table_seen(dht_table *t, const uint8_t id[ID_BYTES], const char *addr,
   }
 }
 
-void dht__table_failed(dht_table *t, const uint8_t id[ID_BYTES]) {
+void dht__table_failed(dht_table *t, const uint8_t id[ID_BYTES], uint64_t now) {
   dht_bucket *b = dht__bucket_for(t, id);
   int i = find_in(b->c, b->n, id);
   if (i < 0) {
@@ -235,8 +235,11 @@ void dht__table_failed(dht_table *t, const uint8_t id[ID_BYTES]) {
     }
     return;
   }
+  /* One failure is forgiven a contact heard from within DHT_STALE_MS (a
+   * loaded peer); one silent for longer is presumed gone, as most are
+   * under churn, and a second failure removes any. */
   dht_contact *c = &b->c[i];
-  if (++c->fails < 2 && b->nrep == 0)
+  if (++c->fails < 2 && b->nrep == 0 && now - c->seen_ms < DHT_STALE_MS)
     return;
   contact_free(c);
   memmove(&b->c[i], &b->c[i + 1], (b->n - (size_t)i - 1) * sizeof *b->c);
