@@ -298,6 +298,14 @@ static void io_random(void *ctx, void *buf, size_t n) {
   }
 }
 
+/* The core asks for a tick within ms (a lookup finished while starting,
+ * the next refresh due, a request that may stall), as the glue's timer
+ * gives it. */
+static void io_wake(void *ctx, uint64_t ms) {
+  sim_node *sn = ctx;
+  schedule_tick(sn->sim, sn, sn->sim->now + ms);
+}
+
 static int io_validate(void *ctx, const proto_dht_record *r) {
   sim_node *sn = ctx;
   dhtsim *s = sn->sim;
@@ -461,6 +469,7 @@ static sim_node *node_new(dhtsim *s, size_t i) {
                     .wall_s = io_wall_s,
                     .random = io_random,
                     .send = io_send,
+                    .wake = io_wake,
                     .validate = s->validate ? io_validate : NULL};
   dht_config cfg = s->cfg;
   cfg.id = &sn->id;
