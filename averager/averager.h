@@ -7,11 +7,13 @@
  * the owner takes the weighted mean in fp32 and sends the result back.
  * Pieces travel in parts, each part encoded with one of the codecs below.
  *
- * This increment is the arithmetic core, with no sockets, clock or
- * threads: the part codecs (exact byte layouts in docs/AVERAGING.md), the
- * checks and the weighted mean an owner runs, the clip rule against
- * outliers, and the bandwidth-aware split into spans.  The matchmaking
- * and the round protocol will build on it.  See averager/README.md.
+ * Two layers, neither with sockets, clock or threads of its own: the
+ * arithmetic core (the part codecs with their exact byte layouts in
+ * docs/AVERAGING.md, the checks and the weighted mean an owner runs, the
+ * clip rule against outliers, the bandwidth-aware split into spans) and
+ * the round (avg_round, at the end of this file), the protocol core that
+ * runs one all-reduce among a group.  The matchmaking will build on it.
+ * See averager/README.md.
  *
  * Everything here is deterministic: the same inputs give the same bits on
  * every peer, whatever the CPU or compiler, because the library uses only
@@ -179,5 +181,209 @@ double avg_clip_factor(double norm, double median_norm, double clip,
  * untouched. */
 int avg_spans(size_t total, size_t nmembers, const double *bandwidth,
               const bool *reduces, size_t align, size_t *start, size_t *len);
+
+/* ------------------------------------------------------------------------ */
+/* The round: one butterfly all-reduce among a group, as a protocol core.   */
+/*
+ * A group of N members, in an order every member agrees on, averages one
+ * flat buffer of n floats.  avg_spans cuts it into one span per member
+ * that reduces; each span into parts of part_floats floats (the last part
+ * of a span shorter).  Every member with data sends its piece of each part
+ * to the part's owner in a PART message, at most `window` parts ahead of
+ * the results it has back from that owner; the owner waits until every
+ * member has sent the part (or has been dropped), takes the weighted mean
+ * in member order, adopts it and sends it back to every member with data
+ * in a RESULT.  Spans are committed whole: a member writes a result into
+ * its buffer only with a backup of what was there, and a span whose
+ * results did not all arrive is put back as it was, so every span ends
+ * either averaged or local.  docs/AVERAGING.md, section 7, and
+ * averager/README.md have the protocol; docs/PROTOCOL.md, section 10, the
+ * messages.
+ *
+ * Like dht_node, the round does no I/O: the clock and the sending come in
+ * through avg_io, messages through avg_round_handle, time through
+ * avg_round_tick.  The heavy arithmetic (encoding a part, reducing a part,
+ * decoding a result) runs as jobs the caller may hand to worker threads.
+ */
+
+/* How a member takes part.  The values are those of PROTO_MODE_*. */
+typedef enum avg_mode {
+  AVG_MODE_NODE = 0,   /* sends its data and reduces a span */
+  AVG_MODE_CLIENT = 1, /* sends its data, never reduces (behind NAT) */
+  AVG_MODE_AUX = 2,    /* no data of its own (weight 0): reduces only */
+} avg_mode;
+
+#ifndef AVG_PART_FLOATS
+#define AVG_PART_FLOATS 131072 /* default part: 512 KiB of fp32 */
+#endif
+#ifndef AVG_WINDOW_MAX
+#define AVG_WINDOW_MAX 64 /* parts in flight to one owner, at most */
+#endif
+#ifndef AVG_SPAN_ALIGN
+#define AVG_SPAN_ALIGN 1024 /* spans start at multiples of this, floats */
+#endif
+#ifndef AVG_MSG_OVERHEAD
+/* Bytes the transport adds to each message, counted in the byte totals
+ * (not sent by the round): a ONEWAY envelope in one sealed frame, 4 bytes
+ * of frame length + 17 of envelope + 16 of AEAD tag, rounded up. */
+#define AVG_MSG_OVERHEAD 40
+#endif
+
+typedef struct avg_round avg_round;
+/* One piece of heavy arithmetic: encoding a part, reducing a part or
+ * decoding a result.  Opaque; see avg_io.submit. */
+typedef struct avg_job avg_job;
+
+/* How the round reaches the world.  Every function is called on the
+ * loop's thread, never re-entered, and must not call into the round. */
+typedef struct avg_io {
+  void *ctx;
+  /* Monotonic milliseconds. */
+  uint64_t (*now_ms)(void *ctx);
+  /* Sends one message (len bytes, borrowed for the call) to member.
+   * Returns 0 when the transport took it; BEE_EQUEUE when its queue to
+   * that member is full: the round keeps this message and everything
+   * after it for that member until avg_round_drain(member).  Any other
+   * error drops the member from the round. */
+  int (*send)(void *ctx, size_t member, const uint8_t *msg, size_t len);
+  /* Optional: runs job elsewhere.  The callee calls avg_job_run(job) on
+   * any thread, then avg_job_done(job) back on the loop's thread.  NULL:
+   * the round runs its jobs itself, at once. */
+  void (*submit)(void *ctx, avg_job *job);
+  /* Optional: a member's name for log lines (a peer id, an address);
+   * NULL or a NULL return: "member <index>". */
+  const char *(*name)(void *ctx, size_t member);
+} avg_io;
+
+typedef struct avg_round_config {
+  uint8_t group[PROTO_AVG_GROUP_BYTES]; /* the group's id, the same for all */
+  size_t nmembers;                      /* N, 1..AVG_GROUP_MAX */
+  size_t self;                          /* our index in the member order */
+  const avg_mode *modes;       /* (N) copied; every member agrees on them */
+  const double *bandwidth;     /* (N) copied, for avg_spans; NULL: equal */
+  float *x;                    /* (n) in: our values; out: the result.
+                                Borrowed until the callback.  NULL for AUX */
+  size_t n;                    /* floats; the same for every member */
+  float *residual;             /* (n) error feedback, the caller's, zeros at
+                                first; NULL: none.  Borrowed as x */
+  double weight;               /* our sample count, finite, 0..FLT_MAX;
+                                ignored for AUX (0) */
+  avg_codec codec;             /* default AVG_NONE */
+  size_t part_floats;          /* default AVG_PART_FLOATS */
+  unsigned window;             /* parts in flight per owner, default 4 */
+  double clip;                 /* limit for avg_clip_factor, default 10 */
+  avg_clip_mode clip_mode;     /* default AVG_CLIP_OFF */
+  uint64_t sender_timeout_ms;  /* default 5000 */
+  uint64_t reducer_timeout_ms; /* >= sender_timeout_ms, default 15000 */
+  uint64_t deadline_ms;        /* from avg_round_start, default 60000 */
+  size_t msg_overhead;         /* default AVG_MSG_OVERHEAD */
+} avg_round_config;
+
+/* Fills cfg with the defaults above; the group, members, buffer and
+ * weight are the caller's to set. */
+void avg_round_config_default(avg_round_config *cfg);
+
+/* Why a member was dropped from the round. */
+enum avg_drop {
+  AVG_DROP_NONE = 0,
+  AVG_DROP_SENDER_TIMEOUT,  /* sent no part of our span for
+                               sender_timeout_ms while we waited on it */
+  AVG_DROP_REDUCER_TIMEOUT, /* no result (nor any send to it) for
+                               reducer_timeout_ms while we waited on it */
+  AVG_DROP_STALLED,         /* our sends to it were blocked
+                               (BEE_EQUEUE) for reducer_timeout_ms */
+  AVG_DROP_SEND_FAILED,     /* the transport refused a send to it */
+  AVG_DROP_BAD_RESULT,      /* it sent a result that does not decode */
+  AVG_DROP_ABORTED,         /* it sent ABORT: it left or dropped us */
+};
+/* "sender timeout", "reducer timeout"...; "?" for other values. */
+const char *avg_drop_name(int reason);
+
+typedef struct avg_member_info {
+  int dropped;         /* AVG_DROP_*; NONE: stayed to the end */
+  uint64_t dropped_ms; /* when, from the start */
+  uint32_t refused;    /* its contributions to our span refused (NaN,
+                          infinity, wrong codec or length) */
+  uint32_t clipped;    /* its contributions scaled down or dropped by the
+                          clip rule */
+} avg_member_info;
+
+typedef struct avg_span_info {
+  size_t owner, start, len; /* floats */
+  bool averaged;  /* every part got its result; false: stayed local (an
+                      AUX member reports only its own span) */
+  uint32_t min_k; /* contributions averaged into its parts, least */
+  uint32_t max_k; /* and most (they differ when a member failed midway) */
+} avg_span_info;
+
+/* What a round did, from one member's side.  Arrays are borrowed for the
+ * duration of the callback. */
+typedef struct avg_round_summary {
+  int status; /* 0, BEE_ETIMEOUT (the deadline cut it short), BEE_ECANCELED
+                 (freed before the end), -ENOMEM */
+  size_t nmembers;
+  const avg_span_info *spans;     /* (N) in member order */
+  const avg_member_info *members; /* (N); ours is all zero */
+  /* (N + 1): floats of the buffer whose mean took k contributions, for
+   * each k; k = 0: stayed local (a failed span, or nothing to average).
+   * An AUX member counts its own span only. */
+  const size_t *floats_by_k;
+  size_t nparts;          /* parts of the whole buffer */
+  const uint32_t *part_k; /* (nparts) k of each part, 0: local */
+  uint64_t msgs_sent, msgs_recv;
+  uint64_t payload_sent, payload_recv; /* encoded part bytes only */
+  uint64_t bytes_sent, bytes_recv;     /* whole messages, each with
+                                          msg_overhead bytes added */
+  uint64_t ms;                         /* from start to the end */
+} avg_round_summary;
+
+/* The round ended.  s is borrowed for the call; x holds the result. */
+typedef void (*avg_round_cb)(avg_round *r, const avg_round_summary *s,
+                             void *arg);
+
+/* Creates a round from cfg (copied; modes and bandwidth too) and io
+ * (copied; io->ctx borrowed), and works out the spans and parts.  Messages
+ * may be handed to it from now on: parts that arrive before
+ * avg_round_start are kept.  Returns 0 and *out; BEE_ERANGE for a config
+ * out of range (sizes, timeouts, a weight that is not finite, x NULL for a
+ * member with data, no member that reduces) or one whose parts do not fit
+ * a message; BEE_ETOOBIG when N > AVG_GROUP_MAX; -ENOMEM. */
+int avg_round_new(const avg_round_config *cfg, const avg_io *io,
+                  avg_round **out);
+/* Starts sending.  cb runs exactly once, never inside this call: call
+ * avg_round_tick after it.  Returns 0, or BEE_ERANGE when already
+ * started (cb is then not kept). */
+int avg_round_start(avg_round *r, avg_round_cb cb, void *arg);
+/* A message from member `from` (len bytes, borrowed for the call).
+ * Returns 0 when it was taken; otherwise it is dropped with a log line
+ * naming the sender, and the code says why: a decoder code
+ * (proto_avg_decode), BEE_ESTALE for another group, BEE_EAUTH for a PART
+ * whose sender field is not `from`, BEE_ERANGE for a message that `from`
+ * has no business sending (a part it does not owe us, a result for a part
+ * we have not sent, a duplicate; also a contribution refused for its codec
+ * or length, BEE_ETRUNCATED / BEE_ETRAILING), BEE_ELIMIT for a part beyond
+ * the window, BEE_ECANCELED after the end or from a dropped member. */
+int avg_round_handle(avg_round *r, size_t from, const uint8_t *msg, size_t len);
+/* Runs the timeouts and the deadline.  Returns the milliseconds until it
+ * wants to run again, UINT64_MAX when it needs no more ticks.  Call it
+ * after avg_round_start and after every other call into the round (they
+ * may start a wait), and when that time has passed; more often is
+ * harmless. */
+uint64_t avg_round_tick(avg_round *r);
+/* The transport's queue to member has room again: resume sending. */
+void avg_round_drain(avg_round *r, size_t member);
+/* Frees r; NULL is fine.  Safe at any point, from the callback too.
+ * Before the end, it sends ABORT to the members still in the round, puts
+ * back every span not yet committed and runs the callback with
+ * BEE_ECANCELED (a round never started has no callback to run).  With
+ * jobs submitted and not yet done, the memory (and x and residual) stay
+ * the round's until the last one's avg_job_done. */
+void avg_round_free(avg_round *r);
+
+/* Runs job's arithmetic; any thread, once.  It touches only the job's own
+ * part of the buffers. */
+void avg_job_run(avg_job *job);
+/* Hands a run job back to its round, on the loop's thread. */
+void avg_job_done(avg_job *job);
 
 #endif /* BEE_AVERAGER_H */

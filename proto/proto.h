@@ -162,6 +162,9 @@ enum proto_type {
   PROTO_T_DHT_STORED = 53,
   PROTO_T_DHT_FIND = 54,
   PROTO_T_DHT_FOUND = 55,
+  PROTO_T_AVG_PART = 60,    /* averaging round, see proto_avg_msg */
+  PROTO_T_AVG_RESULT = 61,
+  PROTO_T_AVG_ABORT = 62,
 };
 
 /* One envelope message, decoded.  Views point into the decoded buffer.
@@ -566,6 +569,73 @@ void proto_record_key(int type, const char *run, uint64_t round,
  * derives from its decoded fields (else BEE_EAUTH).  The owner's signature
  * is the DHT's to verify (proto_dht_record_verify). */
 int proto_record_check(const proto_dht_record *r, int *type);
+
+/* ------------------------------------------------------------------------ */
+/* Averaging round payloads (issue 4): the messages of the butterfly
+ * all-reduce between the members of one group (averager/round.c).
+ * docs/PROTOCOL.md, section 10, has the layouts:
+ *   PART   [1, 60, group, sender, part, codec, weight, data or nil]
+ *   RESULT [1, 61, group, part, codec, contributors, data or nil]
+ *   ABORT  [1, 62, group, code, text]
+ * A PART carries one member's piece of one part of the buffer to the
+ * part's owner; a RESULT carries the owner's mean of that part back; an
+ * ABORT tells a member that the sender has left the round (or dropped the
+ * receiver from it).  data is an averager part (docs/AVERAGING.md,
+ * section 2), checked by the averager, not here.                         */
+
+#define PROTO_AVG_GROUP_BYTES 16 /* group id, chosen by the matchmaking */
+#ifndef PROTO_AVG_DATA_MAX
+#define PROTO_AVG_DATA_MAX (PROTO_FRAME_MAX - 1024) /* one part, bytes */
+#endif
+#define PROTO_AVG_CODEC_MAX 255 /* codec numbers are bytes on the wire */
+/* No PART or RESULT header (everything before the data bytes) is longer. */
+#define PROTO_AVG_HDR_MAX 64
+
+/* One round message, decoded.  Which fields a type uses:
+ *   PART    group, sender, part, codec, weight, has_data + data
+ *   RESULT  group, part, codec, contributors, has_data + data
+ *   ABORT   group, code, text
+ * has_data false is nil on the wire: PART, "no contribution from me for
+ * this part"; RESULT, "nothing was averaged, keep your own values".
+ * Views point into the decoded buffer. */
+typedef struct proto_avg_msg {
+  int type;
+  uint8_t group[PROTO_AVG_GROUP_BYTES];
+  uint32_t sender;       /* member index, < PROTO_GROUP_MAX */
+  uint64_t part;         /* part number within the buffer */
+  uint32_t codec;        /* <= PROTO_AVG_CODEC_MAX */
+  double weight;         /* finite, >= 0, <= FLT_MAX */
+  uint32_t contributors; /* <= PROTO_GROUP_MAX */
+  bool has_data;
+  proto_bytes data; /* <= PROTO_AVG_DATA_MAX bytes; empty when nil */
+  int64_t code;     /* ABORT: a negative BEE_E* or -errno, >= INT32_MIN */
+  proto_bytes text; /* ABORT: <= PROTO_TEXT_MAX bytes */
+} proto_avg_msg;
+
+/* Upper bound on the encoding of m (its data counted at most at
+ * PROTO_AVG_DATA_MAX). */
+size_t proto_avg_encoded_max(const proto_avg_msg *m);
+/* Refuses, before writing anything, what proto_avg_decode would refuse:
+ * another type (BEE_EUNKNOWN), a field out of its range or data while
+ * has_data is false (BEE_ERANGE), data or text over its limit
+ * (BEE_ETOOBIG).  A buf smaller than the encoding is BEE_ETOOBIG;
+ * proto_avg_encoded_max(m) bytes are always enough.  Writes minimal-width
+ * integers and a float64 weight.  Fields m's type does not carry are
+ * ignored. */
+int proto_avg_encode(const proto_avg_msg *m, uint8_t *buf, size_t cap,
+                     size_t *len);
+/* Encodes a PART or RESULT with has_data set, except its data bytes:
+ * everything up to and including the bin header for m->data.n bytes
+ * (m->data.p is not read), at most PROTO_AVG_HDR_MAX bytes.  The caller
+ * places the data right after it, so a part is encoded straight into the
+ * message buffer.  Errors as proto_avg_encode; an ABORT or has_data false
+ * is BEE_ERANGE. */
+int proto_avg_header_encode(const proto_avg_msg *m, uint8_t *buf, size_t cap,
+                            size_t *len);
+/* Strict decode of one round message that fills buf exactly, with the
+ * codes of docs/PROTOCOL.md sections 2 and 10; views into buf, never
+ * allocates.  On failure *m is all zero. */
+int proto_avg_decode(const uint8_t *buf, size_t len, proto_avg_msg *m);
 
 /* ------------------------------------------------------------------------ */
 /* Session core: handshake and sealed frames, no I/O.                        */
