@@ -198,34 +198,18 @@ static int fields_get(proto_rd *r, proto_avg_msg *m) {
  * that is not negative or is below INT32_MIN BEE_ERANGE; data or text
  * over its limit BEE_ETOOBIG; a float32 weight BEE_ETYPE. */
 int proto_avg_decode(const uint8_t *buf, size_t len, proto_avg_msg *m) {
-  proto_rd r, peek;
-  uint32_t n, want;
-  int type;
+  proto_rd r;
+  int type, rc;
   memset(m, 0, sizeof *m);
   proto__rd_init(&r, buf, len);
-  /* The field count depends on the type: peek at it, then let
-   * proto__rd_head report version and type first (as dht-msg.c). */
-  peek = r;
-  int rc = proto__rd_array(&peek, &n);
-  if (rc)
-    goto out;
-  if ((rc = proto__rd_head(&r, -1, n < 2 ? 0 : n - 2, &type)))
-    goto out;
-  if (!is_avg(type)) {
-    rc = BEE_EUNKNOWN;
-    goto out;
+  rc = proto__rd_family_head(&r, PROTO_T_AVG_PART, (int)sizeof nfields_of,
+                             nfields_of, &type);
+  if (rc == 0) {
+    m->type = type;
+    if ((rc = proto__rd_fixbin(&r, m->group, PROTO_AVG_GROUP_BYTES)) == 0 &&
+        (rc = fields_get(&r, m)) == 0)
+      rc = proto__rd_end(&r);
   }
-  want = nfields_of[type - PROTO_T_AVG_PART];
-  if (n - 2 != want) {
-    rc = n - 2 < want ? BEE_EMISSING : BEE_ETYPE;
-    goto out;
-  }
-  m->type = type;
-  if ((rc = proto__rd_fixbin(&r, m->group, PROTO_AVG_GROUP_BYTES)) ||
-      (rc = fields_get(&r, m)))
-    goto out;
-  rc = proto__rd_end(&r);
-out:
   if (rc)
     memset(m, 0, sizeof *m);
   return rc;

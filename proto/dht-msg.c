@@ -404,33 +404,17 @@ static void msg_reset(proto_dht_msg *m) {
 }
 
 int proto_dht_decode(const uint8_t *buf, size_t len, proto_dht_msg *m) {
-  proto_rd r, peek;
-  uint32_t n, want;
-  int type;
+  proto_rd r;
+  int type, rc;
   msg_reset(m);
   proto__rd_init(&r, buf, len);
-  /* The field count depends on the type, which comes after the array
-   * header: peek at the count, then let proto__rd_head check version and
-   * type first, in the order every decoder reports them. */
-  peek = r;
-  int rc = proto__rd_array(&peek, &n);
-  if (rc)
-    goto out;
-  if ((rc = proto__rd_head(&r, -1, n < 2 ? 0 : n - 2, &type)))
-    goto out;
-  if (!is_dht(type)) {
-    rc = BEE_EUNKNOWN;
-    goto out;
+  rc = proto__rd_family_head(&r, PROTO_T_DHT_PING, (int)sizeof nfields_of,
+                             nfields_of, &type);
+  if (rc == 0) {
+    m->type = type;
+    if ((rc = fields_get(&r, m)) == 0)
+      rc = proto__rd_end(&r);
   }
-  want = nfields_of[type - PROTO_T_DHT_PING];
-  if (n - 2 != want) {
-    rc = n - 2 < want ? BEE_EMISSING : BEE_ETYPE;
-    goto out;
-  }
-  m->type = type;
-  if ((rc = fields_get(&r, m)) == 0)
-    rc = proto__rd_end(&r);
-out:
   if (rc)
     msg_reset(m);
   return rc;

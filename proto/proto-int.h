@@ -57,6 +57,13 @@ int proto__rd_end(const proto_rd *r);
  * few fields) or BEE_ETYPE (too many) as fits.  *type gets the type. */
 int proto__rd_head(proto_rd *r, int want, uint32_t nfields, int *type);
 
+/* Reads the head of a message of one family: types first..first+count-1,
+ * type t with exactly nfields[t - first] fields after version and type.
+ * Errors as proto__rd_head, and BEE_EUNKNOWN for a type outside the
+ * family. */
+int proto__rd_family_head(proto_rd *r, int first, int count,
+                          const uint8_t *nfields, int *type);
+
 /* ---- writer ------------------------------------------------------------ */
 
 /* msgpack-c's packer writing into a caller's fixed buffer.  The first

@@ -336,6 +336,24 @@ int proto__rd_head(proto_rd *r, int want, uint32_t nfields, int *type) {
   return 0;
 }
 
+int proto__rd_family_head(proto_rd *r, int first, int count,
+                          const uint8_t *nfields, int *type) {
+  /* The field count depends on the type, which comes after the array
+   * header: peek at the count, then let proto__rd_head check version and
+   * type first, in the order every decoder reports them. */
+  proto_rd peek = *r;
+  uint32_t n;
+  int rc = proto__rd_array(&peek, &n);
+  if (rc || (rc = proto__rd_head(r, -1, n < 2 ? 0 : n - 2, type)))
+    return rc;
+  if (*type < first || *type >= first + count)
+    return BEE_EUNKNOWN;
+  uint32_t want = nfields[*type - first];
+  if (n - 2 != want)
+    return n - 2 < want ? BEE_EMISSING : BEE_ETYPE;
+  return 0;
+}
+
 /* ---- writer ------------------------------------------------------------ */
 
 static int wr_cb(void *data, const char *buf, size_t len) {
