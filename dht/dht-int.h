@@ -99,6 +99,8 @@ typedef struct dht_entry {
   size_t n, cap;
   dht_rec *recs;
   size_t bytes;
+  uint64_t replicate_s; /* wall time this holder copies it on, unless a
+                           store of the key comes first (node.c) */
 } dht_entry;
 
 typedef struct dht_rate {
@@ -269,6 +271,8 @@ struct dht_node {
   dht_boot *boot;
   uint64_t expire_ms, refresh_ms;
   unsigned refreshing; /* refresh lookups in flight */
+  unsigned replicating; /* replication lookups in flight */
+  uint64_t replicate_check_ms;
   uint64_t skew_warned_ms;
 };
 
@@ -291,6 +295,10 @@ proto_dht_msg *dht__scratch(void);
 /* Contact seen: routing table, eviction pings, handing over keys. */
 void dht__seen(dht_node *n, const uint8_t id[ID_BYTES], const char *addr);
 void dht__failed(dht_node *n, const uint8_t id[ID_BYTES]);
+/* A store of e's key arrived (or we made e): this holder copies e to the
+ * key's nearest nodes one republish interval later, with jitter, unless
+ * another store of the key comes first. */
+void dht__replicate_later(dht_node *n, dht_entry *e, uint64_t now_s);
 /* After joining, every bucket but our own is refreshed (Kademlia 2.3):
  * without it the ranges far from us stay empty, and lookups for keys
  * there converge on the wrong nodes.  The refresh runs a few buckets at a

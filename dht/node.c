@@ -7,8 +7,10 @@
  * DHT_CLOCK_SKEW_S is warned about, since expirations depend on it.  A new
  * contact that is now one of the num_replicas nearest nodes to keys we
  * hold is handed those records.  The node's own records are republished
- * until they expire, and buckets no lookup has touched for a while are
- * refreshed with a lookup of a random id in their range.
+ * until they expire, every record it holds is copied to the key's nearest
+ * nodes once per republish interval unless another holder did it first,
+ * and buckets no lookup has touched for a while are refreshed with a
+ * lookup of a random id in their range.
  */
 #include "dht-int.h"
 
@@ -21,6 +23,7 @@
 #define EXPIRE_EVERY_MS 10000
 #define REFRESH_CHECK_MS 60000
 #define REFRESH_PARALLEL 2 /* refresh lookups at once */
+#define REPLICATE_PARALLEL 8 /* replication lookups at once */
 #define HANDOVER_MAX 256 /* records handed to one new contact at once */
 
 void dht_config_default(dht_config *cfg) {
@@ -81,6 +84,7 @@ int dht_node_new(const dht_config *cfg, const dht_io *io, dht_node **out) {
   uint64_t now = dht__now(n);
   n->expire_ms = now + EXPIRE_EVERY_MS;
   n->refresh_ms = now + REFRESH_CHECK_MS;
+  n->replicate_check_ms = now + REFRESH_CHECK_MS;
   n->io.random(n->io.ctx, &n->next_req, sizeof n->next_req);
   *out = n;
   return 0;
@@ -438,6 +442,64 @@ static void republish(dht_node *n, uint64_t now) {
   }
 }
 
+/* ---- replication -------------------------------------------------------- *
+ * Every holder of a record copies it to the key's nearest nodes once per
+ * republish interval (Kademlia 2.5), so a record outlives its owner and
+ * the replicas it first went to: under churn they leave, and a new node
+ * near the key learns the record only if someone hands it over.  A store
+ * of the key pushes a holder's turn back, so in a quiet interval one
+ * holder (the first whose jittered turn comes) copies, and the others,
+ * having just received its store, skip theirs. */
+
+void dht__replicate_later(dht_node *n, dht_entry *e, uint64_t now_s) {
+  uint32_t r;
+  uint64_t base = n->cfg.republish_ms / 1000;
+  n->io.random(n->io.ctx, &r, sizeof r);
+  e->replicate_s = now_s + base + r % (base / 2 + 1);
+}
+
+static void replicate_done(dht_lookup *l, int status) {
+  static _Thread_local proto_dht_record recs[DHT_SUBKEYS_MAX];
+  dht_node *n = l->n;
+  n->replicating--;
+  if (status)
+    return; /* canceled: the node is closing */
+  dht_entry *e = dht__store_find(&n->store, l->target);
+  if (!e)
+    return; /* expired meanwhile */
+  size_t k = dht__entry_view(e, dht__wall(n), recs, DHT_SUBKEYS_MAX);
+  unsigned sent = 0;
+  for (size_t i = 0; k && i < l->nc && sent < n->cfg.replicas; i++)
+    if (l->c[i].state == C_DONE) {
+      dht__store_to(n, l->c[i].id, l->c[i].addr, recs, k);
+      sent++;
+    }
+}
+
+/* Looks for entries whose turn has come once a minute, and starts at most
+ * REPLICATE_PARALLEL copies at a time; the rest wait for the next look. */
+static void replicate(dht_node *n, uint64_t now) {
+  if (now < n->replicate_check_ms || !n->cfg.port)
+    return; /* a client holds nothing for others */
+  n->replicate_check_ms = now + REFRESH_CHECK_MS;
+  uint64_t wall = dht__wall(n);
+  dht_store *s = &n->store;
+  for (size_t t = 0; t < s->tabsize; t++)
+    for (dht_entry *e = s->tab[t]; e; e = e->next) {
+      if (n->replicating >= REPLICATE_PARALLEL)
+        return;
+      if (e->replicate_s > wall)
+        continue;
+      dht__replicate_later(n, e, wall);
+      dht_lookup *l = dht__lookup_start(n, e->key, LK_NODES);
+      if (!l)
+        return;
+      l->done = replicate_done;
+      n->replicating++;
+      dht__lookup_begin(l);
+    }
+}
+
 static void refresh_done(dht_lookup *l, int status) {
   dht_node *n = l->n;
   n->refreshing--;
@@ -496,11 +558,15 @@ uint64_t dht_node_tick(dht_node *n) {
   }
   dht__lookup_deferred(n);
   republish(n, now);
+  replicate(n, now);
   dht__boot_tick(n, now);
   uint64_t next = dht__lookup_stalls(n, now);
   uint64_t until = n->expire_ms - now;
   if (n->refresh_ms - now < until)
     until = n->refresh_ms - now;
+  if (n->cfg.port && n->replicate_check_ms > now &&
+      n->replicate_check_ms - now < until)
+    until = n->replicate_check_ms - now;
   for (dht_own *o = n->own; o; o = o->next)
     if (o->due_ms > now && o->due_ms - now < until)
       until = o->due_ms - now;

@@ -162,11 +162,13 @@ int dht__store_put(dht_node *n, const proto_dht_record *r, uint64_t now_s) {
     const dht_rec *o = &e->recs[i];
     if (r->expiration < o->expiration)
       return BEE_ESTALE;
-    if (r->expiration == o->expiration)
-      return o->value_n == r->value.n &&
-                     memcmp(o->value, r->value.p, r->value.n) == 0
-                 ? 0           /* the same record again */
-                 : BEE_ESTALE; /* a rival with the same expiration */
+    if (r->expiration == o->expiration) {
+      if (o->value_n != r->value.n ||
+          memcmp(o->value, r->value.p, r->value.n) != 0)
+        return BEE_ESTALE; /* a rival with the same expiration */
+      dht__replicate_later(n, e, now_s); /* another holder copied it */
+      return 0;                          /* the same record again */
+    }
   }
   /* Limits, counting what the store would hold afterwards. */
   if (s->bytes - old_bytes + new_bytes > n->cfg.storage_max ||
@@ -212,6 +214,7 @@ int dht__store_put(dht_node *n, const proto_dht_record *r, uint64_t now_s) {
   }
   e->bytes = e->bytes - old_bytes + new_bytes;
   s->bytes = s->bytes - old_bytes + new_bytes;
+  dht__replicate_later(n, e, now_s);
   return 0;
 }
 

@@ -695,6 +695,79 @@ static void scenario(uint64_t seed, size_t nodes, size_t keys, size_t per_key,
   free(values);
 }
 
+/* ---- orphaned records in a shrinking swarm -------------------------------- */
+
+#define ORPHAN_NODES 400
+#define ORPHAN_KEYS 60
+#define ORPHAN_WAVES 4
+
+/* Records whose owners have left, in a swarm that loses 30% of its nodes
+ * every two hours and gains none, so no record can move by being handed
+ * to a newcomer: only the holders' hourly copies to the key's nearest
+ * live nodes keep them.  Returns how many of the keys a get still finds
+ * after the waves.  republish_min 0: the default interval; a huge one
+ * turns the copying (and owners' republishing) off, for contrast.  A
+ * wave kills all of a key's ~5 holders with odds 0.3^5, so a key or two in
+ * a few hundred may still go; without the copying about a fifth do. */
+static size_t orphans(uint64_t seed, uint64_t republish_min) {
+  dht_config cfg;
+  dht_config_default(&cfg);
+  if (republish_min)
+    cfg.republish_ms = republish_min * MINUTE_MS;
+  dhtsim *s = dhtsim_new(ORPHAN_NODES, seed, &cfg);
+  ASSERT(s != NULL);
+  dhtsim_join_all(s, 0, 10);
+  ASSERT(dhtsim_run_until(s, dhtsim_joined, s, WAIT_MS));
+  dhtsim_run_for(s, 5 * MINUTE_MS);
+  static op ops[ORPHAN_KEYS];
+  static char values[ORPHAN_KEYS][24];
+  uint8_t keys[ORPHAN_KEYS][PROTO_DHT_KEY_BYTES];
+  size_t owner[ORPHAN_KEYS];
+  for (size_t k = 0; k < ORPHAN_KEYS; k++) {
+    char name[32];
+    snprintf(name, sizeof name, "orphan-%zu", k);
+    dht_key(name, keys[k]);
+    snprintf(values[k], sizeof values[k], "o%zu", k);
+    owner[k] = dhtsim_rand_live(s, SIZE_MAX);
+    start_put(s, owner[k], keys[k], (proto_bytes){0}, values[k],
+              dhtsim_wall(s) + 12 * 3600, &ops[k]);
+  }
+  wait_all(s);
+  for (size_t k = 0; k < ORPHAN_KEYS; k++) {
+    ASSERT_OK(ops[k].status);
+    if (dhtsim_alive(s, owner[k]))
+      dhtsim_kill(s, owner[k]);
+  }
+  /* One republish interval and a half, so every key has been copied once
+   * since its owner left; then the waves, each a full interval apart. */
+  dhtsim_run_for(s, 100 * MINUTE_MS);
+  for (int w = 0; w < ORPHAN_WAVES; w++) {
+    size_t live = dhtsim_live(s), kill = live * 3 / 10;
+    for (size_t i = 0; i < kill; i++)
+      dhtsim_kill(s, dhtsim_rand_live(s, SIZE_MAX));
+    dhtsim_run_for(s, 120 * MINUTE_MS);
+  }
+  for (size_t k = 0; k < ORPHAN_KEYS; k++)
+    start_get(s, dhtsim_rand_live(s, SIZE_MAX), keys[k], false, values[k],
+              &ops[k]);
+  wait_all(s);
+  size_t found = 0;
+  for (size_t k = 0; k < ORPHAN_KEYS; k++)
+    found += ops[k].found;
+  dhtsim_free(s);
+  return found;
+}
+
+static void check_orphans(uint64_t seed) {
+  size_t with = orphans(seed, 0), without = orphans(seed, 100000);
+  printf("dht-sim: orphaned records after %d waves each killing 30%% of a "
+         "%d-node swarm, 2 h apart: %zu/%d found with holders copying them "
+         "hourly, %zu/%d without\n",
+         ORPHAN_WAVES, ORPHAN_NODES, with, ORPHAN_KEYS, without, ORPHAN_KEYS);
+  ASSERT_GE(with, ORPHAN_KEYS - 1);
+  ASSERT_LT(without + 5, with); /* the copying is what keeps them */
+}
+
 static void summary(const figures *f, uint64_t seed, char *line, size_t cap) {
   snprintf(line, cap,
            "seed=%" PRIu64
@@ -763,6 +836,8 @@ int main(int argc, char **argv) {
          keys_found, keys, 100.0 * (double)keys_found / (double)keys);
   ASSERT_GE(found * 100, gets * 99);
   ASSERT_GE(keys_found * 100, keys * 99);
+
+  check_orphans(seed);
 
   /* Same seed, same numbers (a smaller swarm, twice). */
   scenario(seed + 100, 150, 40, 2, false, &a);
