@@ -1205,124 +1205,6 @@ static void test_deadline(void) {
   net_free(n);
 }
 
-/* The round's payloads (proto/avg-msg.c): the example of docs/PROTOCOL.md
- * section 10, round trips, and one code per malformed class. */
-static size_t unhex(const char *h, uint8_t *out) {
-  size_t n = 0;
-  for (; *h; h++) {
-    if (*h == ' ')
-      continue;
-    unsigned v;
-    ASSERT(sscanf(h, "%2x", &v) == 1);
-    out[n++] = (uint8_t)v;
-    h++;
-  }
-  return n;
-}
-
-#define G "c4 10 5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a "
-
-static void test_msg(void) {
-  static const struct {
-    const char *hex;
-    int rc;
-  } cases[] = {
-      {"98 01 3c " G "03 11 00 cb 4040000000000000 c0", 0},
-      {"97 01 3d " G "11 04 05 c0", 0},
-      {"95 01 3e " G "e7 a3 616263", 0},
-      {"98 02 3c " G "03 11 00 cb 4040000000000000 c0", BEE_EVERSION},
-      {"98 01 3f " G "03 11 00 cb 4040000000000000 c0", BEE_EUNKNOWN},
-      {"97 01 3c " G "03 11 00 cb 4040000000000000 c0", BEE_EMISSING},
-      {"99 01 3c " G "03 11 00 cb 4040000000000000 c0 c0", BEE_ETYPE},
-      {"98 01 3c c4 0f 5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a 03 11 00 cb "
-       "4040000000000000 c0",
-       BEE_ERANGE},
-      {"98 01 3c " G "cd ffff 11 00 cb 4040000000000000 c0", BEE_ERANGE},
-      {"98 01 3c " G "03 11 cd 0100 cb 4040000000000000 c0", BEE_ERANGE},
-      {"98 01 3c " G "03 11 00 cb 7ff8000000000000 c0", BEE_ERANGE},
-      {"98 01 3c " G "03 11 00 cb 7ff0000000000000 c0", BEE_ERANGE},
-      {"98 01 3c " G "03 11 00 cb bff0000000000000 c0", BEE_ERANGE},
-      {"98 01 3c " G "03 11 00 cb 4810000000000000 c0", BEE_ERANGE},
-      {"98 01 3c " G "03 11 00 cb 8000000000000000 c0", 0}, /* -0.0 */
-      {"98 01 3c " G "03 11 00 ca 42000000 c0", BEE_ETYPE},
-      {"98 01 3c " G "03 11 00 cb 4040000000000000 a3 616263", BEE_ETYPE},
-      {"98 01 3c " G "ff 11 00 cb 4040000000000000 c0", BEE_ERANGE},
-      {"98 01 3c " G "03 11 00 cb 4040000000000000 c0 00", BEE_ETRAILING},
-      {"98 01 3c " G "03 11 00 cb 4040000000000000", BEE_ETRUNCATED},
-      {"97 01 3d " G "11 04 ce 00010000 c0", BEE_ERANGE},
-      {"97 01 3d " G "11 04 05 c4 05 0102", BEE_ETRUNCATED},
-      {"95 01 3e " G "00 a0", BEE_ERANGE},
-      {"95 01 3e " G "01 a0", BEE_ERANGE},
-      {"95 01 3e " G "d3 ffffffff7fffffff a0", BEE_ERANGE},
-      {"95 01 3e " G "d2 80000000 a0", 0},
-      {"c1", BEE_EMALFORMED},
-  };
-  uint8_t buf[256], again[256];
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    size_t n = unhex(cases[i].hex, buf), len;
-    proto_avg_msg m;
-    int rc = proto_avg_decode(buf, n, &m);
-    if (rc != cases[i].rc)
-      FAIL("case %zu: %s vs %s", i, bee_errname(rc), bee_errname(cases[i].rc));
-    if (rc) {
-      static const proto_avg_msg zero;
-      ASSERT(memcmp(&m, &zero, sizeof m) == 0);
-      continue;
-    }
-    ASSERT_OK(proto_avg_encode(&m, again, sizeof again, &len));
-    ASSERT_UEQ(len, n);
-    ASSERT_MEMEQ(again, buf, n);
-  }
-  /* The example of docs/PROTOCOL.md. */
-  float x[4] = {1.5f, -2.0f, 0.25f, 3.0f};
-  proto_avg_msg m = {.type = PROTO_T_AVG_PART,
-                     .sender = 3,
-                     .part = 17,
-                     .codec = AVG_NONE,
-                     .weight = 32,
-                     .has_data = true,
-                     .data = {(const uint8_t *)x, sizeof x}};
-  memset(m.group, 0x5a, sizeof m.group);
-  size_t len, hlen;
-  ASSERT_OK(proto_avg_encode(&m, buf, sizeof buf, &len));
-  size_t n = unhex("98 01 3c " G "03 11 00 cb 4040000000000000 c4 10 "
-                   "0000c03f 000000c0 0000803e 00004040",
-                   again);
-  ASSERT_UEQ(len, n);
-  ASSERT_MEMEQ(buf, again, n);
-  ASSERT_OK(proto_avg_header_encode(&m, again, sizeof again, &hlen));
-  ASSERT_UEQ(hlen + sizeof x, len);
-  ASSERT_MEMEQ(again, buf, hlen);
-  /* The encoder refuses what the decoder refuses. */
-  proto_avg_msg b = m;
-  b.weight = -1;
-  ASSERT_RC(proto_avg_encode(&b, buf, sizeof buf, &len), BEE_ERANGE);
-  b = m, b.has_data = false;
-  ASSERT_RC(proto_avg_encode(&b, buf, sizeof buf, &len), BEE_ERANGE);
-  b = m, b.codec = 256;
-  ASSERT_RC(proto_avg_encode(&b, buf, sizeof buf, &len), BEE_ERANGE);
-  b = m, b.sender = 65535;
-  ASSERT_RC(proto_avg_encode(&b, buf, sizeof buf, &len), BEE_ERANGE);
-  b = m, b.data.n = PROTO_AVG_DATA_MAX + 1;
-  ASSERT_RC(proto_avg_header_encode(&b, buf, sizeof buf, &len), BEE_ETOOBIG);
-  b = m, b.type = PROTO_T_AVG_ABORT, b.code = 0;
-  ASSERT_RC(proto_avg_encode(&b, buf, sizeof buf, &len), BEE_ERANGE);
-  b = m, b.type = 63;
-  ASSERT_RC(proto_avg_encode(&b, buf, sizeof buf, &len), BEE_EUNKNOWN);
-  ASSERT_RC(proto_avg_encode(&m, buf, 20, &len), BEE_ETOOBIG);
-  /* Data over the limit, with its bytes there. */
-  size_t big = PROTO_AVG_DATA_MAX + 1;
-  uint8_t *huge = xmalloc(big + 64);
-  memset(huge, 0, big + 64);
-  n = unhex("97 01 3d " G "11 04 05 c6", huge);
-  huge[n++] = (uint8_t)(big >> 24), huge[n++] = (uint8_t)(big >> 16);
-  huge[n++] = (uint8_t)(big >> 8), huge[n++] = (uint8_t)big;
-  ASSERT_RC(proto_avg_decode(huge, n + big, &m), BEE_ETOOBIG);
-  ASSERT_RC(proto_avg_decode(huge, n + big - 1, &m), BEE_ETRUNCATED);
-  free(huge);
-}
-
-/* The API's edges: bad configs, bad messages, free at any point. */
 static int cb_calls;
 static int cb_status;
 static void count_cb(avg_round *r, const avg_round_summary *s, void *arg) {
@@ -1513,7 +1395,6 @@ int main(int argc, char **argv) {
       /* loop first: its RSS check reads the peak, which the big
        * allocations below would set */
       {"loop", test_loop},
-      {"msg", test_msg},
       {"api", test_api},
       {"exact", test_exact},
       {"unequal", test_unequal},
