@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +93,8 @@ static void usage(FILE *f) {
       "                        shared machine, the run's own cost)\n"
       "  --max-rss MIB         stop at the first row (or join slice) with\n"
       "                        more resident memory (default 0: no limit)\n"
+      "                        (SIGINT, SIGTERM or SIGUSR1 also stop a run\n"
+      "                        at its next row, with the summary)\n"
       "  --no-oracle           skip counting holders in every node's "
       "storage\n"
       "  --log LEVEL           error|warn|info|debug (default error)\n");
@@ -834,9 +837,18 @@ static void print_row(run *r, period *p, double hour) {
 
 /* ---- main loop ---------------------------------------------------------- */
 
-/* The limit a run has gone past ("--max-wall", "--max-cpu", "--max-rss"),
- * or NULL. */
+/* Set by SIGINT, SIGTERM or SIGUSR1: end at the next row, with the summary,
+ * as a budget would. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+/* The limit a run has gone past ("--max-wall", "--max-cpu", "--max-rss", or
+ * a signal), or NULL. */
 static const char *over_budget(const run *r) {
+  if (stop_signal)
+    return stop_signal == SIGUSR1 ? "SIGUSR1"
+           : stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
   if (r->o.max_wall_s > 0 && secs() - r->wall0 > r->o.max_wall_s)
     return "--max-wall";
   if (r->o.max_cpu_s > 0 && cpu_secs() > r->o.max_cpu_s)
@@ -1002,6 +1014,11 @@ int main(int argc, char **argv) {
   }
   bee_log_set_level(r.o.log_level);
   setvbuf(stdout, NULL, _IOLBF, 0); /* rows show as they come, in a file too */
+  struct sigaction sa = {.sa_handler = on_stop_signal};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGUSR1, &sa, NULL);
   r.wall0 = r.wall_prev = secs();
   dht_config cfg;
   dht_config_default(&cfg);
