@@ -386,4 +386,203 @@ void avg_job_run(avg_job *job);
 /* Hands a run job back to its round, on the loop's thread. */
 void avg_job_done(avg_job *job);
 
+/* ------------------------------------------------------------------------ */
+/* Matchmaking: forming a group through the DHT (match.c).
+ *
+ * Peers that want to average in a round declare themselves under the
+ * group key "<run>.avg.<round>.<bits>" (a PROTO_REC_MATCH record, owned
+ * and signed, whose expiration is the time the peer wants to start).  A
+ * peer asks the earliest declared peer before it, in the order of
+ * (expiration, peer id), to lead it; a leader takes followers until the
+ * group has target_size members, or its start comes with at least
+ * min_size, and sends everyone BEGIN: a random group id and the member
+ * order of the round (the leader first, then the followers by id).
+ * docs/AVERAGING.md, section 8, has the protocol and why it neither
+ * deadlocks nor puts a peer in two groups; docs/PROTOCOL.md, section 11,
+ * the messages.
+ *
+ * Like the round, the core does no I/O: the DHT and the transport are
+ * the caller's, behind avg_match_io.                                      */
+
+typedef struct avg_match avg_match;
+
+/* One declaration read from the group key: the record's owner, its
+ * expiration and its decoded value. */
+typedef struct avg_decl {
+  uint8_t id[PROTO_ID_BYTES];
+  uint64_t expiration; /* unix seconds: when it wants to start */
+  proto_match info;
+} avg_decl;
+
+/* A group that formed.  members is borrowed for the callback. */
+typedef struct avg_group {
+  uint8_t id[PROTO_AVG_GROUP_BYTES];
+  uint8_t leader[PROTO_ID_BYTES];
+  size_t nmembers;                   /* 1..AVG_GROUP_MAX */
+  size_t self;                       /* our index in members */
+  const proto_group_member *members; /* the round's order */
+} avg_group;
+
+typedef struct avg_match_io {
+  void *ctx;
+  /* Monotonic milliseconds, for the timeouts. */
+  uint64_t (*now_ms)(void *ctx);
+  /* Wall-clock unix milliseconds, for the declared starts. */
+  uint64_t (*unix_ms)(void *ctx);
+  /* Publishes info under the group key until expiration (unix seconds),
+   * owned and signed by us.  Fire and forget: a lost declaration only
+   * means no follower finds us. */
+  void (*declare)(void *ctx, const proto_match *info, uint64_t expiration);
+  /* Reads the group key (latest); the caller hands what it found to
+   * avg_match_declared, whenever it comes, or never. */
+  void (*fetch)(void *ctx);
+  /* Sends one message (len bytes, borrowed) to the peer id, over an
+   * existing connection or one dialled at addr (NULL: an existing one
+   * only).  Returns 0 when the transport took it; an error makes a JOIN
+   * count as refused. */
+  int (*send)(void *ctx, const uint8_t id[PROTO_ID_BYTES], const char *addr,
+              const uint8_t *msg, size_t len);
+  /* n random bytes (group ids). */
+  void (*random)(void *ctx, void *buf, size_t n);
+} avg_match_io;
+
+typedef struct avg_match_config {
+  uint8_t self_id[PROTO_ID_BYTES];
+  /* What we declare: run, round, bits, addr, schema hash, mode,
+   * bandwidth and weight; must encode as a proto_match.  A CLIENT
+   * declares nothing (no one could dial it) and never leads. */
+  proto_match info;
+  size_t target_size;          /* members at most, 2..AVG_GROUP_MAX, 16 */
+  size_t min_size;             /* to begin at our start, default 2 */
+  uint64_t matchmaking_ms;     /* our start, from now, default 5000 */
+  uint64_t request_timeout_ms; /* a JOIN's answer, default 3000 */
+  uint64_t fetch_interval_ms;  /* re-reading the key, default 1000 */
+  uint64_t deadline_ms;        /* no group by then: give up, 30000 */
+} avg_match_config;
+
+typedef struct avg_match_stats {
+  uint64_t msgs_sent, msgs_recv;
+  uint64_t joins_sent, joins_accepted, joins_refused;
+  uint64_t declarations, fetches, redeclared;
+  uint64_t ms; /* from start to the end */
+} avg_match_stats;
+
+/* status 0 and g: a group formed (g borrowed for the call).  Otherwise g
+ * is NULL and status BEE_ETIMEOUT (no group by the deadline),
+ * BEE_ECANCELED (freed before the end) or -ENOMEM.  Runs once; the
+ * callback may free m. */
+typedef void (*avg_match_cb)(avg_match *m, int status, const avg_group *g,
+                             void *arg);
+
+/* "accepted", "group full"...: a PROTO_JOIN_* code's name; "?" else. */
+const char *avg_join_code_name(int code);
+void avg_match_config_default(avg_match_config *cfg);
+/* Returns 0 and *out; BEE_ERANGE for sizes or timeouts out of range or an
+ * io without one of its functions; a proto_match_encode code for info
+ * that is not a valid record; -ENOMEM. */
+int avg_match_new(const avg_match_config *cfg, const avg_match_io *io,
+                  avg_match **out);
+/* Declares us and reads the key.  cb may run inside any later call
+ * (avg_match_handle, _declared, _tick), never inside this one. */
+int avg_match_start(avg_match *m, avg_match_cb cb, void *arg);
+/* What a fetch found under the group key (copied; at most 4096 kept).
+ * Declarations for another run, round, bits or schema, and CLIENTs',
+ * are left out. */
+void avg_match_declared(avg_match *m, const avg_decl *v, size_t n);
+/* A matchmaking message from the authenticated peer `from`.  Returns 0,
+ * a proto_group_decode code (logged, dropped), BEE_EAUTH for a BEGIN from
+ * a peer that does not lead us, BEE_ERANGE for a BEGIN that does not fit
+ * our round (we leave that group), BEE_ECANCELED after the end. */
+int avg_match_handle(avg_match *m, const uint8_t from[PROTO_ID_BYTES],
+                     const uint8_t *msg, size_t len);
+/* Runs the timeouts.  Returns the milliseconds until it wants to run
+ * again, UINT64_MAX when it is over.  Call it after start and every other
+ * call, and when that time has passed. */
+uint64_t avg_match_tick(avg_match *m);
+void avg_match_stats_get(const avg_match *m, avg_match_stats *st);
+/* Frees m; NULL is fine, from the callback too.  Before the end it tells
+ * its leader or followers it left and runs cb with BEE_ECANCELED. */
+void avg_match_free(avg_match *m);
+
+/* Moshpit averaging: a peer's group bits for the next round.  The members
+ * of a group that formed (group id, nmembers, our index) each take a
+ * distinct cell of 0..target_size-1, drawn from the group id; the new
+ * bits are ours shifted left by ceil(log2(target_size)) with the cell's
+ * bits appended, the length kept.  So peers that averaged together go to
+ * different groups next round: with G peers per group and bits = log2(G)
+ * per dimension, a grid of G^d peers reaches the exact mean in d rounds.
+ * Returns 0, or BEE_ERANGE for arguments out of range. */
+int avg_moshpit_bits(const char *bits,
+                     const uint8_t group[PROTO_AVG_GROUP_BYTES], size_t index,
+                     size_t nmembers, size_t target_size,
+                     char out[PROTO_BITS_MAX + 1]);
+
+/* ------------------------------------------------------------------------ */
+/* The averager on the transport (glue.c): matchmaking, then the round, for
+ * one buffer at a time, over proto's connections on a libuv loop.  Their
+ * messages are one-way messages on the control connection to each peer
+ * ("avg.m", "avg.r", docs/PROTOCOL.md sections 10 and 11); the round's
+ * arithmetic runs on libuv's thread pool.  The DHT is the caller's.      */
+
+typedef struct avg_node avg_node;
+
+/* The group key in the caller's DHT. */
+typedef struct avg_node_dht {
+  void *ctx;
+  /* As avg_match_io.declare: publish info, owned and signed, under its
+   * group key until expiration (unix seconds). */
+  void (*declare)(void *ctx, const proto_match *info, uint64_t expiration);
+  /* Read the group key of info (latest) and hand the valid
+   * PROTO_REC_MATCH records found to avg_node_declared(node, ...). */
+  void (*fetch)(void *ctx, avg_node *node, const proto_match *info);
+} avg_node_dht;
+
+typedef struct avg_node_config {
+  uv_loop_t *loop;
+  proto_host *host; /* its one-way methods "avg.m" and "avg.r" are ours */
+  const uint8_t *self_id; /* copied */
+  avg_node_dht dht;
+} avg_node_config;
+
+/* One averaging.  match: as avg_match_config (self_id is filled in);
+ * info.weight should be round.weight.  round: as avg_round_config, with
+ * the buffer, weight, codec and timeouts set by the caller; the group,
+ * members, modes and bandwidths come from the matchmaking. */
+typedef struct avg_node_request {
+  avg_match_config match;
+  avg_round_config round;
+  bool equal_spans; /* ignore the declared bandwidths */
+} avg_node_request;
+
+typedef struct avg_node_result {
+  /* 0: the round ran (see summary for how much was averaged); else the
+   * matchmaking's or the round's code (BEE_ETIMEOUT: no group). */
+  int status;
+  const avg_group *group;            /* NULL when no group formed */
+  const avg_round_summary *summary;  /* NULL when no round ran */
+  avg_match_stats match;
+} avg_node_result;
+
+/* r and what it points to are borrowed for the call.  The callback may
+ * start the next averaging or close the node. */
+typedef void (*avg_node_cb)(avg_node *n, const avg_node_result *r, void *arg);
+
+/* Returns 0 and *out; BEE_ERANGE for a config without loop, host, id or
+ * DHT functions; -ENOMEM. */
+int avg_node_new(const avg_node_config *cfg, avg_node **out);
+/* Defaults of both cores, nothing else set. */
+void avg_node_request_default(avg_node_request *req);
+/* Starts matchmaking, then the round; cb runs once, never inside this
+ * call.  round.x (and residual) are borrowed until then.  BEE_ERANGE
+ * while another averaging runs or after close; avg_match_new's codes. */
+int avg_node_average(avg_node *n, const avg_node_request *req, avg_node_cb cb,
+                     void *arg);
+/* What a fetch found (see avg_match_declared). */
+void avg_node_declared(avg_node *n, const avg_decl *v, size_t count);
+/* The host's on_drain for connection c: the round sends again. */
+void avg_node_drain(avg_node *n, proto_conn *c);
+/* Ends the averaging under way (its callback runs now, BEE_ECANCELED) and
+ * frees n on a later turn of the loop.  NULL is fine. */
+void avg_node_close(avg_node *n);
+
 #endif /* BEE_AVERAGER_H */

@@ -2,9 +2,9 @@
  *
  *   gen-corpus DIR        (DIR is usually fuzz/corpus)
  *
- * Writes DIR/msg/, DIR/handshake/, DIR/token/ and DIR/records/: valid
- * encodings made with the real encoders (so they follow the format when
- * it changes) and a few malformed ones.  The output is deterministic:
+ * Writes DIR/msg/, DIR/handshake/, DIR/token/, DIR/records/ and
+ * DIR/groupmsg/: valid encodings made with the real encoders (so they
+ * follow the format when it changes) and a few malformed ones.  The output is deterministic:
  * keys come from fixed seeds and Ed25519 signatures are deterministic, so
  * rerunning it after a format change gives a reviewable diff.  Built with
  * the fuzz targets; not run by the test suite.
@@ -279,6 +279,82 @@ static void gen_records(void) {
   put_rec("plain-future-type", 3, future, sizeof future - 1);
 }
 
+static void put_group(const char *name, const proto_group_msg *m) {
+  uint8_t buf[4096];
+  size_t len;
+  must(proto_group_encode(m, buf, sizeof buf, &len), name);
+  put("groupmsg", name, buf, len);
+}
+
+static void gen_groupmsg(void) {
+  uint8_t buf[4096];
+  size_t len;
+  proto_group_msg j = {.type = PROTO_T_AVG_JOIN,
+                       .nonce = 0x1234,
+                       .expiration = FUZZ_NOW + 5,
+                       .info = {.round = 41,
+                                .mode = PROTO_MODE_NODE,
+                                .bandwidth_mbit = 100,
+                                .weight = 32}};
+  snprintf(j.info.run, sizeof j.info.run, "fuzz-run");
+  snprintf(j.info.bits, sizeof j.info.bits, "0110");
+  snprintf(j.info.addr, sizeof j.info.addr, "10.0.0.1:45555");
+  memset(j.info.schema_hash, 0x5c, sizeof j.info.schema_hash);
+  put_group("join", &j);
+  /* The weight (the last field) as a float32. */
+  must(proto_group_encode(&j, buf, sizeof buf, &len), "join");
+  buf[len - 9] = 0xca;
+  put("groupmsg", "bad-join-float32", buf, len - 4);
+  /* A CLIENT declares no start. */
+  j.expiration = 0;
+  j.info.mode = PROTO_MODE_CLIENT;
+  j.info.bits[0] = 0;
+  put_group("join-client", &j);
+
+  proto_group_msg r = {.type = PROTO_T_AVG_REPLY, .nonce = 0x1234};
+  put_group("reply-accepted", &r);
+  r.code = PROTO_JOIN_NOT_A_LEADER;
+  r.has_leader = true;
+  memset(r.leader, 0x33, sizeof r.leader);
+  snprintf(r.leader_addr, sizeof r.leader_addr, "[2001:db8::1]:45555");
+  put_group("reply-not-a-leader", &r);
+  /* NOT_A_LEADER's leader with a nil address. */
+  must(proto_group_encode(&r, buf, sizeof buf, &len), "reply");
+  len -= 1 + strlen(r.leader_addr);
+  buf[len++] = 0xc0;
+  put("groupmsg", "bad-reply-no-addr", buf, len);
+
+  proto_group_msg l = {.type = PROTO_T_AVG_LEAVE,
+                       .code = PROTO_LEAVE_DISBANDED};
+  put_group("leave-disbanded", &l);
+  l.code = PROTO_LEAVE_MOVED;
+  l.has_leader = true;
+  memset(l.leader, 0x44, sizeof l.leader);
+  snprintf(l.leader_addr, sizeof l.leader_addr, "leader.example:45555");
+  put_group("leave-moved", &l);
+
+  proto_group_member v[4] = {0};
+  for (int i = 0; i < 4; i++) {
+    memset(v[i].id, 0x10 + i, sizeof v[i].id);
+    snprintf(v[i].addr, sizeof v[i].addr, "10.0.0.%d:45555", i + 1);
+    v[i].mode = i == 3 ? PROTO_MODE_AUX : PROTO_MODE_NODE;
+    v[i].bandwidth_mbit = 100.0 * (i + 1);
+    v[i].weight = i == 3 ? 0 : 32;
+  }
+  proto_group_msg b = {
+      .type = PROTO_T_AVG_BEGIN, .round = 41, .nmembers = 4, .members = v};
+  memset(b.group, 0x5a, sizeof b.group);
+  put_group("begin", &b);
+  /* The last member's id made the first's: one id twice. */
+  must(proto_group_encode(&b, buf, sizeof buf, &len), "begin");
+  for (size_t i = 0; i + 22 <= len; i++)
+    if (buf[i] == 0xc4 && buf[i + 1] == 20 && buf[i + 2] == 0x13)
+      memset(buf + i + 2, 0x10, 20);
+  put("groupmsg", "bad-begin-twice", buf, len);
+  b.nmembers = 1;
+  put_group("begin-one", &b);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: gen-corpus DIR\n");
@@ -291,5 +367,6 @@ int main(int argc, char **argv) {
   gen_handshake();
   gen_token();
   gen_records();
+  gen_groupmsg();
   return 0;
 }

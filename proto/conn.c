@@ -329,7 +329,7 @@ static void fail_calls(proto_conn *c, int status) {
 static void dispatch_request(proto_conn *c, const proto_msg *m) {
   proto_host *h = c->h;
   const proto_method *md = proto__host_method(h, m->name);
-  if (md) {
+  if (md && md->cb) {
     md->cb(c, m->id, m->name, m->payload, md->data);
   } else if (h->cfg.on_request) {
     h->cfg.on_request(c, m->id, m->name, m->payload, h->cfg.data);
@@ -366,10 +366,14 @@ static void dispatch(proto_conn *c, const proto_msg *m) {
     bee_debug(COMP, "%s: request %llu canceled by peer", who(c, id),
               (unsigned long long)m->id);
     break;
-  case PROTO_T_ONEWAY:
-    if (h->cfg.on_oneway)
+  case PROTO_T_ONEWAY: {
+    const proto_method *md = proto__host_method(h, m->name);
+    if (md && md->oneway)
+      md->oneway(c, m->name, m->payload, md->oneway_data);
+    else if (h->cfg.on_oneway)
       h->cfg.on_oneway(c, m->name, m->payload, h->cfg.data);
     break;
+  }
   case PROTO_T_STREAM_OPEN:
   case PROTO_T_STREAM_CHUNK:
   case PROTO_T_STREAM_END:

@@ -118,32 +118,58 @@ void proto__host_unlink(proto_host *h, proto_conn *c) {
 
 size_t proto_host_conn_count(const proto_host *h) { return h->nup; }
 
-int proto_host_on(proto_host *h, const char *method, proto_request_cb cb,
-                  void *data) {
-  size_t n = strlen(method);
-  if (n == 0 || n > PROTO_METHOD_MAX)
-    return BEE_ETOOBIG;
+/* The entry for method, made if need be (NULL: -ENOMEM), or NULL with
+ * *pp at the link to it when make is false and there is none. */
+static proto_method *method_entry(proto_host *h, const char *method,
+                                  size_t n, bool make, proto_method ***link) {
   proto_method *m, **pp;
   for (pp = &h->methods; (m = *pp); pp = &m->next)
     if (strcmp(m->name, method) == 0)
       break;
-  if (!cb) { /* removal */
-    if (m) {
-      *pp = m->next;
-      free(m);
-    }
-    return 0;
+  *link = pp;
+  if (m || !make)
+    return m;
+  if (!(m = calloc(1, sizeof *m)))
+    return NULL;
+  memcpy(m->name, method, n + 1);
+  m->next = h->methods;
+  h->methods = m;
+  *link = &h->methods;
+  return m;
+}
+
+/* Sets one of the two handlers of method; an entry with neither goes. */
+static int method_set(proto_host *h, const char *method, proto_request_cb cb,
+                      proto_oneway_cb oneway, bool is_oneway, void *data) {
+  size_t n = strlen(method);
+  if (n == 0 || n > PROTO_METHOD_MAX)
+    return BEE_ETOOBIG;
+  bool set = is_oneway ? oneway != NULL : cb != NULL;
+  proto_method **pp, *m = method_entry(h, method, n, set, &pp);
+  if (!m)
+    return set ? -ENOMEM : 0;
+  if (is_oneway) {
+    m->oneway = oneway;
+    m->oneway_data = data;
+  } else {
+    m->cb = cb;
+    m->data = data;
   }
-  if (!m) {
-    if (!(m = calloc(1, sizeof *m)))
-      return -ENOMEM;
-    memcpy(m->name, method, n + 1);
-    m->next = h->methods;
-    h->methods = m;
+  if (!m->cb && !m->oneway) {
+    *pp = m->next;
+    free(m);
   }
-  m->cb = cb;
-  m->data = data;
   return 0;
+}
+
+int proto_host_on(proto_host *h, const char *method, proto_request_cb cb,
+                  void *data) {
+  return method_set(h, method, cb, NULL, false, data);
+}
+
+int proto_host_on_oneway(proto_host *h, const char *method, proto_oneway_cb cb,
+                         void *data) {
+  return method_set(h, method, NULL, cb, true, data);
 }
 
 const proto_method *proto__host_method(const proto_host *h, proto_bytes name) {
@@ -241,7 +267,10 @@ void proto__host_conn_up(proto_host *h, proto_conn *c) {
     if (cmp >= 0) { /* the new one goes; the caller gets the old one */
       proto_connect_cb cb = c->connect_cb;
       c->connect_cb = NULL;
-      proto_conn_close(c, 0, "duplicate connection");
+      /* Not used for sending from now on, but read for a grace: the peer
+       * may have sent on it before it saw the other one come up, and
+       * what it sent must not be lost. */
+      c->retire_ms = proto__now_ms(h) + PROTO_RETIRE_MS;
       if (cb)
         cb(h, old, 0, c->connect_arg);
       return;

@@ -64,6 +64,27 @@ int proto__rd_head(proto_rd *r, int want, uint32_t nfields, int *type);
 int proto__rd_family_head(proto_rd *r, int first, int count,
                           const uint8_t *nfields, int *type);
 
+/* String checks shared by the records (records.c) and the group messages
+ * (group-msg.c): a run name ([A-Za-z0-9._-], 1..PROTO_RUN_MAX bytes),
+ * matchmaking group bits ('0' and '1', possibly none), an address to dial
+ * (non-empty printable ASCII without spaces). */
+bool proto__run_ok(const uint8_t *s, size_t n);
+bool proto__bits_ok(const uint8_t *s, size_t n);
+bool proto__addr_ok(const uint8_t *s, size_t n);
+/* The length of the C string s kept in an array of cap bytes, checked
+ * with ok: BEE_ETOOBIG when the array holds no NUL, BEE_ERANGE when ok
+ * refuses it. */
+int proto__str_check(const char *s, size_t cap,
+                     bool (*ok)(const uint8_t *, size_t), size_t *n);
+/* Reads a str of at most max bytes that ok accepts into out (max + 1
+ * bytes), NUL-terminated. */
+int proto__rd_cstr(proto_rd *r, char *out, size_t max,
+                   bool (*ok)(const uint8_t *, size_t));
+/* A uint no larger than max (else BEE_ERANGE). */
+int proto__rd_uint_max(proto_rd *r, uint64_t max, uint64_t *v);
+/* A PROTO_MODE_* (a uint up to PROTO_MODE_AUX). */
+int proto__rd_mode(proto_rd *r, int *mode);
+
 /* ---- writer ------------------------------------------------------------ */
 
 /* msgpack-c's packer writing into a caller's fixed buffer.  The first
@@ -193,8 +214,10 @@ typedef struct proto_call {
 typedef struct proto_method {
   struct proto_method *next;
   char name[PROTO_METHOD_MAX + 1];
-  proto_request_cb cb;
+  proto_request_cb cb;     /* requests, or NULL */
   void *data;
+  proto_oneway_cb oneway;  /* one-way messages, or NULL */
+  void *oneway_data;
 } proto_method;
 
 struct proto_conn {

@@ -165,6 +165,10 @@ enum proto_type {
   PROTO_T_AVG_PART = 60,    /* averaging round, see proto_avg_msg */
   PROTO_T_AVG_RESULT = 61,
   PROTO_T_AVG_ABORT = 62,
+  PROTO_T_AVG_JOIN = 63,    /* matchmaking, see proto_group_msg */
+  PROTO_T_AVG_REPLY = 64,
+  PROTO_T_AVG_BEGIN = 65,
+  PROTO_T_AVG_LEAVE = 66,
 };
 
 /* One envelope message, decoded.  Views point into the decoded buffer.
@@ -638,6 +642,89 @@ int proto_avg_header_encode(const proto_avg_msg *m, uint8_t *buf, size_t cap,
 int proto_avg_decode(const uint8_t *buf, size_t len, proto_avg_msg *m);
 
 /* ------------------------------------------------------------------------ */
+/* Matchmaking payloads (issue 4): how peers that declared themselves under
+ * one group key (a PROTO_REC_MATCH record) form a group with a leader
+ * (averager/match.c).  docs/PROTOCOL.md, section 11, has the layouts:
+ *   JOIN  [1, 63, nonce, expiration, run, round, bits, addr, schema_hash,
+ *          mode, bandwidth, weight]
+ *   REPLY [1, 64, nonce, code, leader or nil, leader_addr or nil]
+ *   BEGIN [1, 65, group, round, [[id, addr, mode, bandwidth, weight]...]]
+ *   LEAVE [1, 66, code, leader or nil, leader_addr or nil]
+ * The sender of each is the authenticated peer the transport says it came
+ * from; no message names its own sender.                                  */
+
+/* Members a BEGIN lists, at most (the averager's AVG_GROUP_MAX). */
+#define PROTO_GROUP_MEMBERS_MAX 1024
+
+/* REPLY codes: why a would-be leader accepted or refused a JOIN. */
+enum proto_join_code {
+  PROTO_JOIN_ACCEPTED = 0,
+  PROTO_JOIN_NOT_LOOKING = 1,  /* not matchmaking for this round now */
+  PROTO_JOIN_BAD_SCHEMA = 2,   /* another tensor layout */
+  PROTO_JOIN_BAD_KEY = 3,      /* another run, round or group bits */
+  PROTO_JOIN_GROUP_FULL = 4,
+  PROTO_JOIN_NOT_A_LEADER = 5, /* a follower itself: leader = its leader */
+  PROTO_JOIN_YOU_LEAD = 6,     /* the asker comes first in the order */
+  PROTO_JOIN_BAD_EXPIRATION = 7, /* not the expiration the asker declared
+                                    could be, or already past */
+  PROTO_JOIN_CODE_MAX = 7,
+};
+/* LEAVE codes: why a leader let its followers go, or a follower left. */
+enum proto_leave_code {
+  PROTO_LEAVE_DISBANDED = 1, /* leader: too few members at its start */
+  PROTO_LEAVE_MOVED = 2,     /* leader: joined another leader (leader set) */
+  PROTO_LEAVE_GONE = 3,      /* either side: stopped matchmaking */
+  PROTO_LEAVE_CODE_MAX = 3,
+};
+
+typedef struct proto_group_member {
+  uint8_t id[PROTO_ID_BYTES];
+  char addr[PROTO_ADDR_MAX];     /* as in proto_match */
+  int mode;                      /* PROTO_MODE_* */
+  double bandwidth_mbit;         /* finite, > 0 */
+  double weight;                 /* finite, >= 0 */
+} proto_group_member;
+
+/* One matchmaking message.  Which fields a type uses:
+ *   JOIN   nonce, expiration (the asker's declared start, unix seconds),
+ *          info (the asker's proto_match fields)
+ *   REPLY  nonce (the JOIN's), code (PROTO_JOIN_*), has_leader + leader +
+ *          leader_addr (with NOT_A_LEADER: the one to ask instead)
+ *   BEGIN  group, round, nmembers + members (the order of the round)
+ *   LEAVE  code (PROTO_LEAVE_*), has_leader + leader + leader_addr (with
+ *          MOVED: where the group went)
+ * Strings are NUL-terminated copies; the decoder owns nothing else. */
+typedef struct proto_group_msg {
+  int type;
+  uint64_t nonce;
+  uint64_t expiration;
+  proto_match info;
+  uint32_t code;
+  bool has_leader;
+  uint8_t leader[PROTO_ID_BYTES];
+  char leader_addr[PROTO_ADDR_MAX];
+  uint8_t group[PROTO_AVG_GROUP_BYTES];
+  uint64_t round;
+  size_t nmembers;            /* 1..PROTO_GROUP_MEMBERS_MAX */
+  proto_group_member *members; /* encode: read; decode: the caller's */
+} proto_group_msg;
+
+/* Upper bound on the encoding of m. */
+size_t proto_group_encoded_max(const proto_group_msg *m);
+/* Refuses, before writing anything, what proto_group_decode would refuse
+ * (BEE_EUNKNOWN, BEE_ERANGE, BEE_ETOOBIG as for the records); a buf
+ * smaller than the encoding is BEE_ETOOBIG. */
+int proto_group_encode(const proto_group_msg *m, uint8_t *buf, size_t cap,
+                       size_t *len);
+/* Strict decode of one matchmaking message that fills buf exactly, with
+ * the codes of docs/PROTOCOL.md sections 2 and 11.  A BEGIN's members go
+ * into members (cap entries; more is BEE_ETOOBIG), which m->members then
+ * points to; other types leave them alone (cap may be 0).  A BEGIN that
+ * lists one id twice is BEE_ERANGE.  On failure *m is all zero. */
+int proto_group_decode(const uint8_t *buf, size_t len, proto_group_msg *m,
+                       proto_group_member *members, size_t cap);
+
+/* ------------------------------------------------------------------------ */
 /* Session core: handshake and sealed frames, no I/O.                        */
 
 enum proto_cipher {
@@ -802,6 +889,10 @@ size_t proto_host_conn_count(const proto_host *h);
  * get a BEE_ENOMETHOD error reply.  Returns 0, BEE_ETOOBIG or -ENOMEM. */
 int proto_host_on(proto_host *h, const char *method, proto_request_cb cb,
                   void *data);
+/* The same for one-way messages of one method: they go to cb instead of
+ * cfg.on_oneway.  A method may have both handlers. */
+int proto_host_on_oneway(proto_host *h, const char *method, proto_oneway_cb cb,
+                         void *data);
 /* The live control connection to the peer with this id, or NULL.  There is
  * at most one: when two peers connect to each other at once, both keep the
  * connection opened by the peer with the smaller id. */

@@ -71,7 +71,7 @@ static int tag_type(proto_bytes tag) {
 
 /* A run name, as a swarm name: 1..PROTO_RUN_MAX bytes of [A-Za-z0-9._-],
  * safe in a DHT name, a file name and a log line. */
-static bool run_ok(const uint8_t *s, size_t n) {
+bool proto__run_ok(const uint8_t *s, size_t n) {
   if (n == 0)
     return false;
   for (size_t i = 0; i < n; i++) {
@@ -123,7 +123,7 @@ static bool text_ok(const uint8_t *s, size_t n) {
 }
 
 /* Matchmaking group bits: '0' and '1' only, possibly none. */
-static bool bits_ok(const uint8_t *s, size_t n) {
+bool proto__bits_ok(const uint8_t *s, size_t n) {
   for (size_t i = 0; i < n; i++)
     if (s[i] != '0' && s[i] != '1')
       return false;
@@ -134,7 +134,7 @@ static bool bits_ok(const uint8_t *s, size_t n) {
  * spaces.  Host names travel in their ASCII form (IDNs as punycode), so
  * nothing else is ever a valid address, and a peer cannot put control
  * characters into the logs of the nodes that dial it. */
-static bool addr_ok(const uint8_t *s, size_t n) {
+bool proto__addr_ok(const uint8_t *s, size_t n) {
   if (n == 0)
     return false;
   for (size_t i = 0; i < n; i++)
@@ -164,7 +164,7 @@ static bool f64_ok(double v, int cls) {
 /* Length of the C string s kept in an array of cap bytes, checked with ok:
  * BEE_ETOOBIG when the array holds no NUL (the string would be over its
  * limit of cap - 1 bytes), BEE_ERANGE when ok refuses it. */
-static int str_check(const char *s, size_t cap,
+int proto__str_check(const char *s, size_t cap,
                      bool (*ok)(const uint8_t *, size_t), size_t *n) {
   *n = strnlen(s, cap);
   if (*n == cap)
@@ -220,7 +220,7 @@ static int rd_tail(proto_rd *r, uint32_t extra) {
 /* Reads a str of at most max bytes that ok accepts into out (max + 1
  * bytes), NUL-terminated.  None of the strings may hold a NUL: each
  * predicate refuses it. */
-static int rd_cstr(proto_rd *r, char *out, size_t max,
+int proto__rd_cstr(proto_rd *r, char *out, size_t max,
                    bool (*ok)(const uint8_t *, size_t)) {
   proto_bytes b;
   int rc = proto__rd_str(r, &b, max);
@@ -234,23 +234,23 @@ static int rd_cstr(proto_rd *r, char *out, size_t max,
 }
 
 static int rd_run(proto_rd *r, char out[PROTO_RUN_MAX + 1]) {
-  return rd_cstr(r, out, PROTO_RUN_MAX, run_ok);
+  return proto__rd_cstr(r, out, PROTO_RUN_MAX, proto__run_ok);
 }
 
 static int rd_addr(proto_rd *r, char out[PROTO_ADDR_MAX]) {
-  return rd_cstr(r, out, PROTO_ADDR_MAX - 1, addr_ok);
+  return proto__rd_cstr(r, out, PROTO_ADDR_MAX - 1, proto__addr_ok);
 }
 
-static int rd_max(proto_rd *r, uint64_t max, uint64_t *v) {
+int proto__rd_uint_max(proto_rd *r, uint64_t max, uint64_t *v) {
   int rc = proto__rd_uint(r, v);
   if (rc)
     return rc;
   return *v > max ? BEE_ERANGE : 0;
 }
 
-static int rd_mode(proto_rd *r, int *mode) {
+int proto__rd_mode(proto_rd *r, int *mode) {
   uint64_t v;
-  int rc = rd_max(r, PROTO_MODE_AUX, &v);
+  int rc = proto__rd_uint_max(r, PROTO_MODE_AUX, &v);
   if (rc == 0)
     *mode = (int)v;
   return rc;
@@ -294,12 +294,12 @@ int proto_progress_encode(const proto_progress *p, uint8_t *buf, size_t cap,
   size_t run_n, label_n;
   proto_wr w;
   int rc;
-  if ((rc = str_check(p->run, sizeof p->run, run_ok, &run_n)))
+  if ((rc = proto__str_check(p->run, sizeof p->run, proto__run_ok, &run_n)))
     return rc;
   if (!f64_ok(p->samples_per_second, F_NONNEG) || p->mode < 0 ||
       !mode_ok((uint64_t)p->mode))
     return BEE_ERANGE;
-  if ((rc = str_check(p->label, sizeof p->label, text_ok, &label_n)))
+  if ((rc = proto__str_check(p->label, sizeof p->label, text_ok, &label_n)))
     return rc;
   proto__wr_init(&w, buf, cap);
   wr_head(&w, PROTO_REC_PROGRESS);
@@ -323,8 +323,8 @@ int proto_progress_decode(const uint8_t *buf, size_t len, proto_progress *out) {
       (rc = proto__rd_uint(&r, &out->samples)) ||
       (rc = rd_float(&r, F_NONNEG, &out->samples_per_second)) ||
       (rc = proto__rd_uint(&r, &out->time_ms)) ||
-      (rc = rd_mode(&r, &out->mode)) ||
-      (rc = rd_cstr(&r, out->label, PROTO_LABEL_MAX, text_ok)) ||
+      (rc = proto__rd_mode(&r, &out->mode)) ||
+      (rc = proto__rd_cstr(&r, out->label, PROTO_LABEL_MAX, text_ok)) ||
       (rc = rd_tail(&r, extra)))
     memset(out, 0, sizeof *out);
   return rc;
@@ -333,7 +333,7 @@ int proto_progress_decode(const uint8_t *buf, size_t len, proto_progress *out) {
 /* ---- metrics ----------------------------------------------------------- */
 
 static int metrics_check(const proto_metrics *m, size_t *run_n) {
-  int rc = str_check(m->run, sizeof m->run, run_ok, run_n);
+  int rc = proto__str_check(m->run, sizeof m->run, proto__run_ok, run_n);
   if (rc)
     return rc;
   if ((m->has_loss && !f64_ok(m->loss, F_ANY)) ||
@@ -387,7 +387,7 @@ int proto_metrics_decode(const uint8_t *buf, size_t len, proto_metrics *out) {
       (rc = rd_float(&r, F_NONNEG, &out->averaging_s)) ||
       (rc = proto__rd_uint(&r, &out->bytes_sent)) ||
       (rc = proto__rd_uint(&r, &out->bytes_received)) ||
-      (rc = rd_max(&r, PROTO_GROUP_MAX, &out->group_size)) ||
+      (rc = proto__rd_uint_max(&r, PROTO_GROUP_MAX, &out->group_size)) ||
       (rc = rd_float(&r, F_NONNEG, &out->grad_sq_local)) ||
       (rc = proto__rd_uint(&r, &out->batch_local)) ||
       (rc = rd_float(&r, F_NONNEG, &out->grad_sq_avg)) ||
@@ -402,9 +402,10 @@ int proto_metrics_decode(const uint8_t *buf, size_t len, proto_metrics *out) {
 static int match_check(const proto_match *m, size_t *run_n, size_t *bits_n,
                        size_t *addr_n) {
   int rc;
-  if ((rc = str_check(m->run, sizeof m->run, run_ok, run_n)) ||
-      (rc = str_check(m->bits, sizeof m->bits, bits_ok, bits_n)) ||
-      (rc = str_check(m->addr, sizeof m->addr, addr_ok, addr_n)))
+  if ((rc = proto__str_check(m->run, sizeof m->run, proto__run_ok, run_n)) ||
+      (rc =
+           proto__str_check(m->bits, sizeof m->bits, proto__bits_ok, bits_n)) ||
+      (rc = proto__str_check(m->addr, sizeof m->addr, proto__addr_ok, addr_n)))
     return rc;
   if (m->mode < 0 || !mode_ok((uint64_t)m->mode) ||
       !f64_ok(m->bandwidth_mbit, F_POS) || !f64_ok(m->weight, F_NONNEG))
@@ -439,10 +440,10 @@ int proto_match_decode(const uint8_t *buf, size_t len, proto_match *out) {
   memset(out, 0, sizeof *out);
   if ((rc = rd_head(&r, buf, len, PROTO_REC_MATCH, &extra)) ||
       (rc = rd_run(&r, out->run)) || (rc = proto__rd_uint(&r, &out->round)) ||
-      (rc = rd_cstr(&r, out->bits, PROTO_BITS_MAX, bits_ok)) ||
+      (rc = proto__rd_cstr(&r, out->bits, PROTO_BITS_MAX, proto__bits_ok)) ||
       (rc = rd_addr(&r, out->addr)) ||
       (rc = proto__rd_fixbin(&r, out->schema_hash, PROTO_SCHEMA_HASH_BYTES)) ||
-      (rc = rd_mode(&r, &out->mode)) ||
+      (rc = proto__rd_mode(&r, &out->mode)) ||
       (rc = rd_float(&r, F_POS, &out->bandwidth_mbit)) ||
       (rc = rd_float(&r, F_NONNEG, &out->weight)) || (rc = rd_tail(&r, extra)))
     memset(out, 0, sizeof *out);
@@ -456,8 +457,8 @@ int proto_donor_encode(const proto_donor *d, uint8_t *buf, size_t cap,
   size_t run_n, addr_n;
   proto_wr w;
   int rc;
-  if ((rc = str_check(d->run, sizeof d->run, run_ok, &run_n)) ||
-      (rc = str_check(d->addr, sizeof d->addr, addr_ok, &addr_n)))
+  if ((rc = proto__str_check(d->run, sizeof d->run, proto__run_ok, &run_n)) ||
+      (rc = proto__str_check(d->addr, sizeof d->addr, proto__addr_ok, &addr_n)))
     return rc;
   if (d->slots > PROTO_DONOR_SLOTS_MAX)
     return BEE_ERANGE;
@@ -478,7 +479,7 @@ int proto_donor_decode(const uint8_t *buf, size_t len, proto_donor *out) {
   if ((rc = rd_head(&r, buf, len, PROTO_REC_DONOR, &extra)) ||
       (rc = rd_run(&r, out->run)) || (rc = rd_addr(&r, out->addr)) ||
       (rc = proto__rd_uint(&r, &out->epoch)) ||
-      (rc = rd_max(&r, PROTO_DONOR_SLOTS_MAX, &out->slots)) ||
+      (rc = proto__rd_uint_max(&r, PROTO_DONOR_SLOTS_MAX, &out->slots)) ||
       (rc = rd_tail(&r, extra)))
     memset(out, 0, sizeof *out);
   return rc;

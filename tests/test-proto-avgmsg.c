@@ -5,21 +5,10 @@
  */
 #include "proto.h"
 #include "test.h"
+#include "testlib.h"
 
 #define CODEC_NONE 0 /* averager's AVG_NONE: the codec is a plain number here */
 
-static size_t unhex(const char *h, uint8_t *out) {
-  size_t n = 0;
-  for (; *h; h++) {
-    if (*h == ' ')
-      continue;
-    unsigned v;
-    ASSERT(sscanf(h, "%2x", &v) == 1);
-    out[n++] = (uint8_t)v;
-    h++;
-  }
-  return n;
-}
 
 #define G "c4 10 5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a "
 
@@ -60,7 +49,7 @@ static void test_msg(void) {
   };
   uint8_t buf[256], again[256];
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    size_t n = unhex(cases[i].hex, buf), len;
+    size_t n = test_unhex(cases[i].hex, buf), len;
     proto_avg_msg m;
     int rc = proto_avg_decode(buf, n, &m);
     if (rc != cases[i].rc)
@@ -86,7 +75,7 @@ static void test_msg(void) {
   memset(m.group, 0x5a, sizeof m.group);
   size_t len, hlen;
   ASSERT_OK(proto_avg_encode(&m, buf, sizeof buf, &len));
-  size_t n = unhex("98 01 3c " G "03 11 00 cb 4040000000000000 c4 10 "
+  size_t n = test_unhex("98 01 3c " G "03 11 00 cb 4040000000000000 c4 10 "
                    "0000c03f 000000c0 0000803e 00004040",
                    again);
   ASSERT_UEQ(len, n);
@@ -116,7 +105,7 @@ static void test_msg(void) {
   uint8_t *huge = malloc(big + 64);
   ASSERT(huge != NULL);
   memset(huge, 0, big + 64);
-  n = unhex("97 01 3d " G "11 04 05 c6", huge);
+  n = test_unhex("97 01 3d " G "11 04 05 c6", huge);
   huge[n++] = (uint8_t)(big >> 24), huge[n++] = (uint8_t)(big >> 16);
   huge[n++] = (uint8_t)(big >> 8), huge[n++] = (uint8_t)big;
   ASSERT_RC(proto_avg_decode(huge, n + big, &m), BEE_ETOOBIG);

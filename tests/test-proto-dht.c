@@ -8,6 +8,7 @@
  */
 #include "proto.h"
 #include "test.h"
+#include "testlib.h"
 
 #include <sodium.h>
 
@@ -26,45 +27,35 @@ static proto_bytes bytes(const void *p, size_t n) {
 
 /* ---- hand-built msgpack -------------------------------------------------- */
 
-/* Inputs the encoder refuses to write.  Counts and lengths take 16-bit
- * headers and integers 8-byte ones: the decoder accepts any width. */
-static uint8_t hb[1 << 16];
-static size_t hn;
-
-static void h_byte(uint8_t b) {
-  ASSERT(hn < sizeof hb);
-  hb[hn++] = b;
-}
-static void h_be(uint64_t v, int n) {
-  for (int i = n - 1; i >= 0; i--)
-    h_byte((uint8_t)(v >> (8 * i)));
-}
-static void h_arr(size_t n) { h_byte(0xdc), h_be(n, 2); }
-static void h_nil(void) { h_byte(0xc0); }
+/* Inputs the encoder refuses to write, on testlib's hb_ writers.  Counts
+ * and lengths take 16-bit headers; unlike testlib's hb_uint, integers
+ * below 128 take one byte (a test patches the version at test_hb[3]),
+ * and strs and bins are n bytes of a fill. */
+static void h_nil(void) { hb_byte(0xc0); }
 static void h_uint(uint64_t v) {
   if (v < 128)
-    h_byte((uint8_t)v);
+    hb_byte((uint8_t)v);
   else
-    h_byte(0xcf), h_be(v, 8);
+    hb_byte(0xcf), hb_be(v, 8);
 }
 static void h_int(int64_t v) {
   if (v >= 0)
     h_uint((uint64_t)v);
   else
-    h_byte(0xd3), h_be((uint64_t)v, 8);
+    hb_byte(0xd3), hb_be((uint64_t)v, 8);
 }
 /* A bin (or str) of n bytes: first, then fill. */
 static void h_blob(bool str, size_t n, uint8_t first, uint8_t fill) {
-  h_byte(str ? 0xda : 0xc5), h_be(n, 2);
+  hb_byte(str ? 0xda : 0xc5), hb_be(n, 2);
   for (size_t i = 0; i < n; i++)
-    h_byte(i == 0 ? first : fill);
+    hb_byte(i == 0 ? first : fill);
 }
 static void h_bin(size_t n) { h_blob(false, n, 'b', 'b'); }
 static void h_str(size_t n, uint8_t fill) { h_blob(true, n, fill, fill); }
 /* Starts a new message [1, type, nfields more]. */
 static void h_head(uint64_t type, size_t nfields) {
-  hn = 0;
-  h_arr(2 + nfields), h_uint(1), h_uint(type);
+  test_hn = 0;
+  hb_arr(2 + nfields), h_uint(1), h_uint(type);
 }
 /* A failed decode leaves the message reading as empty: no type, no
  * port, time, key or flags, and every count 0. */
@@ -82,7 +73,7 @@ static void assert_empty(const proto_dht_msg *x) {
 
 /* Decodes the hand-built message; a failure must leave m empty. */
 static int h_decode(void) {
-  int rc = proto_dht_decode(hb, hn, &m);
+  int rc = proto_dht_decode(test_hb, test_hn, &m);
   if (rc)
     assert_empty(&m);
   return rc;
@@ -102,7 +93,7 @@ typedef struct rec {
 } rec;
 
 static void h_record(const rec *s) {
-  h_arr(s->nelem);
+  hb_arr(s->nelem);
   for (uint32_t i = 0; i < s->nelem; i++) {
     switch (i) {
     case 0: h_bin(s->key); break;
@@ -128,7 +119,7 @@ static void h_record(const rec *s) {
 /* A STORE of one hand-built record. */
 static int store_one(rec s) {
   h_head(PROTO_T_DHT_STORE, 3);
-  h_uint(45555), h_uint(1700000000), h_arr(1);
+  h_uint(45555), h_uint(1700000000), hb_arr(1);
   h_record(&s);
   return h_decode();
 }
@@ -265,7 +256,7 @@ static void test_ping_pong(void) {
   ASSERT_RC(h_decode(), BEE_ETYPE);
   h_head(PROTO_T_DHT_PING, 2), h_uint(1), h_uint(2);
   ASSERT_OK(h_decode());
-  hb[3] = 2; /* the version, after the 3-byte array header */
+  test_hb[3] = 2; /* the version, after the 3-byte array header */
   ASSERT_RC(h_decode(), BEE_EVERSION);
   const uint64_t others[] = {49, 56, PROTO_T_PING, PROTO_T_SWARM_HELLO, 300};
   for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
@@ -274,11 +265,11 @@ static void test_ping_pong(void) {
   }
   h_head(PROTO_T_DHT_PING, 0);
   ASSERT_RC(h_decode(), BEE_EMISSING);
-  hn = 0, h_uint(5);
+  test_hn = 0, h_uint(5);
   ASSERT_RC(h_decode(), BEE_ETYPE);
-  hn = 0, h_byte(0xc1);
+  test_hn = 0, hb_byte(0xc1);
   ASSERT_RC(h_decode(), BEE_EMALFORMED);
-  ASSERT_RC(proto_dht_decode(hb, 0, &m), BEE_ETRUNCATED);
+  ASSERT_RC(proto_dht_decode(test_hb, 0, &m), BEE_ETRUNCATED);
 
   /* PONG's address. */
   h_head(PROTO_T_DHT_PONG, 2), h_uint(1), h_str(PROTO_ADDR_MAX, 'a');
@@ -383,18 +374,18 @@ static void test_store(const proto_identity *id) {
   ASSERT_RC(store_one(s), BEE_ERANGE);
 
   /* The record list itself. */
-  h_head(PROTO_T_DHT_STORE, 3), h_uint(1), h_uint(1), h_arr(0);
+  h_head(PROTO_T_DHT_STORE, 3), h_uint(1), h_uint(1), hb_arr(0);
   ASSERT_RC(h_decode(), BEE_ERANGE);
   h_head(PROTO_T_DHT_STORE, 3), h_uint(1), h_uint(1), h_nil();
   ASSERT_RC(h_decode(), BEE_ETYPE);
   h_head(PROTO_T_DHT_STORE, 3), h_uint(1), h_uint(1);
-  h_arr(PROTO_DHT_RECORDS_MAX + 1);
+  hb_arr(PROTO_DHT_RECORDS_MAX + 1);
   for (size_t i = 0; i <= PROTO_DHT_RECORDS_MAX; i++)
     h_record(&good);
   ASSERT_RC(h_decode(), BEE_ETOOBIG);
   /* A count the bytes cannot back. */
   h_head(PROTO_T_DHT_STORE, 3), h_uint(1), h_uint(1);
-  h_byte(0xdd), h_be(0xffffffff, 4);
+  hb_byte(0xdd), hb_be(0xffffffff, 4);
   ASSERT_RC(h_decode(), BEE_ETRUNCATED);
 }
 
@@ -418,19 +409,19 @@ static void test_stored(void) {
 
   const int64_t bad[] = {1, (int64_t)INT32_MIN - 1, INT64_MIN};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    h_head(PROTO_T_DHT_STORED, 2), h_uint(1), h_arr(1), h_int(bad[i]);
+    h_head(PROTO_T_DHT_STORED, 2), h_uint(1), hb_arr(1), h_int(bad[i]);
     ASSERT_RC(h_decode(), BEE_ERANGE);
   }
-  h_head(PROTO_T_DHT_STORED, 2), h_uint(1), h_arr(1), h_uint(UINT64_MAX);
+  h_head(PROTO_T_DHT_STORED, 2), h_uint(1), hb_arr(1), h_uint(UINT64_MAX);
   ASSERT_RC(h_decode(), BEE_ERANGE);
-  h_head(PROTO_T_DHT_STORED, 2), h_uint(1), h_arr(1), h_nil();
+  h_head(PROTO_T_DHT_STORED, 2), h_uint(1), hb_arr(1), h_nil();
   ASSERT_RC(h_decode(), BEE_ETYPE);
-  h_head(PROTO_T_DHT_STORED, 2), h_uint(1), h_arr(2), h_int(INT32_MIN),
+  h_head(PROTO_T_DHT_STORED, 2), h_uint(1), hb_arr(2), h_int(INT32_MIN),
       h_int(0);
   ASSERT_OK(h_decode());
   ASSERT_EQ(m.results[0], INT32_MIN);
   h_head(PROTO_T_DHT_STORED, 2), h_uint(1);
-  h_arr(PROTO_DHT_RECORDS_MAX + 1);
+  hb_arr(PROTO_DHT_RECORDS_MAX + 1);
   for (size_t i = 0; i <= PROTO_DHT_RECORDS_MAX; i++)
     h_int(0);
   ASSERT_RC(h_decode(), BEE_ETOOBIG);
@@ -443,13 +434,13 @@ static void test_find(void) {
   m.want_value = true, m.port = 65535, m.now = UINT64_MAX;
   roundtrip(true);
 
-  h_head(PROTO_T_DHT_FIND, 4), h_uint(1), h_uint(2), h_bin(20), h_byte(0xc3);
+  h_head(PROTO_T_DHT_FIND, 4), h_uint(1), h_uint(2), h_bin(20), hb_byte(0xc3);
   ASSERT_OK(h_decode());
   ASSERT_EQ(m.want_value, true);
-  h_head(PROTO_T_DHT_FIND, 4), h_uint(1), h_uint(2), h_bin(19), h_byte(0xc3);
+  h_head(PROTO_T_DHT_FIND, 4), h_uint(1), h_uint(2), h_bin(19), hb_byte(0xc3);
   ASSERT_RC(h_decode(), BEE_ERANGE);
   h_head(PROTO_T_DHT_FIND, 4), h_uint(1), h_uint(2), h_str(20, 'k'),
-      h_byte(0xc3);
+      hb_byte(0xc3);
   ASSERT_RC(h_decode(), BEE_ETYPE);
   h_head(PROTO_T_DHT_FIND, 4), h_uint(1), h_uint(2), h_bin(20), h_uint(1);
   ASSERT_RC(h_decode(), BEE_ETYPE);
@@ -466,10 +457,10 @@ static int found_with(size_t nrec, size_t id, size_t addr, uint8_t fill,
   if (nrec == 0)
     h_nil();
   else
-    h_arr(nrec);
+    hb_arr(nrec);
   for (size_t i = 0; i < nrec; i++)
     h_record(&good);
-  h_arr(1), h_arr(contact_elems);
+  hb_arr(1), hb_arr(contact_elems);
   for (uint32_t i = 0; i < contact_elems; i++)
     if (i == 0)
       h_bin(id);
@@ -540,14 +531,14 @@ static void test_found(const proto_identity *id) {
   ASSERT_RC(found_with(0, 20, 9, 'a', 1), BEE_EMISSING);
   ASSERT_RC(found_with(0, 20, 9, 'a', 3), BEE_ETYPE);
   /* An empty record array would make "found" ambiguous. */
-  h_head(PROTO_T_DHT_FOUND, 3), h_uint(1), h_arr(0), h_arr(0);
+  h_head(PROTO_T_DHT_FOUND, 3), h_uint(1), hb_arr(0), hb_arr(0);
   ASSERT_RC(h_decode(), BEE_ERANGE);
-  h_head(PROTO_T_DHT_FOUND, 3), h_uint(1), h_byte(0xc2), h_arr(0);
+  h_head(PROTO_T_DHT_FOUND, 3), h_uint(1), hb_byte(0xc2), hb_arr(0);
   ASSERT_RC(h_decode(), BEE_ETYPE);
   h_head(PROTO_T_DHT_FOUND, 3), h_uint(1), h_nil();
-  h_arr(PROTO_DHT_NODES_MAX + 1);
+  hb_arr(PROTO_DHT_NODES_MAX + 1);
   for (size_t i = 0; i <= PROTO_DHT_NODES_MAX; i++)
-    h_arr(2), h_bin(20), h_str(3, 'a');
+    hb_arr(2), h_bin(20), h_str(3, 'a');
   ASSERT_RC(h_decode(), BEE_ETOOBIG);
   h_head(PROTO_T_DHT_FOUND, 3), h_uint(1), h_nil(), h_nil();
   ASSERT_RC(h_decode(), BEE_ETYPE);

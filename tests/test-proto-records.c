@@ -11,47 +11,11 @@
  */
 #include "proto.h"
 #include "test.h"
+#include "testlib.h"
 
 #include <float.h>
 #include <math.h>
 #include <sodium.h>
-
-/* ---- hand-built msgpack -------------------------------------------------- */
-
-/* Values the encoders refuse to write.  Counts and lengths take 16-bit
- * headers and integers 8-byte ones: the decoders accept any width. */
-static uint8_t hb[PROTO_DHT_VALUE_MAX + 64];
-static size_t hn;
-
-static void h_byte(uint8_t b) {
-  ASSERT(hn < sizeof hb);
-  hb[hn++] = b;
-}
-static void h_be(uint64_t v, int n) {
-  for (int i = n - 1; i >= 0; i--)
-    h_byte((uint8_t)(v >> (8 * i)));
-}
-static void h_raw(const void *p, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    h_byte(((const uint8_t *)p)[i]);
-}
-static void h_arr(size_t n) { h_byte(0xdc), h_be(n, 2); }
-static void h_uint(uint64_t v) { h_byte(0xcf), h_be(v, 8); }
-static void h_f64(double v) {
-  uint64_t bits;
-  memcpy(&bits, &v, sizeof bits);
-  h_byte(0xcb), h_be(bits, 8);
-}
-/* A str (bin when bin is set) of n bytes, each fill. */
-static void h_fill(bool bin, size_t n, uint8_t fill) {
-  h_byte(bin ? 0xc5 : 0xda), h_be(n, 2);
-  for (size_t i = 0; i < n; i++)
-    h_byte(fill);
-}
-static void h_str(const char *s) {
-  size_t n = strlen(s);
-  h_byte(0xda), h_be(n, 2), h_raw(s, n);
-}
 
 /* ---- the four schemas, as the test sees them ----------------------------- */
 
@@ -95,18 +59,18 @@ static const schema schemas[] = {
 /* A good value for a field of kind k. */
 static void h_good(enum kind k) {
   switch (k) {
-  case K_RUN: h_str("demo-1.b_c"); break;
-  case K_UINT: h_uint(7); break;
-  case K_F64: h_f64(1.5); break;
-  case K_POS: h_f64(2.5); break;
-  case K_LOSS: h_f64(-0.25); break;
-  case K_LABEL: h_str("epoch 3 \xc3\xa9t\xc3\xa9 \xe2\x82\xac"); break;
-  case K_MODE: h_uint(1); break;
-  case K_GROUP: h_uint(4); break;
-  case K_BITS: h_str("0110"); break;
-  case K_ADDR: h_str("[2001:db8::1]:45555"); break;
-  case K_HASH: h_fill(true, 32, 0x5c); break;
-  case K_SLOTS: h_uint(3); break;
+  case K_RUN: hb_str("demo-1.b_c"); break;
+  case K_UINT: hb_uint(7); break;
+  case K_F64: hb_f64(1.5); break;
+  case K_POS: hb_f64(2.5); break;
+  case K_LOSS: hb_f64(-0.25); break;
+  case K_LABEL: hb_str("epoch 3 \xc3\xa9t\xc3\xa9 \xe2\x82\xac"); break;
+  case K_MODE: hb_uint(1); break;
+  case K_GROUP: hb_uint(4); break;
+  case K_BITS: hb_str("0110"); break;
+  case K_ADDR: hb_str("[2001:db8::1]:45555"); break;
+  case K_HASH: hb_fill(true, 32, 0x5c); break;
+  case K_SLOTS: hb_uint(3); break;
   }
 }
 
@@ -235,19 +199,19 @@ static const subst substs[] = {
  * after the known ones). */
 static void h_value(const schema *s, size_t bad, const subst *x, size_t nfields,
                     uint64_t version) {
-  hn = 0;
-  h_arr(2 + nfields);
-  h_str(s->tag);
-  h_uint(version);
+  test_hn = 0;
+  hb_arr(2 + nfields);
+  hb_str(s->tag);
+  hb_uint(version);
   for (size_t i = 0; i < nfields; i++) {
     if (i >= s->n)
-      h_uint(i);
+      hb_uint(i);
     else if (i != bad)
       h_good(s->k[i]);
     else if (x->raw)
-      h_raw(x->raw, x->raw_n);
+      hb_raw(x->raw, x->raw_n);
     else
-      h_fill(x->is_bin, x->fill_n, (uint8_t)x->fill);
+      hb_fill(x->is_bin, x->fill_n, (uint8_t)x->fill);
   }
 }
 
@@ -323,17 +287,6 @@ static int check(const uint8_t *value, size_t n, const uint8_t *key, bool owner,
   return proto_record_check(&r, type);
 }
 
-/* ASSERT_RC with a printf-style context for table-driven checks. */
-#define ASSERT_CODE(rc, want, ...)                                             \
-  do {                                                                         \
-    int rc_ = (rc), want_ = (want);                                            \
-    if (rc_ != want_) {                                                        \
-      char ctx_[256];                                                          \
-      snprintf(ctx_, sizeof ctx_, __VA_ARGS__);                                \
-      FAIL("%s: %s, want %s", ctx_, bee_errname(rc_), bee_errname(want_));     \
-    }                                                                          \
-  } while (0)
-
 /* Every prefix of buf[0..len), each in a buffer of its own size (so ASan
  * sees any over-read), is BEE_ETRUNCATED; one byte more BEE_ETRAILING.
  * proto_record_check judges every prefix that holds the whole tag as the
@@ -388,18 +341,19 @@ static void test_fields(void) {
         if (!(x->kinds & KB(s->k[f])))
           continue;
         h_value(s, f, x, s->n, 1);
-        ASSERT_CODE(decode_any(s->type, hb, hn, &u), x->code,
+        ASSERT_CODE(decode_any(s->type, test_hb, test_hn, &u), x->code,
                     "%s field %zu: %s", s->tag, f, x->what);
         memset(key, 0, sizeof key);
         if (x->code == 0)
           key_any(s->type, &u, key);
-        ASSERT_CODE(check(hb, hn, key, true, &type), x->code,
+        ASSERT_CODE(check(test_hb, test_hn, key, true, &type), x->code,
                     "check of %s field %zu: %s", s->tag, f, x->what);
         ASSERT_EQ(type, s->type);
         for (size_t oi = 0; oi < NSCHEMAS; oi++)
           if (oi != si)
-            ASSERT_CODE(decode_any(schemas[oi].type, hb, hn, &u), BEE_EUNKNOWN,
-                        "%s decoded as %s", s->tag, schemas[oi].tag);
+            ASSERT_CODE(decode_any(schemas[oi].type, test_hb, test_hn, &u),
+                        BEE_EUNKNOWN, "%s decoded as %s", s->tag,
+                        schemas[oi].tag);
         cases++;
       }
   }
@@ -418,26 +372,26 @@ static void test_shape(void) {
     int type;
     /* The good value itself, cut anywhere. */
     h_value(s, SIZE_MAX, &none, s->n, 1);
-    ASSERT_OK(decode_any(s->type, hb, hn, &base));
-    ASSERT_LE(hn, sizeof good);
-    memcpy(good, hb, hn);
-    good_n = hn;
+    ASSERT_OK(decode_any(s->type, test_hb, test_hn, &base));
+    ASSERT_LE(test_hn, sizeof good);
+    memcpy(good, test_hb, test_hn);
+    good_n = test_hn;
     check_cuts(s->type, good, good_n);
 
     /* Missing fields: every shorter array of a good prefix. */
     for (size_t k = 0; k < 2 + s->n; k++) {
-      hn = 0;
-      h_arr(k);
+      test_hn = 0;
+      hb_arr(k);
       if (k > 0)
-        h_str(s->tag);
+        hb_str(s->tag);
       if (k > 1)
-        h_uint(1);
+        hb_uint(1);
       for (size_t i = 0; i + 2 < k; i++)
         h_good(s->k[i]);
-      ASSERT_CODE(decode_any(s->type, hb, hn, &u), BEE_EMISSING,
+      ASSERT_CODE(decode_any(s->type, test_hb, test_hn, &u), BEE_EMISSING,
                   "%s with %zu elements", s->tag, k);
       if (k > 0)
-        ASSERT_CODE(check(hb, hn, NULL, true, &type), BEE_EMISSING,
+        ASSERT_CODE(check(test_hb, test_hn, NULL, true, &type), BEE_EMISSING,
                     "check of %s with %zu elements", s->tag, k);
     }
 
@@ -445,24 +399,24 @@ static void test_shape(void) {
     static const uint64_t versions[] = {0, 2, 255, UINT64_MAX};
     for (size_t i = 0; i < 4; i++) {
       h_value(s, SIZE_MAX, &none, s->n, versions[i]);
-      ASSERT_CODE(decode_any(s->type, hb, hn, &u), BEE_EVERSION,
+      ASSERT_CODE(decode_any(s->type, test_hb, test_hn, &u), BEE_EVERSION,
                   "%s version %llu", s->tag, (unsigned long long)versions[i]);
-      ASSERT_CODE(check(hb, hn, NULL, true, &type), BEE_EVERSION,
+      ASSERT_CODE(check(test_hb, test_hn, NULL, true, &type), BEE_EVERSION,
                   "check of %s version %llu", s->tag,
                   (unsigned long long)versions[i]);
       ASSERT_EQ(type, s->type);
     }
-    memcpy(hb, good, good_n);
-    hn = good_n;
+    memcpy(test_hb, good, good_n);
+    test_hn = good_n;
     size_t vpos = 3 + 3 + strlen(s->tag); /* after array16 and str16 tag */
-    hb[vpos] = 0xff;                      /* -1 in place of the 0xcf */
-    memmove(hb + vpos + 1, hb + vpos + 9, hn - vpos - 9);
-    hn -= 8;
-    ASSERT_CODE(decode_any(s->type, hb, hn, &u), BEE_EVERSION, "%s version -1",
-                s->tag);
-    hb[vpos] = 0xa1; /* a str "1"... */
-    ASSERT_CODE(decode_any(s->type, hb, hn, &u), BEE_ETYPE, "%s version str",
-                s->tag);
+    test_hb[vpos] = 0xff;                 /* -1 in place of the 0xcf */
+    memmove(test_hb + vpos + 1, test_hb + vpos + 9, test_hn - vpos - 9);
+    test_hn -= 8;
+    ASSERT_CODE(decode_any(s->type, test_hb, test_hn, &u), BEE_EVERSION,
+                "%s version -1", s->tag);
+    test_hb[vpos] = 0xa1; /* a str "1"... */
+    ASSERT_CODE(decode_any(s->type, test_hb, test_hn, &u), BEE_ETYPE,
+                "%s version str", s->tag);
 
     /* The tag: a str, and this type's. */
     /* clang-format off */
@@ -478,29 +432,31 @@ static void test_shape(void) {
     };
     /* clang-format on */
     for (size_t i = 0; i < sizeof tags / sizeof tags[0]; i++) {
-      hn = 0;
-      h_arr(2 + s->n);
-      h_raw(tags[i].raw, tags[i].n);
-      h_uint(1);
+      test_hn = 0;
+      hb_arr(2 + s->n);
+      hb_raw(tags[i].raw, tags[i].n);
+      hb_uint(1);
       for (size_t f = 0; f < s->n; f++)
         h_good(s->k[f]);
-      ASSERT_CODE(decode_any(s->type, hb, hn, &u), tags[i].code,
+      ASSERT_CODE(decode_any(s->type, test_hb, test_hn, &u), tags[i].code,
                   "%s with tag %zu", s->tag, i);
     }
     /* The tag with a character more, less, or in another case. */
     char other[32];
     snprintf(other, sizeof other, "%ss", s->tag);
-    hn = 0, h_arr(2 + s->n), h_str(other), h_uint(1);
+    test_hn = 0, hb_arr(2 + s->n), hb_str(other), hb_uint(1);
     for (size_t f = 0; f < s->n; f++)
       h_good(s->k[f]);
-    ASSERT_CODE(decode_any(s->type, hb, hn, &u), BEE_EUNKNOWN, "%s", other);
-    ASSERT_OK(check(hb, hn, NULL, false, &type));
+    ASSERT_CODE(decode_any(s->type, test_hb, test_hn, &u), BEE_EUNKNOWN, "%s",
+                other);
+    ASSERT_OK(check(test_hb, test_hn, NULL, false, &type));
     ASSERT_EQ(type, PROTO_REC_NONE);
     other[0] = 'B', other[strlen(other) - 1] = 0;
-    hn = 0, h_arr(2 + s->n), h_str(other), h_uint(1);
+    test_hn = 0, hb_arr(2 + s->n), hb_str(other), hb_uint(1);
     for (size_t f = 0; f < s->n; f++)
       h_good(s->k[f]);
-    ASSERT_CODE(decode_any(s->type, hb, hn, &u), BEE_EUNKNOWN, "%s", other);
+    ASSERT_CODE(decode_any(s->type, test_hb, test_hn, &u), BEE_EUNKNOWN, "%s",
+                other);
 
     /* Not an array at all. */
     /* clang-format off */
@@ -521,53 +477,54 @@ static void test_shape(void) {
           heads[i].code, "%s from head %zu", s->tag, i);
 
     /* Bytes after the value. */
-    memcpy(hb, good, good_n);
-    hb[good_n] = 0x00;
-    ASSERT_CODE(decode_any(s->type, hb, good_n + 1, &u), BEE_ETRAILING,
+    memcpy(test_hb, good, good_n);
+    test_hb[good_n] = 0x00;
+    ASSERT_CODE(decode_any(s->type, test_hb, good_n + 1, &u), BEE_ETRAILING,
                 "%s with a trailing byte", s->tag);
 
     /* Fields of later versions are skipped, whatever their type. */
     h_value(s, SIZE_MAX, &none, s->n + 3, 1);
-    ASSERT_OK(decode_any(s->type, hb, hn, &u));
+    ASSERT_OK(decode_any(s->type, test_hb, test_hn, &u));
     ASSERT_MEMEQ(&u, &base, any_size(s->type));
-    hn = 0;
-    h_arr(2 + s->n + 5);
-    h_str(s->tag), h_uint(1);
+    test_hn = 0;
+    hb_arr(2 + s->n + 5);
+    hb_str(s->tag), hb_uint(1);
     for (size_t f = 0; f < s->n; f++)
       h_good(s->k[f]);
-    h_str("later"), h_raw("\x92\x01\x91\x80", 4), h_raw("\x81\xa1k\xc0", 4);
-    h_raw("\xca\0\0\0\0", 5), h_raw("\xd4\x01\x02", 3);
-    ASSERT_OK(decode_any(s->type, hb, hn, &u));
+    hb_str("later"), hb_raw("\x92\x01\x91\x80", 4), hb_raw("\x81\xa1k\xc0", 4);
+    hb_raw("\xca\0\0\0\0", 5), hb_raw("\xd4\x01\x02", 3);
+    ASSERT_OK(decode_any(s->type, test_hb, test_hn, &u));
     ASSERT_MEMEQ(&u, &base, any_size(s->type));
-    check_cuts(s->type, hb, hn);
+    check_cuts(s->type, test_hb, test_hn);
     /* ... nested at most 7 deep (the value itself is the 8th level). */
     for (int depth = 7; depth <= 8; depth++) {
-      hn = 0;
-      h_arr(2 + s->n + 1);
-      h_str(s->tag), h_uint(1);
+      test_hn = 0;
+      hb_arr(2 + s->n + 1);
+      hb_str(s->tag), hb_uint(1);
       for (size_t f = 0; f < s->n; f++)
         h_good(s->k[f]);
       for (int d = 0; d < depth - 1; d++)
-        h_byte(0x91);
-      h_byte(0x90);
-      ASSERT_CODE(decode_any(s->type, hb, hn, &u), depth == 7 ? 0 : BEE_EDEPTH,
-                  "%s with an extra field %d deep", s->tag, depth);
+        hb_byte(0x91);
+      hb_byte(0x90);
+      ASSERT_CODE(decode_any(s->type, test_hb, test_hn, &u),
+                  depth == 7 ? 0 : BEE_EDEPTH, "%s with an extra field %d deep",
+                  s->tag, depth);
     }
     /* ... and a bad one is still refused: they must be msgpack. */
     h_value(s, SIZE_MAX, &none, s->n, 1);
-    hb[2] = (uint8_t)(2 + s->n + 1);
-    h_byte(0xc1);
-    ASSERT_CODE(decode_any(s->type, hb, hn, &u), BEE_EMALFORMED,
+    test_hb[2] = (uint8_t)(2 + s->n + 1);
+    hb_byte(0xc1);
+    ASSERT_CODE(decode_any(s->type, test_hb, test_hn, &u), BEE_EMALFORMED,
                 "%s with a 0xc1 extra", s->tag);
     /* A later field may fill the value up to what the DHT carries, not
      * a byte more. */
     for (size_t more = 0; more < 2; more++) {
       h_value(s, SIZE_MAX, &none, s->n, 1);
-      hb[2] = (uint8_t)(2 + s->n + 1);
-      h_fill(true, PROTO_DHT_VALUE_MAX - hn - 3 + more, 0);
-      ASSERT_UEQ(hn, PROTO_DHT_VALUE_MAX + more);
-      ASSERT_CODE(decode_any(s->type, hb, hn, &u), more ? BEE_ETOOBIG : 0,
-                  "%s of %zu bytes", s->tag, hn);
+      test_hb[2] = (uint8_t)(2 + s->n + 1);
+      hb_fill(true, PROTO_DHT_VALUE_MAX - test_hn - 3 + more, 0);
+      ASSERT_UEQ(test_hn, PROTO_DHT_VALUE_MAX + more);
+      ASSERT_CODE(decode_any(s->type, test_hb, test_hn, &u),
+                  more ? BEE_ETOOBIG : 0, "%s of %zu bytes", s->tag, test_hn);
     }
   }
 }

@@ -67,6 +67,17 @@
   } while (0)
 #define ASSERT_OK(a) ASSERT_RC(a, 0)
 
+/* ASSERT_RC with a printf-style context for table-driven checks. */
+#define ASSERT_CODE(rc, want, ...)                                             \
+  do {                                                                         \
+    int rc_ = (rc), want_ = (want);                                            \
+    if (rc_ != want_) {                                                        \
+      char ctx_[256];                                                          \
+      snprintf(ctx_, sizeof ctx_, __VA_ARGS__);                                \
+      FAIL("%s: %s, want %s", ctx_, bee_errname(rc_), bee_errname(want_));     \
+    }                                                                          \
+  } while (0)
+
 #define ASSERT_STREQ(a, b)                                                     \
   do {                                                                         \
     const char *a_ = (a), *b_ = (b);                                           \

@@ -61,3 +61,55 @@ bool test_run_until(uv_loop_t *loop, bool (*done)(void *arg), void *arg,
   uv_run(loop, UV_RUN_NOWAIT);
   return w.met;
 }
+
+uint8_t test_hb[TEST_HB_MAX];
+size_t test_hn;
+
+void hb_byte(uint8_t b) {
+  ASSERT(test_hn < sizeof test_hb);
+  test_hb[test_hn++] = b;
+}
+
+void hb_be(uint64_t v, int n) {
+  for (int i = n - 1; i >= 0; i--)
+    hb_byte((uint8_t)(v >> (8 * i)));
+}
+
+void hb_raw(const void *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    hb_byte(((const uint8_t *)p)[i]);
+}
+
+void hb_arr(size_t n) { hb_byte(0xdc), hb_be(n, 2); }
+
+void hb_uint(uint64_t v) { hb_byte(0xcf), hb_be(v, 8); }
+
+void hb_f64(double v) {
+  uint64_t bits;
+  memcpy(&bits, &v, sizeof bits);
+  hb_byte(0xcb), hb_be(bits, 8);
+}
+
+void hb_fill(bool bin, size_t n, uint8_t fill) {
+  hb_byte(bin ? 0xc5 : 0xda), hb_be(n, 2);
+  for (size_t i = 0; i < n; i++)
+    hb_byte(fill);
+}
+
+void hb_str(const char *s) {
+  size_t n = strlen(s);
+  hb_byte(0xda), hb_be(n, 2), hb_raw(s, n);
+}
+
+size_t test_unhex(const char *h, uint8_t *out) {
+  size_t n = 0;
+  for (; *h; h++) {
+    if (*h == ' ')
+      continue;
+    unsigned v;
+    ASSERT(sscanf(h, "%2x", &v) == 1);
+    out[n++] = (uint8_t)v;
+    h++;
+  }
+  return n;
+}

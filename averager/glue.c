@@ -1,0 +1,622 @@
+/* glue.c: matchmaking and the round over proto's transport, on a libuv
+ * loop.
+ *
+ * The only file of averager/ that does I/O.  One averaging at a time
+ * (avg_node_average): the matchmaking core runs until a group forms, then
+ * a round core runs over the group.  Their messages travel as one-way
+ * messages on the control connection to each peer: "avg.m" for
+ * matchmaking, "avg.r" for the round; a peer we have no connection to is
+ * dialled at the address it declared, and its messages wait for the
+ * connection.  The round's arithmetic runs on libuv's thread pool.  The
+ * DHT is the caller's: the node declares and reads the group key through
+ * avg_node_dht, and the caller hands what it read to avg_node_declared.
+ *
+ * Messages of the round that come before we know the group (a member
+ * that got BEGIN before us) are kept, bounded, and handed to the round
+ * when it starts.
+ *
+ * Lifetime: avg_node_close may be called from any callback, the node's
+ * own included; it ends the averaging under way (the callback runs with
+ * BEE_ECANCELED) and frees the node on a later turn of the loop.  Dials
+ * and jobs still in flight hold a reference.
+ */
+#include "averager-int.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define METHOD_MATCH "avg.m"
+#define METHOD_ROUND "avg.r"
+#define EARLY_MAX 256               /* round messages kept before the group */
+#define EARLY_BYTES_MAX (64u << 20) /* and their bytes */
+#define EARLY_KEEP_MS 30000         /* a kept message older than this goes */
+
+typedef struct qmsg {
+  struct qmsg *next;
+  size_t len;
+  uint8_t buf[];
+} qmsg;
+
+/* A connection being dialled, and the matchmaking messages waiting for
+ * it.  Round messages do not wait here: the round holds them
+ * (BEE_EQUEUE) until avg_round_drain. */
+typedef struct dial {
+  struct dial *next;
+  avg_node *n;
+  uint8_t id[PROTO_ID_BYTES];
+  qmsg *head, **tail;
+  bool gone; /* the node closed, or the dial is no longer wanted */
+} dial;
+
+typedef struct early {
+  struct early *next;
+  uint8_t from[PROTO_ID_BYTES];
+  uint64_t at_ms;
+  size_t len;
+  uint8_t buf[];
+} early;
+
+typedef struct work {
+  uv_work_t w;
+  avg_node *n;
+  avg_job *job;
+} work;
+
+struct avg_node {
+  avg_node_config cfg;
+  uint8_t self[PROTO_ID_BYTES];
+  uv_timer_t timer;
+  int refs;
+  bool closing;
+  dial *dials;
+  early *early;
+  size_t nearly, early_bytes;
+  /* The averaging under way. */
+  bool busy;
+  avg_node_request req;
+  avg_node_cb cb;
+  void *arg;
+  avg_match *m;
+  avg_round *r;
+  avg_group group; /* members point into ours below */
+  proto_group_member *members;
+  avg_mode *modes;
+  double *bandwidth;
+  bool *unreachable; /* members we failed to dial */
+  avg_match_stats mstats;
+  char name[32]; /* for the round's log lines */
+};
+
+static void unref(avg_node *n) {
+  if (--n->refs == 0)
+    free(n);
+}
+
+static uint64_t now_ms(void *ctx) {
+  return uv_now(((avg_node *)ctx)->cfg.loop);
+}
+
+static uint64_t unix_ms(void *ctx) {
+  (void)ctx;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void arm(avg_node *n);
+
+/* ---- sending matchmaking messages -------------------------------------- */
+
+static void dial_free(dial *d) {
+  while (d->head) {
+    qmsg *q = d->head;
+    d->head = q->next;
+    free(q);
+  }
+  free(d);
+}
+
+static void dial_unlink(avg_node *n, dial *d) {
+  for (dial **pp = &n->dials; *pp; pp = &(*pp)->next)
+    if (*pp == d) {
+      *pp = d->next;
+      return;
+    }
+}
+
+static size_t member_index(const avg_node *n, const uint8_t *id);
+
+/* A dial ended: the matchmaking messages waiting for it go out, and the
+ * round, if it waits for this member, tries again (a member we cannot
+ * reach is marked so, and its next send fails, which drops it). */
+static void dialled(proto_host *h, proto_conn *c, int status, void *arg) {
+  dial *d = arg;
+  avg_node *n = d->n;
+  char who[13];
+  (void)h;
+  proto_hex(d->id, 6, who);
+  if (!d->gone) {
+    dial_unlink(n, d);
+    if (status == 0 &&
+        memcmp(proto_conn_peer(c)->id, d->id, PROTO_ID_BYTES) != 0) {
+      bee_warn("avg", "dialled %s for %s and found another peer",
+               proto_conn_addr(c), who);
+      status = BEE_EAUTH;
+    }
+    if (status == 0)
+      for (qmsg *q = d->head; q; q = q->next)
+        proto_conn_oneway(c, METHOD_MATCH, q->buf, q->len);
+    size_t k = n->r ? member_index(n, d->id) : SIZE_MAX;
+    if (k != SIZE_MAX) {
+      if (status != 0) {
+        bee_warn("avg", "group %s: cannot reach %s at %s: %s", n->name, who,
+                 n->members[k].addr, bee_strerror(status));
+        n->unreachable[k] = true;
+      }
+      avg_round_drain(n->r, k);
+      arm(n);
+    }
+  }
+  dial_free(d);
+  unref(n);
+}
+
+/* Starts a dial to id at addr, or finds the one under way. */
+static dial *dial_get(avg_node *n, const uint8_t *id, const char *addr,
+                      int *rc) {
+  for (dial *d = n->dials; d; d = d->next)
+    if (memcmp(d->id, id, PROTO_ID_BYTES) == 0)
+      return d;
+  dial *d = calloc(1, sizeof *d);
+  if (!d) {
+    *rc = -ENOMEM;
+    return NULL;
+  }
+  d->n = n;
+  memcpy(d->id, id, PROTO_ID_BYTES);
+  d->tail = &d->head;
+  *rc =
+      proto_host_connect(n->cfg.host, addr, PROTO_PURPOSE_CONTROL, dialled, d);
+  if (*rc) {
+    free(d);
+    return NULL;
+  }
+  d->next = n->dials;
+  n->dials = d;
+  n->refs++;
+  return d;
+}
+
+static int match_send(void *ctx, const uint8_t id[PROTO_ID_BYTES],
+                      const char *addr, const uint8_t *msg, size_t len) {
+  avg_node *n = ctx;
+  proto_conn *c = proto_host_find(n->cfg.host, id);
+  int rc;
+  if (c)
+    return proto_conn_oneway(c, METHOD_MATCH, msg, len);
+  if (!addr)
+    return -ENOTCONN;
+  qmsg *q = malloc(sizeof *q + len);
+  if (!q)
+    return -ENOMEM;
+  q->next = NULL;
+  q->len = len;
+  memcpy(q->buf, msg, len);
+  dial *d = dial_get(n, id, addr, &rc);
+  if (!d) {
+    free(q);
+    return rc;
+  }
+  *d->tail = q;
+  d->tail = &q->next;
+  return 0;
+}
+
+/* ---- the matchmaking core's io ----------------------------------------- */
+
+static void match_declare(void *ctx, const proto_match *info, uint64_t exp) {
+  avg_node *n = ctx;
+  n->cfg.dht.declare(n->cfg.dht.ctx, info, exp);
+}
+
+static void match_fetch(void *ctx) {
+  avg_node *n = ctx;
+  n->cfg.dht.fetch(n->cfg.dht.ctx, n, &n->req.match.info);
+}
+
+static void match_random(void *ctx, void *buf, size_t len) {
+  (void)ctx;
+  randombytes_buf(buf, len);
+}
+
+/* ---- the round --------------------------------------------------------- */
+
+static size_t member_index(const avg_node *n, const uint8_t *id) {
+  for (size_t i = 0; i < n->group.nmembers; i++)
+    if (memcmp(n->members[i].id, id, PROTO_ID_BYTES) == 0)
+      return i;
+  return SIZE_MAX;
+}
+
+static int round_send(void *ctx, size_t member, const uint8_t *msg,
+                      size_t len) {
+  avg_node *n = ctx;
+  const proto_group_member *g = &n->members[member];
+  proto_conn *c = proto_host_find(n->cfg.host, g->id);
+  int rc;
+  if (c)
+    return proto_conn_oneway(c, METHOD_ROUND, msg, len);
+  if (n->unreachable[member] || g->mode == PROTO_MODE_CLIENT)
+    return -ENOTCONN; /* a CLIENT dials us; without a connection it is gone */
+  /* Dialled now, or being dialled: drained when the dial ends. */
+  return dial_get(n, g->id, g->addr, &rc) ? BEE_EQUEUE : rc;
+}
+
+static void work_run(uv_work_t *w) { avg_job_run(((work *)w->data)->job); }
+
+static void work_done(uv_work_t *w, int status) {
+  work *wk = w->data;
+  avg_node *n = wk->n;
+  (void)status; /* uv_cancel is never called: the job always ran */
+  avg_job_done(wk->job);
+  free(wk);
+  if (!n->closing)
+    arm(n);
+  unref(n);
+}
+
+static void round_submit(void *ctx, avg_job *job) {
+  avg_node *n = ctx;
+  work *wk = malloc(sizeof *wk);
+  if (wk) {
+    wk->w.data = wk;
+    wk->n = n;
+    wk->job = job;
+    if (uv_queue_work(n->cfg.loop, &wk->w, work_run, work_done) == 0) {
+      n->refs++;
+      return;
+    }
+    free(wk);
+  }
+  /* No worker: run it here, as a round without submit does. */
+  avg_job_run(job);
+  avg_job_done(job);
+}
+
+static const char *round_name(void *ctx, size_t member) {
+  avg_node *n = ctx;
+  static char buf[16]; /* used at once, for one log line */
+  if (member >= n->group.nmembers)
+    return NULL;
+  proto_hex(n->members[member].id, 6, buf);
+  return buf;
+}
+
+static void finish(avg_node *n, int status, const avg_round_summary *s) {
+  avg_node_result res = {
+      .status = status, .group = n->members ? &n->group : NULL, .summary = s};
+  if (n->m)
+    avg_match_stats_get(n->m, &n->mstats);
+  res.match = n->mstats;
+  n->busy = false;
+  avg_node_cb cb = n->cb;
+  n->cb = NULL;
+  if (cb)
+    cb(n, &res, n->arg);
+}
+
+static void group_free(avg_node *n) {
+  free(n->members);
+  free(n->modes);
+  free(n->bandwidth);
+  free(n->unreachable);
+  n->members = NULL;
+  n->modes = NULL;
+  n->bandwidth = NULL;
+  n->unreachable = NULL;
+}
+
+static void on_round(avg_round *r, const avg_round_summary *s, void *arg) {
+  avg_node *n = arg;
+  (void)r;
+  n->r = NULL; /* freed below; the core defers it while inside */
+  finish(n, s->status, s);
+  avg_round_free(r);
+  group_free(n);
+}
+
+/* Hands the kept round messages of our group to the round. */
+static void replay_early(avg_node *n) {
+  early **pp = &n->early, *e;
+  while ((e = *pp)) {
+    size_t k = member_index(n, e->from);
+    if (k == SIZE_MAX) {
+      pp = &e->next;
+      continue;
+    }
+    *pp = e->next;
+    n->nearly--;
+    n->early_bytes -= e->len;
+    if (n->r)
+      avg_round_handle(n->r, k, e->buf, e->len);
+    free(e);
+  }
+}
+
+static void start_round(avg_node *n, const avg_group *g) {
+  size_t N = g->nmembers;
+  n->members = malloc(N * sizeof *n->members);
+  n->modes = malloc(N * sizeof *n->modes);
+  n->bandwidth = malloc(N * sizeof *n->bandwidth);
+  n->unreachable = calloc(N, sizeof *n->unreachable);
+  if (!n->members || !n->modes || !n->bandwidth || !n->unreachable) {
+    group_free(n);
+    finish(n, -ENOMEM, NULL);
+    return;
+  }
+  memcpy(n->members, g->members, N * sizeof *n->members);
+  for (size_t i = 0; i < N; i++) {
+    n->modes[i] = (avg_mode)g->members[i].mode;
+    n->bandwidth[i] = g->members[i].bandwidth_mbit;
+  }
+  n->group = *g;
+  n->group.members = n->members;
+  avg_round_config rc = n->req.round;
+  memcpy(rc.group, g->id, sizeof rc.group);
+  rc.nmembers = N;
+  rc.self = g->self;
+  rc.modes = n->modes;
+  rc.bandwidth = n->req.equal_spans ? NULL : n->bandwidth;
+  avg_io io = {.ctx = n,
+               .now_ms = now_ms,
+               .send = round_send,
+               .submit = round_submit,
+               .name = round_name};
+  proto_hex(g->id, 8, n->name);
+  int rc_ = avg_round_new(&rc, &io, &n->r);
+  if (rc_ == 0)
+    rc_ = avg_round_start(n->r, on_round, n);
+  if (rc_) {
+    bee_warn("avg", "group %s: cannot start the round: %s", n->name,
+             bee_strerror(rc_));
+    avg_round_free(n->r);
+    n->r = NULL;
+    finish(n, rc_, NULL);
+    group_free(n);
+    return;
+  }
+  replay_early(n);
+}
+
+static void on_match(avg_match *m, int status, const avg_group *g, void *arg) {
+  avg_node *n = arg;
+  avg_match_stats_get(m, &n->mstats);
+  if (status != 0) {
+    finish(n, status, NULL);
+    return;
+  }
+  start_round(n, g);
+}
+
+/* ---- the timer --------------------------------------------------------- */
+
+static void drop_old_early(avg_node *n) {
+  uint64_t t = uv_now(n->cfg.loop);
+  for (early **pp = &n->early, *e; (e = *pp);) {
+    if (t - e->at_ms < EARLY_KEEP_MS) {
+      pp = &e->next;
+      continue;
+    }
+    *pp = e->next;
+    n->nearly--;
+    n->early_bytes -= e->len;
+    free(e);
+  }
+}
+
+static void on_timer(uv_timer_t *t) {
+  avg_node *n = t->data;
+  arm(n);
+}
+
+/* Runs the cores' timeouts and sets the timer to the earliest next one. */
+static void arm(avg_node *n) {
+  if (n->closing)
+    return;
+  uint64_t next = UINT64_MAX, t;
+  if (n->m && (t = avg_match_tick(n->m)) < next)
+    next = t;
+  if (n->r && (t = avg_round_tick(n->r)) < next)
+    next = t;
+  if (n->early) {
+    drop_old_early(n);
+    if (EARLY_KEEP_MS < next)
+      next = EARLY_KEEP_MS;
+  }
+  if (next == UINT64_MAX)
+    uv_timer_stop(&n->timer);
+  else
+    uv_timer_start(&n->timer, on_timer, next, 0);
+}
+
+/* ---- receiving --------------------------------------------------------- */
+
+static void on_match_msg(proto_conn *c, proto_bytes method, proto_bytes p,
+                         void *data) {
+  avg_node *n = data;
+  (void)method;
+  if (n->closing)
+    return;
+  if (!n->m) {
+    /* Not matchmaking: a JOIN still deserves its answer. */
+    proto_group_msg g;
+    if (proto_group_decode(p.p, p.n, &g, NULL, 0) == 0 &&
+        g.type == PROTO_T_AVG_JOIN) {
+      proto_group_msg r = {.type = PROTO_T_AVG_REPLY,
+                           .nonce = g.nonce,
+                           .code = PROTO_JOIN_NOT_LOOKING};
+      uint8_t buf[128];
+      size_t len;
+      if (proto_group_encode(&r, buf, sizeof buf, &len) == 0)
+        proto_conn_oneway(c, METHOD_MATCH, buf, len);
+    }
+    return;
+  }
+  avg_match_handle(n->m, proto_conn_peer(c)->id, p.p, p.n);
+  arm(n);
+}
+
+static void on_round_msg(proto_conn *c, proto_bytes method, proto_bytes p,
+                         void *data) {
+  avg_node *n = data;
+  const uint8_t *from = proto_conn_peer(c)->id;
+  (void)method;
+  if (n->closing)
+    return;
+  if (n->r) {
+    size_t k = member_index(n, from);
+    if (k != SIZE_MAX) {
+      avg_round_handle(n->r, k, p.p, p.n);
+      arm(n);
+      return;
+    }
+  }
+  /* Before our group is known: keep it, within bounds. */
+  if (!n->busy || n->nearly >= EARLY_MAX ||
+      n->early_bytes + p.n > EARLY_BYTES_MAX) {
+    char who[13];
+    proto_hex(from, 6, who);
+    bee_debug("avg", "round message from %s outside a round: dropped", who);
+    return;
+  }
+  early *e = malloc(sizeof *e + p.n);
+  if (!e)
+    return;
+  memcpy(e->from, from, PROTO_ID_BYTES);
+  e->at_ms = uv_now(n->cfg.loop);
+  e->len = p.n;
+  memcpy(e->buf, p.p, p.n);
+  e->next = n->early;
+  n->early = e;
+  n->nearly++;
+  n->early_bytes += p.n;
+  arm(n);
+}
+
+/* ---- public ------------------------------------------------------------ */
+
+int avg_node_new(const avg_node_config *cfg, avg_node **out) {
+  if (!cfg->loop || !cfg->host || !cfg->self_id || !cfg->dht.declare ||
+      !cfg->dht.fetch)
+    return BEE_ERANGE;
+  avg_node *n = calloc(1, sizeof *n);
+  if (!n)
+    return -ENOMEM;
+  n->cfg = *cfg;
+  memcpy(n->self, cfg->self_id, PROTO_ID_BYTES);
+  int rc;
+  if ((rc = proto_host_on_oneway(cfg->host, METHOD_MATCH, on_match_msg, n)) ||
+      (rc = proto_host_on_oneway(cfg->host, METHOD_ROUND, on_round_msg, n)) ||
+      (rc = uv_timer_init(cfg->loop, &n->timer))) {
+    proto_host_on_oneway(cfg->host, METHOD_MATCH, NULL, NULL);
+    proto_host_on_oneway(cfg->host, METHOD_ROUND, NULL, NULL);
+    free(n);
+    return rc;
+  }
+  n->timer.data = n;
+  n->refs = 2; /* the owner and the timer */
+  *out = n;
+  return 0;
+}
+
+void avg_node_request_default(avg_node_request *req) {
+  memset(req, 0, sizeof *req);
+  avg_match_config_default(&req->match);
+  avg_round_config_default(&req->round);
+}
+
+int avg_node_average(avg_node *n, const avg_node_request *req, avg_node_cb cb,
+                     void *arg) {
+  if (n->closing || n->busy)
+    return BEE_ERANGE;
+  n->req = *req;
+  memcpy(n->req.match.self_id, n->self, PROTO_ID_BYTES);
+  avg_match_io io = {.ctx = n,
+                     .now_ms = now_ms,
+                     .unix_ms = unix_ms,
+                     .declare = match_declare,
+                     .fetch = match_fetch,
+                     .send = match_send,
+                     .random = match_random};
+  avg_match_free(n->m);
+  n->m = NULL;
+  int rc = avg_match_new(&n->req.match, &io, &n->m);
+  if (rc)
+    return rc;
+  n->busy = true;
+  n->cb = cb;
+  n->arg = arg;
+  memset(&n->mstats, 0, sizeof n->mstats);
+  rc = avg_match_start(n->m, on_match, n);
+  if (rc) {
+    n->busy = false;
+    n->cb = NULL;
+    return rc;
+  }
+  arm(n);
+  return 0;
+}
+
+void avg_node_declared(avg_node *n, const avg_decl *v, size_t count) {
+  if (n->closing || !n->m)
+    return;
+  avg_match_declared(n->m, v, count);
+  arm(n);
+}
+
+void avg_node_drain(avg_node *n, proto_conn *c) {
+  if (n->closing || !n->r)
+    return;
+  size_t k = member_index(n, proto_conn_peer(c)->id);
+  if (k != SIZE_MAX) {
+    avg_round_drain(n->r, k);
+    arm(n);
+  }
+}
+
+static void timer_closed(uv_handle_t *h) { unref(h->data); }
+
+void avg_node_close(avg_node *n) {
+  if (!n || n->closing)
+    return;
+  n->closing = true;
+  proto_host_on_oneway(n->cfg.host, METHOD_MATCH, NULL, NULL);
+  proto_host_on_oneway(n->cfg.host, METHOD_ROUND, NULL, NULL);
+  /* The round's and the match's callbacks run now, with BEE_ECANCELED. */
+  if (n->r) {
+    avg_round *r = n->r;
+    avg_round_free(r);
+  }
+  if (n->m) {
+    avg_match *m = n->m;
+    n->m = NULL;
+    avg_match_free(m);
+  }
+  if (n->busy)
+    finish(n, BEE_ECANCELED, NULL);
+  group_free(n);
+  for (dial *d = n->dials; d; d = d->next)
+    d->gone = true; /* their callbacks free them */
+  n->dials = NULL;
+  while (n->early) {
+    early *e = n->early;
+    n->early = e->next;
+    free(e);
+  }
+  uv_close((uv_handle_t *)&n->timer, timer_closed);
+  unref(n);
+}
