@@ -577,6 +577,12 @@ void avg_node_request_default(avg_node_request *req);
  * while another averaging runs or after close; avg_match_new's codes. */
 int avg_node_average(avg_node *n, const avg_node_request *req, avg_node_cb cb,
                      void *arg);
+/* The round alone, for a group formed elsewhere (the same group id,
+ * member list and order at every member; g->self is us): no matchmaking.
+ * g is copied.  Errors as avg_node_average, and BEE_ERANGE for a group
+ * that does not list us at g->self. */
+int avg_node_round(avg_node *n, const avg_group *g,
+                   const avg_node_request *req, avg_node_cb cb, void *arg);
 /* What a fetch found (see avg_match_declared). */
 void avg_node_declared(avg_node *n, const avg_decl *v, size_t count);
 /* The host's on_drain for connection c: the round sends again. */

@@ -87,6 +87,7 @@ struct avg_node {
   avg_mode *modes;
   double *bandwidth;
   bool *unreachable; /* members we failed to dial */
+  bool replay;       /* kept round messages to hand the round */
   avg_match_stats mstats;
   char name[32]; /* for the round's log lines */
 };
@@ -347,7 +348,9 @@ static void replay_early(avg_node *n) {
   }
 }
 
-static void start_round(avg_node *n, const avg_group *g) {
+/* Creates and starts the round of group g; 0, or a code (nothing runs,
+ * no callback). */
+static int start_round(avg_node *n, const avg_group *g, bool replay_now) {
   size_t N = g->nmembers;
   n->members = malloc(N * sizeof *n->members);
   n->modes = malloc(N * sizeof *n->modes);
@@ -355,8 +358,7 @@ static void start_round(avg_node *n, const avg_group *g) {
   n->unreachable = calloc(N, sizeof *n->unreachable);
   if (!n->members || !n->modes || !n->bandwidth || !n->unreachable) {
     group_free(n);
-    finish(n, -ENOMEM, NULL);
-    return;
+    return -ENOMEM;
   }
   memcpy(n->members, g->members, N * sizeof *n->members);
   for (size_t i = 0; i < N; i++) {
@@ -385,21 +387,25 @@ static void start_round(avg_node *n, const avg_group *g) {
              bee_strerror(rc_));
     avg_round_free(n->r);
     n->r = NULL;
-    finish(n, rc_, NULL);
     group_free(n);
-    return;
+    return rc_;
   }
-  replay_early(n);
+  /* The kept messages may end the round at once; from inside a public
+   * call, hand them over on the next turn (the timer) instead. */
+  if (replay_now)
+    replay_early(n);
+  else
+    n->replay = true;
+  return 0;
 }
 
 static void on_match(avg_match *m, int status, const avg_group *g, void *arg) {
   avg_node *n = arg;
   avg_match_stats_get(m, &n->mstats);
-  if (status != 0) {
+  if (status == 0)
+    status = start_round(n, g, true);
+  if (status != 0)
     finish(n, status, NULL);
-    return;
-  }
-  start_round(n, g);
 }
 
 /* ---- the timer --------------------------------------------------------- */
@@ -420,6 +426,11 @@ static void drop_old_early(avg_node *n) {
 
 static void on_timer(uv_timer_t *t) {
   avg_node *n = t->data;
+  if (n->replay) {
+    n->replay = false;
+    if (n->r)
+      replay_early(n);
+  }
   arm(n);
 }
 
@@ -437,6 +448,8 @@ static void arm(avg_node *n) {
     if (EARLY_KEEP_MS < next)
       next = EARLY_KEEP_MS;
   }
+  if (n->replay)
+    next = 0;
   if (next == UINT64_MAX)
     uv_timer_stop(&n->timer);
   else
@@ -485,9 +498,9 @@ static void on_round_msg(proto_conn *c, proto_bytes method, proto_bytes p,
       return;
     }
   }
-  /* Before our group is known: keep it, within bounds. */
-  if (!n->busy || n->nearly >= EARLY_MAX ||
-      n->early_bytes + p.n > EARLY_BYTES_MAX) {
+  /* Before our group is known (or before our round starts): keep it,
+   * within bounds. */
+  if (n->nearly >= EARLY_MAX || n->early_bytes + p.n > EARLY_BYTES_MAX) {
     char who[13];
     proto_hex(from, 6, who);
     bee_debug("avg", "round message from %s outside a round: dropped", who);
@@ -539,6 +552,25 @@ void avg_node_request_default(avg_node_request *req) {
   avg_round_config_default(&req->round);
 }
 
+/* An averaging starts: cb is owed once it ends. */
+static void begin_op(avg_node *n, avg_node_cb cb, void *arg) {
+  memset(&n->mstats, 0, sizeof n->mstats);
+  n->busy = true;
+  n->cb = cb;
+  n->arg = arg;
+}
+
+/* rc: whether it started; if not, nothing is owed. */
+static int end_op(avg_node *n, int rc) {
+  if (rc) {
+    n->busy = false;
+    n->cb = NULL;
+    return rc;
+  }
+  arm(n);
+  return 0;
+}
+
 int avg_node_average(avg_node *n, const avg_node_request *req, avg_node_cb cb,
                      void *arg) {
   if (n->closing || n->busy)
@@ -557,18 +589,21 @@ int avg_node_average(avg_node *n, const avg_node_request *req, avg_node_cb cb,
   int rc = avg_match_new(&n->req.match, &io, &n->m);
   if (rc)
     return rc;
-  n->busy = true;
-  n->cb = cb;
-  n->arg = arg;
-  memset(&n->mstats, 0, sizeof n->mstats);
-  rc = avg_match_start(n->m, on_match, n);
-  if (rc) {
-    n->busy = false;
-    n->cb = NULL;
-    return rc;
-  }
-  arm(n);
-  return 0;
+  begin_op(n, cb, arg);
+  return end_op(n, avg_match_start(n->m, on_match, n));
+}
+
+int avg_node_round(avg_node *n, const avg_group *g, const avg_node_request *req,
+                   avg_node_cb cb, void *arg) {
+  if (n->closing || n->busy || !g || g->nmembers == 0 ||
+      g->nmembers > AVG_GROUP_MAX || g->self >= g->nmembers ||
+      memcmp(g->members[g->self].id, n->self, PROTO_ID_BYTES) != 0)
+    return BEE_ERANGE;
+  n->req = *req;
+  avg_match_free(n->m); /* a JOIN now finds us not looking */
+  n->m = NULL;
+  begin_op(n, cb, arg);
+  return end_op(n, start_round(n, g, false));
 }
 
 void avg_node_declared(avg_node *n, const avg_decl *v, size_t count) {

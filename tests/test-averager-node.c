@@ -276,6 +276,63 @@ static void run_case(int N, size_t n, bool zero_weight, uint64_t round) {
   members_free();
 }
 
+/* A group formed elsewhere (avg_node_round): two members start, and the
+ * third only 100 ms later, so the parts sent to it wait in its node until
+ * its round starts. */
+static uv_timer_t late_timer;
+static avg_group fixed;
+static avg_node_request late_req;
+static void late_start(uv_timer_t *t) {
+  (void)t;
+  ASSERT_RC(avg_node_round(mem[0].node, &fixed, &late_req, on_done, &mem[0]),
+            0);
+}
+
+static void run_fixed(void) {
+  const int N = 3;
+  const size_t n = 200003;
+  proto_group_member list[3];
+  members_new(N, n, false);
+  memset(list, 0, sizeof list);
+  for (int i = 0; i < N; i++) {
+    memcpy(list[i].id, mem[i].tn.id.id, PROTO_ID_BYTES);
+    snprintf(list[i].addr, sizeof list[i].addr, "127.0.0.1:%d", mem[i].port);
+    list[i].mode = PROTO_MODE_NODE;
+    list[i].bandwidth_mbit = 100;
+    list[i].weight = mem[i].weight;
+  }
+  fixed = (avg_group){.nmembers = (size_t)N, .members = list};
+  memset(fixed.id, 0x77, sizeof fixed.id);
+  memcpy(fixed.leader, list[0].id, PROTO_ID_BYTES);
+  /* A group that does not list us where it says is refused. */
+  avg_node_request req;
+  request(&mem[1], 1, n, 0, &req);
+  fixed.self = 0;
+  ASSERT_RC(avg_node_round(mem[1].node, &fixed, &req, on_done, &mem[1]),
+            BEE_ERANGE);
+  for (int i = 1; i < N; i++) {
+    request(&mem[i], i, n, 0, &req);
+    fixed.self = (size_t)i;
+    ASSERT_RC(avg_node_round(mem[i].node, &fixed, &req, on_done, &mem[i]), 0);
+    /* One averaging at a time. */
+    ASSERT_RC(avg_node_round(mem[i].node, &fixed, &req, on_done, &mem[i]),
+              BEE_ERANGE);
+  }
+  request(&mem[0], 0, n, 0, &late_req);
+  fixed.self = 0;
+  ASSERT_RC(uv_timer_init(loop, &late_timer), 0);
+  ASSERT_RC(uv_timer_start(&late_timer, late_start, 100, 0), 0);
+  ASSERT(test_run_until(loop, all_done, NULL, 30000));
+  for (int i = 0; i < N; i++) {
+    ASSERT_RC(mem[i].status, 0);
+    ASSERT_UEQ(mem[i].by_k[N], n);
+    ASSERT(memcmp(mem[i].x, mem[0].x, n * sizeof *mem[0].x) == 0);
+  }
+  printf("a fixed group of 3, one member 100 ms late: same bits everywhere\n");
+  uv_close((uv_handle_t *)&late_timer, NULL);
+  members_free();
+}
+
 /* One member's host dies once the round is under way: when the first
  * round message reaches it (others are sending to it and wait for its
  * results), it stops. */
@@ -359,6 +416,7 @@ int main(void) {
   run_case(4, 300007, true, 3);
   run_case(8, 250001, false, 4);
   run_case(16, 100000, false, 5);
+  run_fixed();
   run_kill(4, 1u << 20, false);
   /* Failing rounds in a loop: no leak (ASan's leak check at exit) and
    * no growth of the peak RSS after a warm-up. */

@@ -1,0 +1,404 @@
+/* bench-avg.c: beed's all-reduce (avg_node_round) among --procs
+ * processes on loopback, timed the way the peers' benchmarks time theirs.
+ *
+ * The coordinator forks one process per member.  Each makes an identity
+ * and a token from a throwaway moderator (the swarm is moderated and the
+ * traffic encrypted, as in production), listens on 127.0.0.1, and tells
+ * the coordinator its id and port over a socketpair; the coordinator
+ * sends everyone the member list.  Then, for every size and repetition,
+ * the coordinator sends each member "go" with a fresh group id; a member
+ * fills its buffer, runs one round over the fixed group (no
+ * matchmaking: the peers' collectives have a fixed group too) and reports
+ * the milliseconds from its "go" to its round's end.  A repetition's time
+ * is the slowest member's, as MPI and Gloo benchmarks report the slowest
+ * rank's.  The first --warmup rounds open the connections and are not
+ * counted.  Each member checks its result (every member's value is its
+ * rank + 1, the weights equal): a wrong mean fails the run.
+ *
+ * Output: one line per size, "RESULT impl=beed procs=N bytes=S reps=R
+ * ms_median=... ms_min=... busbw_gbs=...", which tools/bench/run-avg
+ * reads.  busbw is 2(N-1)/N x bytes / time, the bus bandwidth MPI and
+ * NCCL benchmarks report.
+ */
+#include "averager.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SWARM "bench-avg"
+#define NMAX 64
+#define SIZES_MAX 16
+
+typedef struct opts {
+  int procs, reps, warmup;
+  size_t sizes[SIZES_MAX]; /* bytes */
+  int nsizes;
+  avg_codec codec;
+  size_t part_floats;
+  unsigned window;
+} opts;
+
+/* What goes over the socketpair. */
+typedef struct hello {
+  uint8_t id[PROTO_ID_BYTES];
+  int32_t port;
+} hello;
+typedef struct go {
+  uint64_t floats; /* 0: exit */
+  uint8_t group[PROTO_AVG_GROUP_BYTES];
+} go;
+typedef struct report {
+  double ms;
+  int32_t status;
+  int32_t ok; /* the mean was right */
+} report;
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void xwrite(int fd, const void *p, size_t n) {
+  const uint8_t *b = p;
+  while (n) {
+    ssize_t k = write(fd, b, n);
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k <= 0) {
+      perror("bench-avg: write");
+      exit(1);
+    }
+    b += k, n -= (size_t)k;
+  }
+}
+
+static int xread(int fd, void *p, size_t n) {
+  uint8_t *b = p;
+  while (n) {
+    ssize_t k = read(fd, b, n);
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k <= 0)
+      return -1;
+    b += k, n -= (size_t)k;
+  }
+  return 0;
+}
+
+/* ---- a member ---------------------------------------------------------- */
+
+typedef struct member {
+  const opts *o;
+  int rank, fd;
+  uv_loop_t loop;
+  uv_poll_t poll;
+  proto_host *h;
+  avg_node *node;
+  proto_group_member list[NMAX];
+  float *x;
+  size_t cap;
+  double t0;
+  size_t floats;
+} member;
+
+static void dht_declare(void *ctx, const proto_match *i, uint64_t e) {
+  (void)ctx, (void)i, (void)e; /* fixed groups: never called */
+}
+static void dht_fetch(void *ctx, avg_node *n, const proto_match *i) {
+  (void)ctx, (void)n, (void)i;
+}
+
+static void on_drain(proto_conn *c, void *data) {
+  member *m = data;
+  avg_node_drain(m->node, c);
+}
+
+static void on_round(avg_node *n, const avg_node_result *r, void *arg) {
+  member *m = arg;
+  (void)n;
+  report rep = {.ms = now_ms() - m->t0, .status = r->status, .ok = 1};
+  /* Everyone's value is rank + 1 with weight 1: the mean is (N + 1) / 2. */
+  float want = (float)(m->o->procs + 1) / 2;
+  double tol = m->o->codec == AVG_NONE ? 1e-6 : 2e-2;
+  for (size_t j = 0; j < m->floats; j += 1 + m->floats / 4096)
+    if (fabs(m->x[j] - want) > tol * want)
+      rep.ok = 0;
+  if (r->summary && r->summary->floats_by_k[m->o->procs] != m->floats)
+    rep.ok = 0;
+  xwrite(m->fd, &rep, sizeof rep);
+}
+
+static void on_command(uv_poll_t *p, int status, int events) {
+  member *m = p->data;
+  go g;
+  (void)status, (void)events;
+  if (xread(m->fd, &g, sizeof g) != 0 || g.floats == 0) {
+    uv_poll_stop(p);
+    avg_node_close(m->node);
+    proto_host_close(m->h);
+    uv_close((uv_handle_t *)p, NULL);
+    return;
+  }
+  if (g.floats > m->cap) {
+    free(m->x);
+    m->x = malloc(g.floats * sizeof *m->x);
+    if (!m->x) {
+      fprintf(stderr, "bench-avg: out of memory\n");
+      exit(1);
+    }
+    m->cap = g.floats;
+  }
+  m->floats = g.floats;
+  for (size_t j = 0; j < g.floats; j++)
+    m->x[j] = (float)(m->rank + 1);
+  m->t0 = now_ms(); /* the peers fill their buffers before the clock too */
+  avg_group grp = {.nmembers = (size_t)m->o->procs,
+                   .self = (size_t)m->rank,
+                   .members = m->list};
+  memcpy(grp.id, g.group, sizeof grp.id);
+  memcpy(grp.leader, m->list[0].id, PROTO_ID_BYTES);
+  avg_node_request req;
+  avg_node_request_default(&req);
+  req.round.x = m->x;
+  req.round.n = g.floats;
+  req.round.weight = 1;
+  req.round.codec = m->o->codec;
+  if (m->o->part_floats)
+    req.round.part_floats = m->o->part_floats;
+  if (m->o->window)
+    req.round.window = m->o->window;
+  req.equal_spans = true;
+  int rc = avg_node_round(m->node, &grp, &req, on_round, m);
+  if (rc) {
+    report rep = {.status = rc};
+    xwrite(m->fd, &rep, sizeof rep);
+  }
+}
+
+static int member_main(const opts *o, int rank, int fd,
+                       const proto_identity *moderator) {
+  static member m;
+  proto_identity id;
+  proto_token tok;
+  uint64_t now = (uint64_t)time(NULL);
+  m.o = o;
+  m.rank = rank;
+  m.fd = fd;
+  proto_identity_generate(&id);
+  if (proto_token_issue(&tok, moderator, SWARM, id.pk, PROTO_ROLE_BEE, now - 60,
+                        now + 86400) != 0)
+    return 1;
+  uv_loop_init(&m.loop);
+  proto_host_config hc;
+  proto_host_config_default(&hc);
+  hc.loop = &m.loop;
+  hc.auth.id = &id;
+  hc.auth.token = &tok;
+  hc.auth.moderator_pk = moderator->pk;
+  hc.auth.swarm = SWARM;
+  hc.max_pending_per_addr = 2 * NMAX; /* everyone dials from 127.0.0.1 */
+  hc.on_drain = on_drain;
+  hc.data = &m;
+  int port, rc;
+  if ((rc = proto_host_new(&hc, &m.h)) ||
+      (rc = proto_host_listen(m.h, "127.0.0.1:0", &port))) {
+    fprintf(stderr, "bench-avg: member %d: %s\n", rank, bee_strerror(rc));
+    return 1;
+  }
+  avg_node_config nc = {.loop = &m.loop,
+                        .host = m.h,
+                        .self_id = id.id,
+                        .dht = {.declare = dht_declare, .fetch = dht_fetch}};
+  if ((rc = avg_node_new(&nc, &m.node))) {
+    fprintf(stderr, "bench-avg: member %d: %s\n", rank, bee_strerror(rc));
+    return 1;
+  }
+  hello hi = {.port = port};
+  memcpy(hi.id, id.id, PROTO_ID_BYTES);
+  xwrite(fd, &hi, sizeof hi);
+  hello all[NMAX];
+  if (xread(fd, all, (size_t)o->procs * sizeof *all) != 0)
+    return 1;
+  for (int i = 0; i < o->procs; i++) {
+    memcpy(m.list[i].id, all[i].id, PROTO_ID_BYTES);
+    snprintf(m.list[i].addr, sizeof m.list[i].addr, "127.0.0.1:%d",
+             (int)all[i].port);
+    m.list[i].mode = PROTO_MODE_NODE;
+    m.list[i].bandwidth_mbit = 1000;
+    m.list[i].weight = 1;
+  }
+  uv_poll_init(&m.loop, &m.poll, fd);
+  m.poll.data = &m;
+  uv_poll_start(&m.poll, UV_READABLE, on_command);
+  uv_run(&m.loop, UV_RUN_DEFAULT);
+  uv_loop_close(&m.loop);
+  free(m.x);
+  proto_identity_clear(&id);
+  return 0;
+}
+
+/* ---- the coordinator --------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: bench-avg [--procs N] [--sizes BYTES,...] [--reps R]\n"
+          "                 [--warmup W] [--codec none|fp16|bf16|u8|b8]\n"
+          "                 [--part-floats P] [--window W]\n"
+          "  defaults: 4 procs; 4,1048576,104857600 bytes; 5 reps; 2 warm-up\n"
+          "  rounds per size; codec none; the round's part size and window\n");
+}
+
+static int parse(int argc, char **argv, opts *o) {
+  static const struct option lo[] = {
+      {"procs", 1, 0, 'p'},  {"sizes", 1, 0, 's'}, {"reps", 1, 0, 'r'},
+      {"warmup", 1, 0, 'w'}, {"codec", 1, 0, 'c'}, {"part-floats", 1, 0, 'P'},
+      {"window", 1, 0, 'W'}, {"help", 0, 0, 'h'},  {0, 0, 0, 0}};
+  *o = (opts){.procs = 4,
+              .reps = 5,
+              .warmup = 2,
+              .codec = AVG_NONE,
+              .sizes = {4, 1u << 20, 100u << 20},
+              .nsizes = 3};
+  int c;
+  char *end;
+  while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    switch (c) {
+    case 'p': o->procs = atoi(optarg); break;
+    case 'r': o->reps = atoi(optarg); break;
+    case 'w': o->warmup = atoi(optarg); break;
+    case 'P': o->part_floats = strtoul(optarg, NULL, 10); break;
+    case 'W': o->window = (unsigned)atoi(optarg); break;
+    case 'c':
+      if (avg_codec_parse(optarg, &o->codec) != 0) {
+        fprintf(stderr, "bench-avg: unknown codec '%s'\n", optarg);
+        return 2;
+      }
+      break;
+    case 's':
+      o->nsizes = 0;
+      for (char *s = optarg; *s && o->nsizes < SIZES_MAX; s = end) {
+        unsigned long long v = strtoull(s, &end, 10);
+        if (end == s || v < 4 || v % 4) {
+          fprintf(stderr, "bench-avg: sizes are bytes, multiples of 4\n");
+          return 2;
+        }
+        o->sizes[o->nsizes++] = (size_t)v;
+        if (*end == ',')
+          end++;
+      }
+      break;
+    case 'h': usage(stdout); exit(0);
+    default: usage(stderr); return 2;
+    }
+  }
+  if (o->procs < 2 || o->procs > NMAX || o->reps < 1 || o->warmup < 0 ||
+      o->nsizes == 0) {
+    usage(stderr);
+    return 2;
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  opts o;
+  int rc = parse(argc, argv, &o);
+  if (rc)
+    return rc;
+  bee_log_set_level(BEE_LOG_WARN);
+  signal(SIGPIPE, SIG_IGN);
+  proto_identity moderator;
+  proto_identity_generate(&moderator);
+  int fds[NMAX];
+  pid_t pids[NMAX];
+  for (int i = 0; i < o.procs; i++) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
+      perror("bench-avg: socketpair");
+      return 1;
+    }
+    pids[i] = fork();
+    if (pids[i] == 0) {
+      close(sv[0]);
+      for (int k = 0; k < i; k++)
+        close(fds[k]);
+      _exit(member_main(&o, i, sv[1], &moderator));
+    }
+    close(sv[1]);
+    fds[i] = sv[0];
+  }
+  hello all[NMAX];
+  for (int i = 0; i < o.procs; i++)
+    if (xread(fds[i], &all[i], sizeof all[i]) != 0) {
+      fprintf(stderr, "bench-avg: member %d did not start\n", i);
+      return 1;
+    }
+  for (int i = 0; i < o.procs; i++)
+    xwrite(fds[i], all, (size_t)o.procs * sizeof *all);
+  int failed = 0;
+  for (int s = 0; s < o.nsizes && !failed; s++) {
+    size_t floats = o.sizes[s] / 4;
+    double *t = calloc((size_t)o.reps, sizeof *t);
+    for (int r = -o.warmup; r < o.reps && !failed; r++) {
+      go g = {.floats = floats};
+      randombytes_buf(g.group, sizeof g.group);
+      for (int i = 0; i < o.procs; i++)
+        xwrite(fds[i], &g, sizeof g);
+      double slowest = 0;
+      for (int i = 0; i < o.procs; i++) {
+        report rep;
+        if (xread(fds[i], &rep, sizeof rep) != 0) {
+          fprintf(stderr, "bench-avg: member %d died\n", i);
+          failed = 1;
+          break;
+        }
+        if (rep.status != 0 || !rep.ok) {
+          fprintf(stderr, "bench-avg: member %d, %zu bytes: %s%s\n", i,
+                  o.sizes[s], rep.status ? bee_strerror(rep.status) : "",
+                  rep.ok ? "" : "wrong mean");
+          failed = 1;
+        }
+        if (rep.ms > slowest)
+          slowest = rep.ms;
+      }
+      if (r >= 0)
+        t[r] = slowest;
+    }
+    if (!failed) {
+      qsort(t, (size_t)o.reps, sizeof *t, cmp_double);
+      double med =
+          o.reps % 2 ? t[o.reps / 2] : (t[o.reps / 2 - 1] + t[o.reps / 2]) / 2;
+      double bus = 2.0 * (o.procs - 1) / o.procs * (double)o.sizes[s];
+      printf("RESULT impl=beed procs=%d bytes=%zu codec=%s reps=%d "
+             "ms_median=%.4f ms_min=%.4f busbw_gbs=%.4f\n",
+             o.procs, o.sizes[s], avg_codec_name(o.codec), o.reps, med, t[0],
+             bus / (med * 1e-3) / 1e9);
+      fflush(stdout);
+    }
+    free(t);
+  }
+  go stop = {0};
+  for (int i = 0; i < o.procs; i++) {
+    xwrite(fds[i], &stop, sizeof stop);
+    close(fds[i]);
+  }
+  for (int i = 0; i < o.procs; i++)
+    waitpid(pids[i], NULL, 0);
+  proto_identity_clear(&moderator);
+  return failed;
+}
