@@ -266,6 +266,11 @@ typedef struct avg_round_config {
   size_t n;                    /* floats; the same for every member */
   float *residual;             /* (n) error feedback, the caller's, zeros at
                                 first; NULL: none.  Borrowed as x */
+  float *scratch;              /* (n) optional: room for the backups of
+                                the spans being received, each at its own
+                                offset; borrowed as x.  NULL: the round
+                                allocates them as results arrive, fresh
+                                pages every round */
   double weight;               /* our sample count, finite, 0..FLT_MAX;
                                 ignored for AUX (0) */
   avg_codec codec;             /* default AVG_NONE */

@@ -88,13 +88,20 @@ struct avg_node {
   double *bandwidth;
   bool *unreachable; /* members we failed to dial */
   bool replay;       /* kept round messages to hand the round */
+  /* The rounds' backups, kept from round to round so that each does not
+   * fault in fresh pages: n floats of the largest buffer yet.  Freed with
+   * the node, after the last job (a job holds a reference). */
+  float *scratch;
+  size_t scratch_n;
   avg_match_stats mstats;
   char name[32]; /* for the round's log lines */
 };
 
 static void unref(avg_node *n) {
-  if (--n->refs == 0)
+  if (--n->refs == 0) {
+    free(n->scratch);
     free(n);
+  }
 }
 
 static uint64_t now_ms(void *ctx) {
@@ -368,6 +375,17 @@ static int start_round(avg_node *n, const avg_group *g, bool replay_now) {
   n->group = *g;
   n->group.members = n->members;
   avg_round_config rc = n->req.round;
+  if (rc.x && !rc.scratch) {
+    if (n->scratch_n < rc.n) {
+      float *p = realloc(n->scratch, rc.n * sizeof *p);
+      if (p) {
+        n->scratch = p;
+        n->scratch_n = rc.n;
+      }
+    }
+    if (n->scratch_n >= rc.n)
+      rc.scratch = n->scratch; /* else the round allocates its own */
+  }
   memcpy(rc.group, g->id, sizeof rc.group);
   rc.nmembers = N;
   rc.self = g->self;

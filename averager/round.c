@@ -256,6 +256,13 @@ static void send_abort(avg_round *r, size_t j, int code, const char *text) {
 
 /* ---- spans: commit or put back ----------------------------------------- */
 
+/* The backup goes: back to the heap, unless it is the caller's scratch. */
+static void drop_backup(avg_round *r, mem *d) {
+  if (!r->cfg.scratch)
+    free(d->backup);
+  d->backup = NULL;
+}
+
 /* Puts back every part of j's span that was written, once no job is
  * writing into it any more. */
 static void restore(avg_round *r, size_t j) {
@@ -272,8 +279,7 @@ static void restore(avg_round *r, size_t j) {
     }
     r->part_k[p] = 0;
   }
-  free(d->backup);
-  d->backup = NULL;
+  drop_backup(r, d);
 }
 
 static void fail_span(avg_round *r, size_t j) {
@@ -290,15 +296,17 @@ static void maybe_commit(avg_round *r, size_t j) {
   if (d->span != SPAN_OPEN || d->done < d->nparts || d->jobs > 0)
     return;
   d->span = SPAN_DONE;
-  free(d->backup);
-  d->backup = NULL;
+  drop_backup(r, d);
   memset(r->written + d->part0, 0, d->nparts);
 }
 
+/* A span's backup sits at the span's own offset in the caller's scratch,
+ * or in memory of its own. */
 static bool ensure_backup(avg_round *r, size_t j) {
   mem *d = &r->m[j];
   if (!d->backup)
-    d->backup = grab(r, d->len * sizeof(float));
+    d->backup = r->cfg.scratch ? r->cfg.scratch + d->start
+                               : grab(r, d->len * sizeof(float));
   return d->backup != NULL;
 }
 
@@ -1301,7 +1309,7 @@ static void really_free(avg_round *r) {
         for (size_t k = 0; k < r->W; k++)
           free(d->slots[k].buf);
       free(d->slots);
-      free(d->backup);
+      drop_backup(r, d);
       free(d->encbuf);
     }
   }

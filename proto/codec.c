@@ -145,15 +145,16 @@ static int wr_done(const proto_wr *w, size_t *len) {
   return 0;
 }
 
-/* Beyond proto.h: a type that is not an envelope is BEE_EUNKNOWN and an
- * empty method or kind name BEE_ERANGE, checked before anything is
- * written.  Fields the type does not carry are ignored. */
-int proto_msg_encode(const proto_msg *m, uint8_t *buf, size_t cap,
-                     size_t *len) {
+/* The whole message, or with head_only everything up to and including
+ * the bin header of its last field, which must be a payload. */
+static int encode(const proto_msg *m, uint8_t *buf, size_t cap, size_t *len,
+                  bool head_only) {
   uint32_t n;
   const uint8_t *l = layout(m->type, &n);
   if (!l)
     return BEE_EUNKNOWN;
+  if (head_only && (n == 0 || (l[n - 1] != F_PAYLOAD && l[n - 1] != F_DATA)))
+    return BEE_ERANGE;
   for (uint32_t i = 0; i < n; i++) {
     int rc = field_check(m, l[i]);
     if (rc)
@@ -162,9 +163,26 @@ int proto_msg_encode(const proto_msg *m, uint8_t *buf, size_t cap,
   proto_wr w;
   proto__wr_init(&w, buf, cap);
   proto__wr_head(&w, m->type, n);
-  for (uint32_t i = 0; i < n; i++)
-    field_put(&w, m, l[i]);
+  for (uint32_t i = 0; i < n; i++) {
+    if (head_only && i + 1 == n)
+      proto__wr_bin_head(&w, blob_of(m, l[i])->n);
+    else
+      field_put(&w, m, l[i]);
+  }
   return wr_done(&w, len);
+}
+
+/* Beyond proto.h: a type that is not an envelope is BEE_EUNKNOWN and an
+ * empty method or kind name BEE_ERANGE, checked before anything is
+ * written.  Fields the type does not carry are ignored. */
+int proto_msg_encode(const proto_msg *m, uint8_t *buf, size_t cap,
+                     size_t *len) {
+  return encode(m, buf, cap, len, false);
+}
+
+int proto__msg_head_encode(const proto_msg *m, uint8_t *buf, size_t cap,
+                           size_t *len) {
+  return encode(m, buf, cap, len, true);
 }
 
 /* data_len over PROTO_CHUNK_MAX, or a small buf, is BEE_ETOOBIG. */

@@ -160,6 +160,9 @@ void proto__conn_pool_free(proto_host *h) {
  * not lost behind bulk data; a peer that makes us queue more than that
  * (say, by sending pings it never reads the answers to) is closed. */
 #define CONTROL_SLACK (1u << 20)
+/* Payloads from this size on are sealed from where they are, not copied
+ * into the frame first. */
+#define SEAL_FROM_SOURCE 4096
 static int send_msg(proto_conn *c, const proto_msg *m, bool control) {
   if (c->state != CONN_UP)
     return BEE_ECLOSED;
@@ -168,8 +171,10 @@ static int send_msg(proto_conn *c, const proto_msg *m, bool control) {
   if (c->queued > 0 && c->queued + max > limit) {
     if (control) {
       char id[24];
-      bee_warn(COMP, "%s: peer does not read what it asks for (%zu bytes "
-               "queued), closing", who(c, id), c->queued);
+      bee_warn(COMP,
+               "%s: peer does not read what it asks for (%zu bytes "
+               "queued), closing",
+               who(c, id), c->queued);
       proto__conn_abort(c, BEE_EQUEUE, NULL);
       return BEE_ECLOSED;
     }
@@ -181,9 +186,18 @@ static int send_msg(proto_conn *c, const proto_msg *m, bool control) {
     return -ENOMEM;
   uint8_t *body = w->buf + PROTO_FRAME_HDR;
   size_t len;
-  int rc = proto_msg_encode(m, body, max, &len);
-  if (!rc)
-    rc = proto_seal(&c->tx, body, len);
+  int rc;
+  if (m->payload.n >= SEAL_FROM_SOURCE &&
+      proto__msg_head_encode(m, body, max, &len) == 0) {
+    /* A large payload is encrypted straight from the caller's buffer
+     * into the frame, behind its head: one pass over it, no copy. */
+    rc = proto__seal_parts(&c->tx, body, body, len, m->payload.p, m->payload.n);
+    len += m->payload.n;
+  } else {
+    rc = proto_msg_encode(m, body, max, &len);
+    if (!rc)
+      rc = proto_seal(&c->tx, body, len);
+  }
   if (rc) {
     wreq_free(c->h, w);
     return rc;
@@ -203,8 +217,8 @@ int proto_conn_send_chunk(proto_conn *c, uint64_t stream_id, uint64_t offset,
     return BEE_ECLOSED;
   if (len > PROTO_CHUNK_MAX)
     return BEE_ETOOBIG;
-  int rc = proto_chunk_header_encode(stream_id, offset, len, hdr, sizeof hdr,
-                                     &hlen);
+  int rc =
+      proto_chunk_header_encode(stream_id, offset, len, hdr, sizeof hdr, &hlen);
   if (rc)
     return rc;
   if (c->queued > 0 && c->queued + hlen + len > c->h->cfg.write_queue_max) {
@@ -215,8 +229,8 @@ int proto_conn_send_chunk(proto_conn *c, uint64_t stream_id, uint64_t offset,
   if (!w)
     return -ENOMEM;
   /* Encrypted straight from the caller's buffer into the frame. */
-  if ((rc = proto__seal_parts(&c->tx, w->buf + PROTO_FRAME_HDR, hdr, hlen,
-                              data, len))) {
+  if ((rc = proto__seal_parts(&c->tx, w->buf + PROTO_FRAME_HDR, hdr, hlen, data,
+                              len))) {
     wreq_free(c->h, w);
     return rc;
   }
@@ -308,8 +322,8 @@ int proto_conn_reply_error(proto_conn *c, uint64_t id, int code,
   return send_msg(c, &m, true);
 }
 
-int proto_conn_oneway(proto_conn *c, const char *method,
-                      const uint8_t *payload, size_t len) {
+int proto_conn_oneway(proto_conn *c, const char *method, const uint8_t *payload,
+                      size_t len) {
   proto_msg m = {.type = PROTO_T_ONEWAY,
                  .name = {(const uint8_t *)method, strlen(method)},
                  .payload = {payload, len}};
@@ -347,9 +361,7 @@ static void dispatch(proto_conn *c, const proto_msg *m) {
   proto_call *call;
   char id[24];
   switch (m->type) {
-  case PROTO_T_REQUEST:
-    dispatch_request(c, m);
-    break;
+  case PROTO_T_REQUEST: dispatch_request(c, m); break;
   case PROTO_T_RESPONSE:
   case PROTO_T_ERROR:
     if (!(call = call_take(c, m->id))) {
@@ -385,9 +397,7 @@ static void dispatch(proto_conn *c, const proto_msg *m) {
     send_msg(c, &pong, true);
     break;
   }
-  case PROTO_T_PONG:
-    c->ping_sent_ms = 0;
-    break;
+  case PROTO_T_PONG: c->ping_sent_ms = 0; break;
   case PROTO_T_CLOSE: {
     char text[200];
     bee_info(COMP, "%s closed the connection: %s", who(c, id),
@@ -395,8 +405,7 @@ static void dispatch(proto_conn *c, const proto_msg *m) {
     proto__conn_abort(c, BEE_ECLOSED, NULL);
     break;
   }
-  default:
-    break;
+  default: break;
   }
 }
 
@@ -447,7 +456,8 @@ static bool frame(proto_conn *c, uint8_t *body, size_t len) {
     return false;
   }
   if ((rc = proto_msg_decode(body, plen, &m))) {
-    bee_warn(COMP, "%s: bad message (%s), closing", who(c, id), bee_errname(rc));
+    bee_warn(COMP, "%s: bad message (%s), closing", who(c, id),
+             bee_errname(rc));
     proto_conn_close(c, rc, bee_strerror(rc));
     return false;
   }
@@ -494,9 +504,11 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   size_t off = 0;
   while (c->rlen - off >= PROTO_FRAME_HDR) {
     uint32_t blen = proto__get_u32(c->rbuf + off);
-    size_t limit = c->state == CONN_HANDSHAKE ? PROTO_HS_OUT_MAX : PROTO_FRAME_MAX;
+    size_t limit =
+        c->state == CONN_HANDSHAKE ? PROTO_HS_OUT_MAX : PROTO_FRAME_MAX;
     if (blen > limit) {
-      bee_warn(COMP, "%s: frame of %u bytes is over the %zu-byte limit, closing",
+      bee_warn(COMP,
+               "%s: frame of %u bytes is over the %zu-byte limit, closing",
                who(c, id), blen, limit);
       proto__conn_abort(c, BEE_ETOOBIG, NULL);
       return;
@@ -571,8 +583,8 @@ static void conn_down(proto_conn *c, int code) {
 }
 
 void proto__conn_abort(proto_conn *c, int code, const char *why) {
-  if (c->state == CONN_CLOSING && (!c->has_tcp ||
-                                   uv_is_closing((uv_handle_t *)&c->tcp)))
+  if (c->state == CONN_CLOSING &&
+      (!c->has_tcp || uv_is_closing((uv_handle_t *)&c->tcp)))
     return;
   bool graceful = why && c->queued > 0; /* flush what is queued first */
   int was = c->state;

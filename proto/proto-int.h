@@ -143,6 +143,13 @@ int proto__write_file(const char *path, const void *p, size_t n, int mode,
 
 /* seal.c: sets up one direction of sealed traffic. */
 int proto__sealer_init(proto_sealer *s, int cipher, const uint8_t key[32]);
+/* Encodes envelope message m up to and including the bin header of its
+ * last field, a payload (REQUEST, RESPONSE, ONEWAY, STREAM_OPEN, CHUNK),
+ * whose bytes the caller places (or seals) right after it: the same bytes
+ * proto_msg_encode writes, in two pieces.  BEE_ERANGE for a type whose
+ * last field is not a payload; else as proto_msg_encode. */
+int proto__msg_head_encode(const proto_msg *m, uint8_t *buf, size_t cap,
+                           size_t *len);
 /* Seals the concatenation hdr || data into out (hlen + len bytes, then
  * the tag), reading the parts where they are: no copy first.  hdr may be
  * out itself (in place); data may be out + hlen. */

@@ -382,6 +382,12 @@ static void run_kill(int N, size_t n, bool quiet) {
      * before it stopped. */
     ASSERT_GT(m->by_k[0], 0);
     ASSERT_UEQ(m->by_k[0] + m->by_k[N - 1] + m->by_k[N], n);
+    /* What stayed local is exactly what was there (put back from the
+     * backup where results had arrived). */
+    size_t same = 0;
+    for (size_t j = 0; j < n; j++)
+      same += memcmp(&m->x[j], &m->x0[j], sizeof(float)) == 0;
+    ASSERT_GE(same, m->by_k[0]);
     ok++;
   }
   /* Where survivors were averaged over the same members they agree; a

@@ -184,6 +184,41 @@ static void test_envelope_roundtrip(void) {
 }
 
 /* A STREAM_CHUNK header followed by its data is exactly the message. */
+/* proto__msg_head_encode + the payload bytes = proto_msg_encode, for
+ * every type whose last field is a payload; the others are refused. */
+static void test_msg_head(void) {
+  static uint8_t data[70000], whole[70100], split[70100];
+  for (size_t i = 0; i < sizeof data; i++)
+    data[i] = (uint8_t)(i * 7);
+  const int types[] = {PROTO_T_REQUEST, PROTO_T_RESPONSE, PROTO_T_ONEWAY,
+                       PROTO_T_STREAM_OPEN, PROTO_T_STREAM_CHUNK};
+  const size_t lens[] = {0, 1, 4096, 65535, 65536, 70000};
+  for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+      size_t n = types[t] == PROTO_T_STREAM_CHUNK && lens[i] > PROTO_CHUNK_MAX
+                     ? PROTO_CHUNK_MAX
+                     : lens[i];
+      proto_msg m = {.type = types[t],
+                     .id = 77,
+                     .offset = 5,
+                     .name = bytes((const uint8_t *)"avg.r", 5),
+                     .payload = bytes(data, n)};
+      size_t wlen, hlen;
+      ASSERT_OK(proto_msg_encode(&m, whole, sizeof whole, &wlen));
+      ASSERT_OK(proto__msg_head_encode(&m, split, sizeof split, &hlen));
+      ASSERT_EQ(hlen + n, wlen);
+      memcpy(split + hlen, data, n);
+      ASSERT_MEMEQ(split, whole, wlen);
+    }
+  proto_msg ping = {.type = PROTO_T_PING, .id = 1};
+  size_t hlen;
+  ASSERT_RC(proto__msg_head_encode(&ping, split, sizeof split, &hlen),
+            BEE_ERANGE);
+  proto_msg bad = {.type = 99};
+  ASSERT_RC(proto__msg_head_encode(&bad, split, sizeof split, &hlen),
+            BEE_EUNKNOWN);
+}
+
 static void test_chunk_header(void) {
   uint8_t *data = malloc(PROTO_CHUNK_MAX);
   size_t cap = PROTO_CHUNK_MAX + 64;
@@ -670,6 +705,7 @@ static void test_result(void) {
 int main(void) {
   test_envelope_roundtrip();
   test_chunk_header();
+  test_msg_head();
   test_envelope_encode_errors();
   test_envelope_malformed();
   test_envelope_toobig();
