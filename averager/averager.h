@@ -500,6 +500,10 @@ void avg_match_declared(avg_match *m, const avg_decl *v, size_t n);
  * our round (we leave that group), BEE_ECANCELED after the end. */
 int avg_match_handle(avg_match *m, const uint8_t from[PROTO_ID_BYTES],
                      const uint8_t *msg, size_t len);
+/* The transport lost the peer id (its connection closed): a leader we
+ * follow or ask is given up at once instead of at its timeout, a
+ * follower is dropped from our group. */
+void avg_match_peer_gone(avg_match *m, const uint8_t id[PROTO_ID_BYTES]);
 /* Runs the timeouts.  Returns the milliseconds until it wants to run
  * again, UINT64_MAX when it is over.  Call it after start and every other
  * call, and when that time has passed. */
@@ -592,6 +596,9 @@ int avg_node_round(avg_node *n, const avg_group *g,
 void avg_node_declared(avg_node *n, const avg_decl *v, size_t count);
 /* The host's on_drain for connection c: the round sends again. */
 void avg_node_drain(avg_node *n, proto_conn *c);
+/* The host's on_down for connection c: the matchmaking stops waiting on
+ * that peer (avg_match_peer_gone). */
+void avg_node_conn_down(avg_node *n, proto_conn *c);
 /* Ends the averaging under way (its callback runs now, BEE_ECANCELED) and
  * frees n on a later turn of the loop.  NULL is fine. */
 void avg_node_close(avg_node *n);

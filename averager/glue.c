@@ -641,6 +641,18 @@ void avg_node_drain(avg_node *n, proto_conn *c) {
   }
 }
 
+void avg_node_conn_down(avg_node *n, proto_conn *c) {
+  if (n->closing || !n->m)
+    return;
+  /* Only if no other connection to that peer is left. */
+  const uint8_t *id = proto_conn_peer(c)->id;
+  proto_conn *other = proto_host_find(n->cfg.host, id);
+  if (other && other != c)
+    return;
+  avg_match_peer_gone(n->m, id);
+  arm(n);
+}
+
 static void timer_closed(uv_handle_t *h) { unref(h->data); }
 
 void avg_node_close(avg_node *n) {

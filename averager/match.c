@@ -690,6 +690,27 @@ static bool run_timers(avg_match *m, uint64_t t) {
   return active(m);
 }
 
+void avg_match_peer_gone(avg_match *m, const uint8_t id[PROTO_ID_BYTES]) {
+  char who[16];
+  if (!active(m))
+    return;
+  enter(m);
+  if ((m->state == ST_FOLLOWING || m->asking) && same_id(id, m->leader)) {
+    bee_debug("match", "%s: %s is gone", m->self_name, short_id(id, who));
+    if (m->state == ST_FOLLOWING)
+      unfollow(m);
+    else
+      ask_failed(m);
+  } else {
+    for (size_t i = 0; i < m->nfol; i++)
+      if (same_id(m->fol[i].id, id)) {
+        m->fol[i] = m->fol[--m->nfol];
+        break;
+      }
+  }
+  leave(m);
+}
+
 uint64_t avg_match_tick(avg_match *m) {
   if (!active(m))
     return UINT64_MAX;

@@ -41,7 +41,7 @@ static void *xcalloc(size_t n, size_t size) {
 
 /* ---- the simulated world ----------------------------------------------- */
 
-enum { EV_MSG, EV_FETCH };
+enum { EV_MSG, EV_FETCH, EV_GONE };
 
 typedef struct ev {
   uint64_t at, seq;
@@ -373,6 +373,9 @@ static void run(sim *s, uint64_t until, bool rounds) {
     if (e.kind == EV_FETCH) {
       if (p->alive)
         deliver_fetch(s, p);
+    } else if (e.kind == EV_GONE) {
+      if (p->alive && p->m)
+        avg_match_peer_gone(p->m, s->p[e.from].id);
     } else {
       deliver_msg(s, &e);
       free(e.msg);
@@ -647,6 +650,7 @@ typedef struct scenario {
   int clients;        /* this many CLIENT peers */
   bool two_schemas;
   uint64_t lat_max;
+  bool gone_notice; /* the killed peer's connections reset (else silence) */
 } scenario;
 
 static void run_scenario(const scenario *sc, uint64_t seed) {
@@ -700,6 +704,13 @@ static void run_scenario(const scenario *sc, uint64_t seed) {
       }
       v->alive = false;
       killed = true;
+      if (sc->gone_notice) /* every peer's connection to it resets */
+        for (int i = 0; i < sc->np; i++)
+          if (&s.p[i] != v)
+            push(&s, (ev){.at = s.now + latency(&s),
+                          .kind = EV_GONE,
+                          .to = i,
+                          .from = v->idx});
       continue;
     }
     for (int i = 0; i < sc->np; i++)
@@ -739,7 +750,7 @@ static void run_scenario(const scenario *sc, uint64_t seed) {
   ASSERT_EQ(leaders_client, 0);
   /* Everyone found a group, long before the 30 s deadline. */
   ASSERT_EQ(ungrouped, 0);
-  ASSERT_LT(last, sc->kill_first ? 30000 : 20000);
+  ASSERT_LT(last, sc->kill_first && !sc->gone_notice ? 30000 : 20000);
   printf("%-34s %2d peers, target %2zu: %2d groups, all done by %5" PRIu64
          " ms, %" PRIu64 " messages\n",
          sc->name, alive, sc->target, groups, last, s.msgs);
@@ -900,14 +911,17 @@ int main(void) {
   test_verdicts();
   test_bits();
   static const scenario sc[] = {
-      {"32 at once", 32, 8, 2, 10, 0, 0, false, 0},
-      {"32 at once, groups of 16", 32, 16, 2, 10, 0, 0, false, 0},
-      {"32 at once, groups of 4, slow net", 32, 4, 2, 10, 0, 0, false, 400},
-      {"64 spread over 3 s", 64, 8, 2, 3000, 0, 0, false, 0},
-      {"32 over 3 s, a leader killed at 1 s", 32, 8, 2, 3000, 1000, 0, false,
-       0},
-      {"32 with 6 clients", 32, 8, 2, 10, 0, 6, false, 0},
-      {"32, two schemas", 32, 8, 2, 10, 0, 0, true, 0},
+      {"32 at once", 32, 8, 2, 10, 0, 0, false, 0, false},
+      {"32 at once, groups of 16", 32, 16, 2, 10, 0, 0, false, 0, false},
+      {"32 at once, groups of 4, slow net", 32, 4, 2, 10, 0, 0, false, 400,
+       false},
+      {"64 spread over 3 s", 64, 8, 2, 3000, 0, 0, false, 0, false},
+      {"32 over 3 s, a leader killed at 1 s", 32, 8, 2, 3000, 1000, 0, false, 0,
+       false},
+      {"the same, its connections reset", 32, 8, 2, 3000, 1000, 0, false, 0,
+       true},
+      {"32 with 6 clients", 32, 8, 2, 10, 0, 6, false, 0, false},
+      {"32, two schemas", 32, 8, 2, 10, 0, 0, true, 0, false},
   };
   for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++)
     for (uint64_t seed = 1; seed <= 5; seed++)

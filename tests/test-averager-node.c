@@ -114,6 +114,13 @@ static void on_drain(proto_conn *c, void *data) {
     avg_node_drain(m->node, c);
 }
 
+static void on_down(proto_conn *c, int status, void *data) {
+  member *m = data;
+  (void)status;
+  if (m->node)
+    avg_node_conn_down(m->node, c);
+}
+
 static void member_start(member *m) {
   uint64_t now = (uint64_t)time(NULL);
   test_node_init(&m->tn, &moderator, "test", PROTO_ROLE_BEE, now - 60,
@@ -123,6 +130,7 @@ static void member_start(member *m) {
   hc.loop = loop;
   hc.auth = m->tn.auth;
   hc.on_drain = on_drain;
+  hc.on_down = on_down;
   /* Every member dials from 127.0.0.1: the per-address handshake limit
    * (against floods from one host) would refuse most of a group of 16. */
   hc.max_pending_per_addr = 64;
