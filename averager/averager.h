@@ -556,11 +556,20 @@ typedef struct avg_node_config {
 /* One averaging.  match: as avg_match_config (self_id is filled in);
  * info.weight should be round.weight.  round: as avg_round_config, with
  * the buffer, weight, codec and timeouts set by the caller; the group,
- * members, modes and bandwidths come from the matchmaking. */
+ * members, modes and bandwidths come from the matchmaking.  round.window
+ * 0 (the default here) sizes the window to the links: enough parts in
+ * flight per owner to cover min(both declared bandwidths) x the round
+ * trip the transport measured, within 4..AVG_WINDOW_MAX. */
 typedef struct avg_node_request {
   avg_match_config match;
   avg_round_config round;
   bool equal_spans; /* ignore the declared bandwidths */
+  /* Bulk connections per member to spread the round's bytes over (a
+   * high bandwidth-delay link caps one TCP stream at its window / RTT),
+   * opened at the round's start and kept from round to round; up to 16.
+   * 0 or 1: the control connection only.  Needs avg_node_conn_down on
+   * the host's on_down. */
+  unsigned stripes;
 } avg_node_request;
 
 typedef struct avg_node_result {

@@ -24,6 +24,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,20 @@ typedef struct early {
   uint8_t buf[];
 } early;
 
+/* The bulk connections we opened to one peer to stripe a round's bytes
+ * over (avg_node_request.stripes), kept from round to round. */
+#define STRIPES_MAX 16
+typedef struct stripes {
+  uint8_t id[PROTO_ID_BYTES];
+  proto_conn *c[STRIPES_MAX]; /* up, ours to send on */
+  unsigned up, dialing, next;
+} stripes;
+
+typedef struct sdial {
+  avg_node *n;
+  uint8_t id[PROTO_ID_BYTES];
+} sdial;
+
 typedef struct work {
   uv_work_t w;
   avg_node *n;
@@ -93,6 +108,8 @@ struct avg_node {
    * the node, after the last job (a job holds a reference). */
   float *scratch;
   size_t scratch_n;
+  stripes *str; /* one per peer we striped to */
+  size_t nstr, capstr;
   avg_match_stats mstats;
   char name[32]; /* for the round's log lines */
 };
@@ -100,6 +117,7 @@ struct avg_node {
 static void unref(avg_node *n) {
   if (--n->refs == 0) {
     free(n->scratch);
+    free(n->str);
     free(n);
   }
 }
@@ -250,12 +268,120 @@ static size_t member_index(const avg_node *n, const uint8_t *id) {
   return SIZE_MAX;
 }
 
+/* ---- stripes ----------------------------------------------------------- */
+
+static stripes *stripes_find(avg_node *n, const uint8_t *id, bool make) {
+  for (size_t i = 0; i < n->nstr; i++)
+    if (memcmp(n->str[i].id, id, PROTO_ID_BYTES) == 0)
+      return &n->str[i];
+  if (!make)
+    return NULL;
+  if (n->nstr == n->capstr) {
+    size_t cap = n->capstr ? 2 * n->capstr : 16;
+    stripes *v = realloc(n->str, cap * sizeof *v);
+    if (!v)
+      return NULL;
+    n->str = v;
+    n->capstr = cap;
+  }
+  stripes *st = &n->str[n->nstr++];
+  memset(st, 0, sizeof *st);
+  memcpy(st->id, id, PROTO_ID_BYTES);
+  return st;
+}
+
+/* Forgets c if it is one of our stripes (it closed). */
+static void stripes_drop(avg_node *n, proto_conn *c) {
+  stripes *st = stripes_find(n, proto_conn_peer(c)->id, false);
+  if (!st)
+    return;
+  for (unsigned i = 0; i < st->up; i++)
+    if (st->c[i] == c) {
+      st->c[i] = st->c[--st->up];
+      return;
+    }
+}
+
+static void stripe_dialled(proto_host *h, proto_conn *c, int status,
+                           void *arg) {
+  sdial *sd = arg;
+  avg_node *n = sd->n;
+  (void)h;
+  stripes *st = n->closing ? NULL : stripes_find(n, sd->id, false);
+  if (st)
+    st->dialing--;
+  if (status == 0 && c) {
+    if (!st || memcmp(proto_conn_peer(c)->id, sd->id, PROTO_ID_BYTES) != 0 ||
+        st->up == STRIPES_MAX) {
+      proto_conn_close(c, 0, "stripe not wanted");
+    } else {
+      st->c[st->up++] = c;
+      size_t k = n->r ? member_index(n, sd->id) : SIZE_MAX;
+      if (k != SIZE_MAX) { /* more room to send on */
+        avg_round_drain(n->r, k);
+        arm(n);
+      }
+    }
+  }
+  free(sd);
+  unref(n);
+}
+
+/* Opens the stripes the request asks for to every member we can dial. */
+static void stripes_open(avg_node *n) {
+  unsigned want = n->req.stripes;
+  if (want < 2)
+    return;
+  if (want > STRIPES_MAX)
+    want = STRIPES_MAX;
+  for (size_t k = 0; k < n->group.nmembers; k++) {
+    const proto_group_member *g = &n->members[k];
+    if (k == n->group.self || g->mode == PROTO_MODE_CLIENT)
+      continue;
+    stripes *st = stripes_find(n, g->id, true);
+    while (st && st->up + st->dialing < want) {
+      sdial *sd = malloc(sizeof *sd);
+      if (!sd)
+        return;
+      sd->n = n;
+      memcpy(sd->id, g->id, PROTO_ID_BYTES);
+      if (proto_host_connect(n->cfg.host, g->addr, PROTO_PURPOSE_BULK,
+                             stripe_dialled, sd) != 0) {
+        free(sd);
+        break;
+      }
+      st->dialing++;
+      n->refs++;
+    }
+  }
+}
+
+/* Sends on the member's stripes in turn, skipping full ones: 0, or
+ * BEE_EQUEUE when every stripe is full, or 1 when there are none. */
+static int stripes_send(avg_node *n, const uint8_t *id, const uint8_t *msg,
+                        size_t len) {
+  stripes *st = n->req.stripes > 1 ? stripes_find(n, id, false) : NULL;
+  if (!st || st->up == 0)
+    return 1;
+  for (unsigned tries = 0; tries < st->up; tries++) {
+    unsigned i = st->next++ % st->up;
+    int rc = proto_conn_oneway(st->c[i], METHOD_ROUND, msg, len);
+    if (rc == 0)
+      return 0;
+    if (rc != BEE_EQUEUE)
+      return rc;
+  }
+  return BEE_EQUEUE;
+}
+
 static int round_send(void *ctx, size_t member, const uint8_t *msg,
                       size_t len) {
   avg_node *n = ctx;
   const proto_group_member *g = &n->members[member];
+  int rc = stripes_send(n, g->id, msg, len);
+  if (rc != 1)
+    return rc;
   proto_conn *c = proto_host_find(n->cfg.host, g->id);
-  int rc;
   if (c)
     return proto_conn_oneway(c, METHOD_ROUND, msg, len);
   if (n->unreachable[member] || g->mode == PROTO_MODE_CLIENT)
@@ -355,6 +481,38 @@ static void replay_early(avg_node *n) {
   }
 }
 
+/* The parts in flight per owner that keep a link busy for a round trip,
+ * as TCP sizes its window: for each member, min(our declared bandwidth,
+ * its) x the round trip the transport measured on our connection to it,
+ * in parts, plus 2; the most over the members, within 4..AVG_WINDOW_MAX.
+ * A member we have no connection to yet counts with the largest RTT we
+ * know. */
+static unsigned auto_window(const avg_node *n, const avg_round_config *rc) {
+  size_t part =
+      (rc->part_floats ? rc->part_floats : AVG_PART_FLOATS) * sizeof(float);
+  double mine = n->members[n->group.self].bandwidth_mbit, most = 0;
+  uint64_t rtt_known = 0;
+  for (size_t k = 0; k < n->group.nmembers; k++) {
+    proto_conn *c = proto_host_find(n->cfg.host, n->members[k].id);
+    if (c && proto_conn_rtt_ms(c) > rtt_known)
+      rtt_known = proto_conn_rtt_ms(c);
+  }
+  for (size_t k = 0; k < n->group.nmembers; k++) {
+    if (k == n->group.self)
+      continue;
+    proto_conn *c = proto_host_find(n->cfg.host, n->members[k].id);
+    uint64_t rtt = c ? proto_conn_rtt_ms(c) : rtt_known;
+    double bw = n->members[k].bandwidth_mbit < mine
+                    ? n->members[k].bandwidth_mbit
+                    : mine;
+    double parts = bw * 1e6 / 8 * ((double)rtt / 1e3) / (double)part + 2;
+    if (parts > most)
+      most = parts;
+  }
+  unsigned w = most > AVG_WINDOW_MAX ? AVG_WINDOW_MAX : (unsigned)ceil(most);
+  return w < 4 ? 4 : w;
+}
+
 /* Creates and starts the round of group g; 0, or a code (nothing runs,
  * no callback). */
 static int start_round(avg_node *n, const avg_group *g, bool replay_now) {
@@ -375,6 +533,8 @@ static int start_round(avg_node *n, const avg_group *g, bool replay_now) {
   n->group = *g;
   n->group.members = n->members;
   avg_round_config rc = n->req.round;
+  if (rc.window == 0)
+    rc.window = auto_window(n, &rc);
   if (rc.x && !rc.scratch) {
     if (n->scratch_n < rc.n) {
       float *p = realloc(n->scratch, rc.n * sizeof *p);
@@ -408,6 +568,7 @@ static int start_round(avg_node *n, const avg_group *g, bool replay_now) {
     group_free(n);
     return rc_;
   }
+  stripes_open(n);
   /* The kept messages may end the round at once; from inside a public
    * call, hand them over on the next turn (the timer) instead. */
   if (replay_now)
@@ -568,6 +729,7 @@ void avg_node_request_default(avg_node_request *req) {
   memset(req, 0, sizeof *req);
   avg_match_config_default(&req->match);
   avg_round_config_default(&req->round);
+  req->round.window = 0; /* from the links (auto_window) */
 }
 
 /* An averaging starts: cb is owed once it ends. */
@@ -642,6 +804,7 @@ void avg_node_drain(avg_node *n, proto_conn *c) {
 }
 
 void avg_node_conn_down(avg_node *n, proto_conn *c) {
+  stripes_drop(n, c); /* never sent on again, closing or not */
   if (n->closing || !n->m)
     return;
   /* Only if no other connection to that peer is left. */
@@ -674,6 +837,13 @@ void avg_node_close(avg_node *n) {
   if (n->busy)
     finish(n, BEE_ECANCELED, NULL);
   group_free(n);
+  /* Our stripes go with us; their on_down finds them gone already. */
+  stripes *str = n->str;
+  size_t nstr = n->nstr;
+  n->nstr = 0;
+  for (size_t i = 0; i < nstr; i++)
+    for (unsigned k = 0; k < str[i].up; k++)
+      proto_conn_close(str[i].c[k], 0, "averager closed");
   for (dial *d = n->dials; d; d = d->next)
     d->gone = true; /* their callbacks free them */
   n->dials = NULL;

@@ -338,6 +338,17 @@ static void fail_calls(proto_conn *c, int status) {
   }
 }
 
+/* A round trip took ms: the least one seen is the path's. */
+static void rtt_sample(proto_conn *c, uint64_t ms) {
+  if (!c->has_rtt || ms < c->rtt_ms)
+    c->rtt_ms = ms;
+  c->has_rtt = true;
+}
+
+uint64_t proto_conn_rtt_ms(const proto_conn *c) {
+  return c->has_rtt ? c->rtt_ms : 0;
+}
+
 /* ---- receiving ---------------------------------------------------------- */
 
 static void dispatch_request(proto_conn *c, const proto_msg *m) {
@@ -397,7 +408,11 @@ static void dispatch(proto_conn *c, const proto_msg *m) {
     send_msg(c, &pong, true);
     break;
   }
-  case PROTO_T_PONG: c->ping_sent_ms = 0; break;
+  case PROTO_T_PONG:
+    if (c->ping_sent_ms)
+      rtt_sample(c, proto__now_ms(c->h) - c->ping_sent_ms);
+    c->ping_sent_ms = 0;
+    break;
   case PROTO_T_CLOSE: {
     char text[200];
     bee_info(COMP, "%s closed the connection: %s", who(c, id),
@@ -409,15 +424,24 @@ static void dispatch(proto_conn *c, const proto_msg *m) {
   }
 }
 
-/* Handles one handshake frame body. */
+/* Handles one handshake frame body.  Each handshake message answers the
+ * other side's last one, so the time from ours to theirs is a round trip
+ * (plus the peer's few microseconds of key agreement). */
 static void handshake(proto_conn *c, const uint8_t *body, size_t len) {
   uint8_t out[PROTO_HS_OUT_MAX];
   size_t olen;
   bool done;
   int remote;
+  uint64_t now = proto__now_ms(c->h);
+  if (c->hs_sent_ms) {
+    rtt_sample(c, now - c->hs_sent_ms);
+    c->hs_sent_ms = 0;
+  }
   int rc = proto_hs_step(c->hs, body, len, out, &olen, &done, &remote);
   if (olen && send_plain(c, out, olen) != 0 && !rc)
     rc = BEE_ECLOSED;
+  if (olen && !done)
+    c->hs_sent_ms = now;
   if (rc == BEE_EREMOTE) {
     bee_warn(COMP, "handshake with %s refused by the peer: %s (%s)", c->addr,
              proto_hs_remote_text(c->hs), bee_errname(remote));
@@ -546,6 +570,7 @@ int proto__conn_start(proto_conn *c) {
   rc = proto_hs_step(c->hs, NULL, 0, out, &olen, &done, &remote);
   if (!rc)
     rc = send_plain(c, out, olen);
+  c->hs_sent_ms = proto__now_ms(h);
   return rc;
 }
 

@@ -255,6 +255,9 @@ struct proto_conn {
   size_t rcap, rlen;
   size_t queued; /* bytes handed to uv_write, not yet completed */
   uint64_t last_rx_ms, last_write_ms, ping_sent_ms;
+  uint64_t hs_sent_ms; /* a handshake message of ours awaits the next */
+  uint64_t rtt_ms;     /* least round trip seen (handshake, ping); 0: none */
+  bool has_rtt;
   uint64_t next_call_id;
   proto_call *calls;
   int close_code;

@@ -907,6 +907,9 @@ const proto_peer *proto_conn_peer(const proto_conn *c);
 const char *proto_conn_addr(const proto_conn *c);
 void proto_conn_set_data(proto_conn *c, void *data);
 void *proto_conn_get_data(const proto_conn *c);
+/* The least round trip seen on c, ms (from the handshake, then keepalive
+ * pings): 0 when under a millisecond or not known yet. */
+uint64_t proto_conn_rtt_ms(const proto_conn *c);
 /* Memory held by c's write queue: queued frames and their bookkeeping. */
 size_t proto_conn_queued(const proto_conn *c);
 

@@ -234,14 +234,19 @@ static void members_free(void) {
   uv_run(loop, UV_RUN_DEFAULT);
 }
 
-static void run_case(int N, size_t n, bool zero_weight, uint64_t round) {
+static void run_case(int N, size_t n, bool zero_weight, uint64_t round,
+                     unsigned stripes) {
   members_new(N, n, zero_weight);
   for (int i = 0; i < N; i++) {
     avg_node_request req;
     request(&mem[i], i, n, round, &req);
+    req.stripes = stripes;
     ASSERT_RC(avg_node_average(mem[i].node, &req, on_done, &mem[i]), 0);
   }
   ASSERT(test_run_until(loop, all_done, NULL, 40000));
+  if (stripes > 1) /* the stripes came up: more than one connection each */
+    for (int i = 0; i < N; i++)
+      ASSERT_GT(proto_host_conn_count(mem[i].h), (size_t)(N - 1));
   double wsum = 0;
   for (int i = 0; i < N; i++) {
     ASSERT_RC(mem[i].status, 0);
@@ -276,11 +281,12 @@ static void run_case(int N, size_t n, bool zero_weight, uint64_t round) {
       lo = fmin(lo, r);
       hi = fmax(hi, r);
     }
-  printf("N=%2d n=%zu%s: one group, same bits, error %.2g of the mean's scale, "
-         "bytes sent / (2(N-1)/N x buffer) %.3f to %.3f (spans sized by the "
-         "declared bandwidths), %" PRIu64 " ms\n",
-         N, n, zero_weight ? " (a zero-weight member)" : "", worst, lo, hi,
-         mem[0].ms);
+  printf(
+      "N=%2d n=%zu%s%s: one group, same bits, error %.2g of the mean's scale, "
+      "bytes sent / (2(N-1)/N x buffer) %.3f to %.3f (spans sized by the "
+      "declared bandwidths), %" PRIu64 " ms\n",
+      N, n, zero_weight ? " (a zero-weight member)" : "",
+      stripes > 1 ? " (4 stripes)" : "", worst, lo, hi, mem[0].ms);
   members_free();
 }
 
@@ -425,11 +431,12 @@ int main(void) {
   loop = uv_default_loop();
   test_moderator(0, &moderator);
   bee_log_set_level(BEE_LOG_WARN);
-  run_case(2, 100003, false, 1);
-  run_case(3, 65537, false, 2);
-  run_case(4, 300007, true, 3);
-  run_case(8, 250001, false, 4);
-  run_case(16, 100000, false, 5);
+  run_case(2, 100003, false, 1, 0);
+  run_case(3, 65537, false, 2, 0);
+  run_case(4, 300007, true, 3, 0);
+  run_case(8, 250001, false, 4, 0);
+  run_case(16, 100000, false, 5, 0);
+  run_case(4, 2000003, false, 6, 4);
   run_fixed();
   run_kill(4, 1u << 20, false);
   /* Failing rounds in a loop: no leak (ASan's leak check at exit) and

@@ -20,6 +20,7 @@
  * reads.  busbw is 2(N-1)/N x bytes / time, the bus bandwidth MPI and
  * NCCL benchmarks report.
  */
+#define _GNU_SOURCE /* setns */
 #include "averager.h"
 
 #include <errno.h>
@@ -30,6 +31,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -46,6 +49,12 @@ typedef struct opts {
   avg_codec codec;
   size_t part_floats;
   unsigned window;
+  unsigned stripes;
+  bool bandwidth_spans;  /* spans by --bandwidths, else equal */
+  double bandwidths[64]; /* Mbit/s, declared per member */
+  char netns[64][64];    /* member i runs in this namespace */
+  char addrs[64][64];    /* and listens on this address */
+  int nnetns, naddrs, nbw;
 } opts;
 
 /* What goes over the socketpair. */
@@ -124,6 +133,13 @@ static void on_drain(proto_conn *c, void *data) {
   avg_node_drain(m->node, c);
 }
 
+static void on_down(proto_conn *c, int status, void *data) {
+  member *m = data;
+  (void)status;
+  if (m->node)
+    avg_node_conn_down(m->node, c);
+}
+
 static void on_round(avg_node *n, const avg_node_result *r, void *arg) {
   member *m = arg;
   (void)n;
@@ -178,7 +194,12 @@ static void on_command(uv_poll_t *p, int status, int events) {
     req.round.part_floats = m->o->part_floats;
   if (m->o->window)
     req.round.window = m->o->window;
-  req.equal_spans = true;
+  req.equal_spans = !m->o->bandwidth_spans;
+  req.stripes = m->o->stripes;
+  /* A 100 MiB round over a slow emulated link takes minutes. */
+  req.round.sender_timeout_ms = 120000;
+  req.round.reducer_timeout_ms = 180000;
+  req.round.deadline_ms = 900000;
   int rc = avg_node_round(m->node, &grp, &req, on_round, m);
   if (rc) {
     report rep = {.status = rc};
@@ -199,6 +220,17 @@ static int member_main(const opts *o, int rank, int fd,
   if (proto_token_issue(&tok, moderator, SWARM, id.pk, PROTO_ROLE_BEE, now - 60,
                         now + 86400) != 0)
     return 1;
+  if (o->nnetns) {
+    char path[128];
+    snprintf(path, sizeof path, "/run/netns/%s", o->netns[rank]);
+    int nfd = open(path, O_RDONLY | O_CLOEXEC);
+    if (nfd < 0 || setns(nfd, CLONE_NEWNET) != 0) {
+      fprintf(stderr, "bench-avg: member %d: cannot enter %s: %s\n", rank, path,
+              strerror(errno));
+      return 1;
+    }
+    close(nfd);
+  }
   uv_loop_init(&m.loop);
   proto_host_config hc;
   proto_host_config_default(&hc);
@@ -209,10 +241,14 @@ static int member_main(const opts *o, int rank, int fd,
   hc.auth.swarm = SWARM;
   hc.max_pending_per_addr = 2 * NMAX; /* everyone dials from 127.0.0.1 */
   hc.on_drain = on_drain;
+  hc.on_down = on_down;
   hc.data = &m;
   int port, rc;
+  char listen_at[80];
+  snprintf(listen_at, sizeof listen_at, "%s:0",
+           o->naddrs ? o->addrs[rank] : "127.0.0.1");
   if ((rc = proto_host_new(&hc, &m.h)) ||
-      (rc = proto_host_listen(m.h, "127.0.0.1:0", &port))) {
+      (rc = proto_host_listen(m.h, listen_at, &port))) {
     fprintf(stderr, "bench-avg: member %d: %s\n", rank, bee_strerror(rc));
     return 1;
   }
@@ -232,10 +268,10 @@ static int member_main(const opts *o, int rank, int fd,
     return 1;
   for (int i = 0; i < o->procs; i++) {
     memcpy(m.list[i].id, all[i].id, PROTO_ID_BYTES);
-    snprintf(m.list[i].addr, sizeof m.list[i].addr, "127.0.0.1:%d",
-             (int)all[i].port);
+    snprintf(m.list[i].addr, sizeof m.list[i].addr, "%s:%d",
+             o->naddrs ? o->addrs[i] : "127.0.0.1", (int)all[i].port);
     m.list[i].mode = PROTO_MODE_NODE;
-    m.list[i].bandwidth_mbit = 1000;
+    m.list[i].bandwidth_mbit = o->nbw ? o->bandwidths[i] : 1000;
     m.list[i].weight = 1;
   }
   uv_poll_init(&m.loop, &m.poll, fd);
@@ -259,16 +295,40 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: bench-avg [--procs N] [--sizes BYTES,...] [--reps R]\n"
           "                 [--warmup W] [--codec none|fp16|bf16|u8|b8]\n"
-          "                 [--part-floats P] [--window W]\n"
+          "                 [--part-floats P] [--window W] [--stripes S]\n"
+          "                 [--netns NS,...] [--addrs IP,...]\n"
+          "                 [--bandwidths MBIT,...]\n"
           "  defaults: 4 procs; 4,1048576,104857600 bytes; 5 reps; 2 warm-up\n"
-          "  rounds per size; codec none; the round's part size and window\n");
+          "  rounds per size; codec none; the round's part size and window;\n"
+          "  no stripes (the control connection); members on 127.0.0.1.\n"
+          "  --netns/--addrs: member i runs in namespace i (a wanlab host)\n"
+          "  and listens on address i; --bandwidths: the members' declared\n"
+          "  Mbit/s, and spans sized by them (else equal spans)\n");
+}
+
+/* Splits a comma-separated list into out (at most 64 items of 63 bytes);
+ * returns the count, -1 when an item is too long or there are too many. */
+static int split_list(const char *s, char out[64][64]) {
+  int n = 0;
+  while (*s) {
+    const char *e = strchr(s, ',');
+    size_t len = e ? (size_t)(e - s) : strlen(s);
+    if (n == 64 || len == 0 || len >= 64)
+      return -1;
+    memcpy(out[n], s, len);
+    out[n++][len] = 0;
+    s += len + (e ? 1 : 0);
+  }
+  return n;
 }
 
 static int parse(int argc, char **argv, opts *o) {
   static const struct option lo[] = {
       {"procs", 1, 0, 'p'},  {"sizes", 1, 0, 's'}, {"reps", 1, 0, 'r'},
       {"warmup", 1, 0, 'w'}, {"codec", 1, 0, 'c'}, {"part-floats", 1, 0, 'P'},
-      {"window", 1, 0, 'W'}, {"help", 0, 0, 'h'},  {0, 0, 0, 0}};
+      {"window", 1, 0, 'W'}, {"help", 0, 0, 'h'},  {"stripes", 1, 0, 'S'},
+      {"netns", 1, 0, 'N'},  {"addrs", 1, 0, 'A'}, {"bandwidths", 1, 0, 'B'},
+      {0, 0, 0, 0}};
   *o = (opts){.procs = 4,
               .reps = 5,
               .warmup = 2,
@@ -303,12 +363,28 @@ static int parse(int argc, char **argv, opts *o) {
           end++;
       }
       break;
+    case 'S': o->stripes = (unsigned)atoi(optarg); break;
+    case 'N': o->nnetns = split_list(optarg, o->netns); break;
+    case 'A': o->naddrs = split_list(optarg, o->addrs); break;
+    case 'B': {
+      char tmp[64][64];
+      o->nbw = split_list(optarg, tmp);
+      for (int i = 0; i < o->nbw; i++)
+        if ((o->bandwidths[i] = strtod(tmp[i], NULL)) <= 0) {
+          fprintf(stderr, "bench-avg: bandwidths are Mbit/s, > 0\n");
+          return 2;
+        }
+      o->bandwidth_spans = true;
+      break;
+    }
     case 'h': usage(stdout); exit(0);
     default: usage(stderr); return 2;
     }
   }
   if (o->procs < 2 || o->procs > NMAX || o->reps < 1 || o->warmup < 0 ||
-      o->nsizes == 0) {
+      o->nsizes == 0 || (o->nnetns && o->nnetns != o->procs) ||
+      (o->naddrs && o->naddrs != o->procs) || (o->nbw && o->nbw != o->procs) ||
+      o->nnetns < 0 || o->naddrs < 0 || o->nbw < 0 || o->stripes > 16) {
     usage(stderr);
     return 2;
   }
@@ -384,9 +460,10 @@ int main(int argc, char **argv) {
       double med =
           o.reps % 2 ? t[o.reps / 2] : (t[o.reps / 2 - 1] + t[o.reps / 2]) / 2;
       double bus = 2.0 * (o.procs - 1) / o.procs * (double)o.sizes[s];
-      printf("RESULT impl=beed procs=%d bytes=%zu codec=%s reps=%d "
-             "ms_median=%.4f ms_min=%.4f busbw_gbs=%.4f\n",
-             o.procs, o.sizes[s], avg_codec_name(o.codec), o.reps, med, t[0],
+      printf("RESULT impl=beed procs=%d bytes=%zu codec=%s stripes=%u "
+             "spans=%s reps=%d ms_median=%.4f ms_min=%.4f busbw_gbs=%.4f\n",
+             o.procs, o.sizes[s], avg_codec_name(o.codec), o.stripes,
+             o.bandwidth_spans ? "bandwidth" : "equal", o.reps, med, t[0],
              bus / (med * 1e-3) / 1e9);
       fflush(stdout);
     }
