@@ -363,15 +363,21 @@ static int stripes_send(avg_node *n, const uint8_t *id, const uint8_t *msg,
   stripes *st = n->req.stripes > 1 ? stripes_find(n, id, false) : NULL;
   if (!st || st->up == 0)
     return 1;
-  for (unsigned tries = 0; tries < st->up; tries++) {
+  bool full = false;
+  for (unsigned tries = 0; st->up > 0 && tries < STRIPES_MAX; tries++) {
     unsigned i = st->next++ % st->up;
     int rc = proto_conn_oneway(st->c[i], METHOD_ROUND, msg, len);
     if (rc == 0)
       return 0;
-    if (rc != BEE_EQUEUE)
-      return rc;
+    if (rc == BEE_EQUEUE) {
+      full = true;
+      if (tries + 1 >= st->up)
+        break; /* every stripe tried */
+      continue;
+    }
+    st->c[i] = st->c[--st->up]; /* closing: not ours to use any more */
   }
-  return BEE_EQUEUE;
+  return full ? BEE_EQUEUE : 1; /* none left: the control connection */
 }
 
 static int round_send(void *ctx, size_t member, const uint8_t *msg,
