@@ -19,19 +19,12 @@
  */
 #include "averager.h"
 #include "test.h"
+#include "testlib.h"
 
 #include <errno.h>
 #include <math.h>
 
 #define PMAX 64
-
-static uint64_t rng_next(uint64_t *s) {
-  *s ^= *s >> 12, *s ^= *s << 25, *s ^= *s >> 27;
-  return *s * 2685821657736338717u;
-}
-static uint64_t rng_below(uint64_t *s, uint64_t n) {
-  return n ? rng_next(s) % n : 0;
-}
 
 static void *xcalloc(size_t n, size_t size) {
   void *p = calloc(n ? n : 1, size ? size : 1);
@@ -107,7 +100,7 @@ static void push(sim *s, ev e) {
 }
 
 static uint64_t latency(sim *s) {
-  return s->lat_min + rng_below(&s->rng, s->lat_max - s->lat_min + 1);
+  return s->lat_min + test_rng_below(&s->rng, s->lat_max - s->lat_min + 1);
 }
 
 static peer *by_id(sim *s, const uint8_t *id) {
@@ -193,7 +186,7 @@ static void io_random(void *ctx, void *buf, size_t n) {
   peer *p = ctx;
   uint8_t *b = buf;
   for (size_t i = 0; i < n; i++)
-    b[i] = (uint8_t)rng_next(&p->s->rng);
+    b[i] = (uint8_t)test_rng_next(&p->s->rng);
 }
 
 static void on_match(avg_match *m, int status, const avg_group *g, void *arg) {
@@ -234,7 +227,7 @@ static void sim_init(sim *s, int np, uint64_t seed) {
     p->alive = true;
     p->m_at = p->r_at = UINT64_MAX;
     for (int k = 0; k < PROTO_ID_BYTES; k++)
-      p->id[k] = (uint8_t)rng_next(&s->rng);
+      p->id[k] = (uint8_t)test_rng_next(&s->rng);
   }
 }
 
@@ -660,7 +653,7 @@ static void run_scenario(const scenario *sc, uint64_t seed) {
     s.lat_max = sc->lat_max;
   uint64_t starts[PMAX];
   for (int i = 0; i < sc->np; i++)
-    starts[i] = rng_below(&s.rng, sc->spread_ms + 1);
+    starts[i] = test_rng_below(&s.rng, sc->spread_ms + 1);
   int started = 0;
   avg_match_config cfgs[PMAX];
   for (int i = 0; i < sc->np; i++) {
@@ -797,7 +790,8 @@ static void test_moshpit(void) {
     snprintf(p->bits, sizeof p->bits, "%d%d", (i % 4) >> 1, (i % 4) & 1);
     p->x = xcalloc(n, sizeof *p->x);
     for (size_t j = 0; j < n; j++)
-      p->x[j] = (float)((double)rng_below(&s.rng, 2000001) / 1e6 - 1 + 0.5);
+      p->x[j] =
+          (float)((double)test_rng_below(&s.rng, 2000001) / 1e6 - 1 + 0.5);
   }
   double mean0 = 0;
   for (int i = 0; i < s.np; i++)

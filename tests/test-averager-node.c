@@ -179,10 +179,7 @@ static bool all_done(void *arg) {
 }
 
 static uint64_t rng = 12345;
-static double unit(void) {
-  rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
-  return (double)((rng * 2685821657736338717u) >> 11) * 0x1p-53;
-}
+static double unit(void) { return test_rng_unit(&rng); }
 
 static void request(member *m, int i, size_t n, uint64_t round,
                     avg_node_request *req) {

@@ -17,6 +17,7 @@
  */
 #include "averager.h"
 #include "test.h"
+#include "testlib.h"
 
 #include <float.h>
 #include <math.h>
@@ -30,18 +31,8 @@
 
 /* ---- randomness -------------------------------------------------------- */
 
-static uint64_t rng_next(uint64_t *s) {
-  *s ^= *s >> 12, *s ^= *s << 25, *s ^= *s >> 27;
-  return *s * 2685821657736338717u;
-}
-static double rng_unit(uint64_t *s) {
-  return (double)(rng_next(s) >> 11) * 0x1p-53;
-}
-static uint64_t rng_below(uint64_t *s, uint64_t n) {
-  return n ? rng_next(s) % n : 0;
-}
 static double rng_normal(uint64_t *s) {
-  double u = rng_unit(s) + 0x1p-54, v = rng_unit(s);
+  double u = test_rng_unit(s) + 0x1p-54, v = test_rng_unit(s);
   return sqrt(-2 * log(u)) * cos(2 * M_PI * v);
 }
 
@@ -295,7 +286,7 @@ static int io_send(void *ctx, size_t to, const uint8_t *msg, size_t len) {
     return 0;
   }
   uint64_t at =
-      p->busy_until + n->s.lat_us + rng_below(&n->rng, n->s.jitter_us + 1);
+      p->busy_until + n->s.lat_us + test_rng_below(&n->rng, n->s.jitter_us + 1);
   push(n, (ev){.at = at,
                .kind = EV_MSG,
                .from = p->idx,
@@ -336,7 +327,7 @@ static void io_submit(void *ctx, avg_job *j) {
     pthread_mutex_unlock(&n->mu);
     return;
   }
-  push(n, (ev){.at = n->now + rng_below(&n->rng, 3000),
+  push(n, (ev){.at = n->now + test_rng_below(&n->rng, 3000),
                .kind = EV_JOB,
                .from = p->idx,
                .job = j});
@@ -1000,9 +991,9 @@ static void test_kill(void) {
       s.seed = 2000 + seed;
       s.jobs = seed % 3 == 0 ? JOBS_DEFERRED : JOBS_INLINE;
       s.free_in_cb = seed % 2;
-      s.kill = (size_t)rng_below(&rng, N);
+      s.kill = (size_t)test_rng_below(&rng, N);
       /* Before it sends anything, then anywhere in the round. */
-      s.kill_us = seed == 0 ? 0 : rng_below(&rng, T * 1000);
+      s.kill_us = seed == 0 ? 0 : test_rng_below(&rng, T * 1000);
       n = run_check(&s, 0);
       const peer *v = &n->p[s.kill];
       before += v->parts_out == 0;
@@ -1342,21 +1333,22 @@ static void test_loop(void) {
   long rss_warm = 0;
   uint64_t rng = 4242;
   for (int round = 0; round < 200; round++) {
-    size_t N = 3 + (size_t)rng_below(&rng, 4);
-    scen s = scen_make(N, 3000 + (size_t)rng_below(&rng, 6000), 5000 + round);
+    size_t N = 3 + (size_t)test_rng_below(&rng, 4);
+    scen s =
+        scen_make(N, 3000 + (size_t)test_rng_below(&rng, 6000), 5000 + round);
     s.pf = 700;
-    s.window = 1 + (unsigned)rng_below(&rng, 3);
-    s.codec = (avg_codec)rng_below(&rng, AVG_CODEC_COUNT);
-    s.jobs = (int)rng_below(&rng, 2);
+    s.window = 1 + (unsigned)test_rng_below(&rng, 3);
+    s.codec = (avg_codec)test_rng_below(&rng, AVG_CODEC_COUNT);
+    s.jobs = (int)test_rng_below(&rng, 2);
     s.free_in_cb = round % 2;
     s.link_cap = round % 3 == 0 ? 4000 : 0;
-    s.kill = (size_t)rng_below(&rng, N + 1); /* N: nobody */
+    s.kill = (size_t)test_rng_below(&rng, N + 1); /* N: nobody */
     if (s.kill == N)
       s.kill = NONE;
-    s.kill_us = rng_below(&rng, 30000);
+    s.kill_us = test_rng_below(&rng, 30000);
     if (round % 5 == 0) {
-      s.tamper = (size_t)rng_below(&rng, N);
-      s.tamper_kind = (int)(1 + rng_below(&rng, 5));
+      s.tamper = (size_t)test_rng_below(&rng, N);
+      s.tamper_kind = (int)(1 + test_rng_below(&rng, 5));
       if (s.tamper == s.kill)
         s.tamper = NONE;
     }
@@ -1394,20 +1386,13 @@ int main(int argc, char **argv) {
   } tests[] = {
       /* loop first: its RSS check reads the peak, which the big
        * allocations below would set */
-      {"loop", test_loop},
-      {"api", test_api},
-      {"exact", test_exact},
-      {"unequal", test_unequal},
-      {"shuffled", test_shuffled},
-      {"codecs", test_codecs},
-      {"modes", test_modes},
-      {"kill", test_kill},
-      {"half_dead", test_half_dead},
-      {"corrupt", test_corrupt},
-      {"clip", test_clip},
-      {"backpressure", test_backpressure},
-      {"bytes", test_bytes},
-      {"deadline", test_deadline},
+      {"loop", test_loop},           {"api", test_api},
+      {"exact", test_exact},         {"unequal", test_unequal},
+      {"shuffled", test_shuffled},   {"codecs", test_codecs},
+      {"modes", test_modes},         {"kill", test_kill},
+      {"half_dead", test_half_dead}, {"corrupt", test_corrupt},
+      {"clip", test_clip},           {"backpressure", test_backpressure},
+      {"bytes", test_bytes},         {"deadline", test_deadline},
   };
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
     if (argc > 1 && strcmp(argv[1], tests[i].name) != 0)

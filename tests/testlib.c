@@ -22,8 +22,8 @@ void test_node_init(test_node *t, const proto_identity *moderator,
                     uint64_t expires) {
   memset(t, 0, sizeof *t);
   proto_identity_generate(&t->id);
-  ASSERT_OK(proto_token_issue(&t->tok, moderator, swarm, t->id.pk, role,
-                              issued, expires));
+  ASSERT_OK(proto_token_issue(&t->tok, moderator, swarm, t->id.pk, role, issued,
+                              expires));
   memcpy(t->mod_pk, moderator->pk, PROTO_PK_BYTES);
   test_node_rebind(t);
   t->auth.swarm = "test";
@@ -112,4 +112,17 @@ size_t test_unhex(const char *h, uint8_t *out) {
     h++;
   }
   return n;
+}
+
+uint64_t test_rng_next(uint64_t *s) {
+  *s ^= *s >> 12, *s ^= *s << 25, *s ^= *s >> 27;
+  return *s * 2685821657736338717u;
+}
+
+double test_rng_unit(uint64_t *s) {
+  return (double)(test_rng_next(s) >> 11) * 0x1p-53;
+}
+
+uint64_t test_rng_below(uint64_t *s, uint64_t n) {
+  return n ? test_rng_next(s) % n : 0;
 }

@@ -55,4 +55,11 @@ void hb_str(const char *s);
  * 3c"); returns how many went to out. */
 size_t test_unhex(const char *hex, uint8_t *out);
 
+/* xorshift64*: the tests' seeded randomness.  *s must not be 0. */
+uint64_t test_rng_next(uint64_t *s);
+/* Uniform in [0, 1) with 53 bits. */
+double test_rng_unit(uint64_t *s);
+/* Uniform in [0, n); 0 when n is 0. */
+uint64_t test_rng_below(uint64_t *s, uint64_t n);
+
 #endif
