@@ -22,6 +22,7 @@ typedef struct dht_contact {
   char *addr;       /* heap "host:port" */
   uint64_t seen_ms; /* last request from it or answer by it */
   unsigned fails;   /* failed requests since its last answer */
+  uint16_t addr_n;  /* strlen(addr): answers name contacts by the dozen */
 } dht_contact;
 
 typedef struct dht_bucket {
@@ -47,6 +48,8 @@ typedef struct dht_ban {
 typedef struct dht_table {
   uint8_t self[ID_BYTES];
   dht_bucket **b; /* sorted by range */
+  uint64_t *lo64; /* the first 8 bytes of each b[i]->lo, big-endian: the
+                     search for an id's bucket reads this one array */
   size_t nb;
   size_t ncontacts;
   dht_ban bans[DHT_BANS_MAX];
@@ -69,7 +72,9 @@ int dht__table_seen(dht_table *t, const uint8_t id[ID_BYTES], const char *addr,
  * DHT_STALE_MS or more ago. */
 #define DHT_STALE_MS 60000
 void dht__table_failed(dht_table *t, const uint8_t id[ID_BYTES], uint64_t now);
-/* Up to max contacts closest to target, closest first. */
+/* Up to max contacts closest to target, closest first; max is clipped to
+ * DHT_CLOSEST_MAX (callers ask for k and a few more). */
+#define DHT_CLOSEST_MAX 64
 size_t dht__table_closest(const dht_table *t, const uint8_t target[ID_BYTES],
                           const dht_contact **out, size_t max);
 const dht_contact *dht__table_find(const dht_table *t,
@@ -115,6 +120,7 @@ typedef struct dht_store {
   dht_entry **tab;
   size_t tabsize; /* power of two */
   size_t keys, records, bytes;
+  uint64_t next_exp_s; /* no record expires before (UINT64_MAX: none) */
   dht_rate rates[DHT_RATES_MAX];
   size_t nrates;
 } dht_store;

@@ -316,7 +316,7 @@ static void handle_find(dht_node *n, const uint8_t from[ID_BYTES],
       continue; /* the asker knows itself; a suspect is not passed on */
     proto_dht_contact *o = &ans->nodes[ans->nnodes++];
     memcpy(o->id, c[i]->id, ID_BYTES);
-    o->addr = (proto_bytes){(const uint8_t *)c[i]->addr, strlen(c[i]->addr)};
+    o->addr = (proto_bytes){(const uint8_t *)c[i]->addr, c[i]->addr_n};
   }
 }
 

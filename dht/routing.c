@@ -20,6 +20,28 @@ static bool bit(const uint8_t *id, unsigned i) {
   return id[i / 8] >> (7 - i % 8) & 1;
 }
 
+static uint64_t be64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, sizeof v);
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  v = __builtin_bswap64(v);
+#endif
+  return v;
+}
+
+/* Two ids equal?  Random ids differ in their first word almost always. */
+static bool id_eq(const uint8_t a[ID_BYTES], const uint8_t b[ID_BYTES]) {
+  uint64_t x, y;
+  memcpy(&x, a, sizeof x);
+  memcpy(&y, b, sizeof y);
+  return x == y && memcmp(a + 8, b + 8, ID_BYTES - 8) == 0;
+}
+
+static void set_addr(dht_contact *c, const char *addr) {
+  c->addr = dht__strdup(addr);
+  c->addr_n = (uint16_t)strlen(addr);
+}
+
 /* Does id fall in b's range (share lo's first depth bits)? */
 static bool in_range(const dht_bucket *b, const uint8_t id[ID_BYTES]) {
   unsigned full = b->depth / 8, rest = b->depth % 8;
@@ -35,8 +57,8 @@ void dht__table_init(dht_table *t, const uint8_t self[ID_BYTES]) {
   memset(t, 0, sizeof *t);
   memcpy(t->self, self, ID_BYTES);
   t->b = calloc(1, sizeof *t->b);
-  t->b[0] = calloc(1, sizeof **t->b);
-  if (!t->b || !t->b[0])
+  t->lo64 = calloc(1, sizeof *t->lo64);
+  if (!t->b || !t->lo64 || !(t->b[0] = calloc(1, sizeof **t->b)))
     abort(); /* small internal allocation */
   t->nb = 1;
 }
@@ -55,41 +77,36 @@ void dht__table_close(dht_table *t) {
     free(t->b[i]);
   }
   free(t->b);
+  free(t->lo64);
   memset(t, 0, sizeof *t);
 }
 
-static uint64_t be64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++)
-    v = v << 8 | p[i];
-  return v;
-}
-
-static uint32_t be32(const uint8_t *p) {
-  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-/* Called for every contact a lookup or an answer weighs: compared in two
- * 64-bit words and one 32-bit word rather than byte by byte. */
+/* Called for every contact a lookup or an answer weighs: compared in
+ * three 64-bit words rather than byte by byte; the last covers bytes 12 to
+ * 19, whose first four the second word already found equal. */
 int dht__cmp_dist(const uint8_t target[ID_BYTES], const uint8_t a[ID_BYTES],
                   const uint8_t b[ID_BYTES]) {
   _Static_assert(ID_BYTES == 20, "the words below cover 20 bytes");
-  for (size_t o = 0; o < 16; o += 8) {
+  static const size_t at[] = {0, 8, 12};
+  for (size_t i = 0; i < 3; i++) {
+    size_t o = at[i];
     uint64_t t = be64(target + o), da = be64(a + o) ^ t, db = be64(b + o) ^ t;
     if (da != db)
       return da < db ? -1 : 1;
   }
-  uint32_t t = be32(target + 16), da = be32(a + 16) ^ t, db = be32(b + 16) ^ t;
-  return da == db ? 0 : da < db ? -1 : 1;
+  return 0;
 }
 
 /* The buckets are sorted by range and lo is the lowest id of its range:
  * the bucket for id is the last whose lo is not above id. */
 dht_bucket *dht__bucket_for(const dht_table *t, const uint8_t id[ID_BYTES]) {
+  uint64_t w = be64(id);
   size_t lo = 0, hi = t->nb; /* answer in [lo, hi) */
   while (hi - lo > 1) {
     size_t mid = lo + (hi - lo) / 2;
-    if (memcmp(t->b[mid]->lo, id, ID_BYTES) <= 0)
+    /* lo64 decides unless the bucket sits deeper than 64 bits. */
+    if (t->lo64[mid] < w ||
+        (t->lo64[mid] == w && memcmp(t->b[mid]->lo, id, ID_BYTES) <= 0))
       lo = mid;
     else
       hi = mid;
@@ -108,9 +125,13 @@ static size_t bucket_index(const dht_table *t, const dht_bucket *b) {
 static void split(dht_table *t, dht_bucket *b) {
   dht_bucket *hi = calloc(1, sizeof *hi);
   dht_bucket **nbv = realloc(t->b, (t->nb + 1) * sizeof *t->b);
-  if (!hi || !nbv)
+  if (nbv)
+    t->b = nbv;
+  uint64_t *nlo = realloc(t->lo64, (t->nb + 1) * sizeof *t->lo64);
+  if (nlo)
+    t->lo64 = nlo;
+  if (!hi || !nbv || !nlo)
     abort();
-  t->b = nbv;
   unsigned d = b->depth;
   memcpy(hi->lo, b->lo, ID_BYTES);
   hi->lo[d / 8] |= (uint8_t)(0x80 >> (d % 8));
@@ -135,7 +156,9 @@ static void split(dht_table *t, dht_bucket *b) {
   b->evict_req = 0;
   size_t at = bucket_index(t, b) + 1;
   memmove(&t->b[at + 1], &t->b[at], (t->nb - at) * sizeof *t->b);
+  memmove(&t->lo64[at + 1], &t->lo64[at], (t->nb - at) * sizeof *t->lo64);
   t->b[at] = hi;
+  t->lo64[at] = be64(hi->lo);
   t->nb++;
 }
 
@@ -147,7 +170,7 @@ static bool splittable(const dht_table *t, const dht_bucket *b) {
 
 static int find_in(const dht_contact *v, size_t n, const uint8_t id[ID_BYTES]) {
   for (size_t i = 0; i < n; i++)
-    if (memcmp(v[i].id, id, ID_BYTES) == 0)
+    if (id_eq(v[i].id, id))
       return (int)i;
   return -1;
 }
@@ -158,9 +181,8 @@ static void touch(dht_contact *v, size_t n, size_t i, const char *addr,
                   uint64_t now) {
   dht_contact c = v[i];
   if (addr && strcmp(c.addr, addr) != 0) {
-    char *a = dht__strdup(addr);
     free(c.addr);
-    c.addr = a;
+    set_addr(&c, addr);
   }
   c.seen_ms = now;
   c.fails = 0;
@@ -185,7 +207,7 @@ int dht__table_seen(dht_table *t, const uint8_t id[ID_BYTES], const char *addr,
       dht_contact *c = &b->c[b->n++];
       memset(c, 0, sizeof *c);
       memcpy(c->id, id, ID_BYTES);
-      c->addr = dht__strdup(addr);
+      set_addr(c, addr);
       c->seen_ms = now;
       t->ncontacts++;
       /* It may have been waiting as a replacement. */
@@ -214,7 +236,7 @@ int dht__table_seen(dht_table *t, const uint8_t id[ID_BYTES], const char *addr,
       dht_contact *c = &b->rep[b->nrep++];
       memset(c, 0, sizeof *c);
       memcpy(c->id, id, ID_BYTES);
-      c->addr = dht__strdup(addr);
+      set_addr(c, addr);
       c->seen_ms = now;
     }
     if (!b->evict_req)
@@ -258,19 +280,38 @@ const dht_contact *dht__table_find(const dht_table *t,
   return i >= 0 ? &b->c[i] : NULL;
 }
 
-/* Adds b's contacts to out (sorted, nearest first, at most max). */
-static void closest_add(const dht_bucket *b, const uint8_t target[ID_BYTES],
-                        const dht_contact **out, size_t *n, size_t max) {
+/* The closest contacts found so far, nearest first, each with the first
+ * word of its distance to the target (which orders all but near-ties). */
+typedef struct closest_acc {
+  const uint8_t *target;
+  uint64_t t64;
+  const dht_contact **out;
+  uint64_t *d64;
+  size_t n, max;
+} closest_acc;
+
+static bool nearer(const closest_acc *a, const dht_contact *c, uint64_t d,
+                   size_t k) {
+  if (d != a->d64[k])
+    return d < a->d64[k];
+  return dht__cmp_dist(a->target, c->id, a->out[k]->id) < 0;
+}
+
+/* Adds b's contacts to the accumulator (sorted, at most max). */
+static void closest_add(const dht_bucket *b, closest_acc *a) {
   for (size_t j = 0; j < b->n; j++) {
     const dht_contact *c = &b->c[j];
-    if (*n == max && dht__cmp_dist(target, c->id, out[*n - 1]->id) >= 0)
+    uint64_t d = be64(c->id) ^ a->t64;
+    if (a->n == a->max && !nearer(a, c, d, a->n - 1))
       continue;
-    size_t k = *n < max ? (*n)++ : *n - 1; /* insertion sort, bounded */
-    while (k > 0 && dht__cmp_dist(target, c->id, out[k - 1]->id) < 0) {
-      out[k] = out[k - 1];
+    size_t k = a->n < a->max ? a->n++ : a->n - 1; /* insertion sort, bounded */
+    while (k > 0 && nearer(a, c, d, k - 1)) {
+      a->out[k] = a->out[k - 1];
+      a->d64[k] = a->d64[k - 1];
       k--;
     }
-    out[k] = c;
+    a->out[k] = c;
+    a->d64[k] = d;
   }
 }
 
@@ -279,8 +320,8 @@ static void closest_add(const dht_bucket *b, const uint8_t target[ID_BYTES],
  * than every id under the other child, so the near child is visited first
  * and the far one only while out has room.  Returns true once out is full. */
 static bool closest_walk(const dht_table *t, size_t i, size_t j, unsigned d,
-                         const uint8_t target[ID_BYTES],
-                         const dht_contact **out, size_t *n, size_t max) {
+                         closest_acc *a) {
+  const uint8_t *target = a->target;
   while (j - i > 1 && d < ID_BYTES * 8) {
     size_t lo = i, hi = j; /* first bucket with bit d set, in [i, j] */
     while (lo < hi) {
@@ -295,23 +336,28 @@ static bool closest_walk(const dht_table *t, size_t i, size_t j, unsigned d,
       continue;
     }
     bool one = bit(target, d);
-    if (closest_walk(t, one ? lo : i, one ? j : lo, d + 1, target, out, n, max))
+    if (closest_walk(t, one ? lo : i, one ? j : lo, d + 1, a))
       return true;
     i = one ? i : lo;
     j = one ? lo : j;
     d++;
   }
   for (size_t b = i; b < j; b++)
-    closest_add(t->b[b], target, out, n, max);
-  return *n == max;
+    closest_add(t->b[b], a);
+  return a->n == a->max;
 }
 
 size_t dht__table_closest(const dht_table *t, const uint8_t target[ID_BYTES],
                           const dht_contact **out, size_t max) {
-  size_t n = 0;
-  if (max)
-    closest_walk(t, 0, t->nb, 0, target, out, &n, max);
-  return n;
+  uint64_t d64[DHT_CLOSEST_MAX];
+  closest_acc a = {.target = target,
+                   .t64 = be64(target),
+                   .out = out,
+                   .d64 = d64,
+                   .max = max < DHT_CLOSEST_MAX ? max : DHT_CLOSEST_MAX};
+  if (a.max)
+    closest_walk(t, 0, t->nb, 0, &a);
+  return a.n;
 }
 
 void dht__bucket_random_id(const dht_bucket *b, const uint8_t rnd[ID_BYTES],

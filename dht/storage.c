@@ -20,6 +20,7 @@
 void dht__store_init(dht_store *s) {
   memset(s, 0, sizeof *s);
   s->tabsize = 256;
+  s->next_exp_s = UINT64_MAX;
   s->tab = calloc(s->tabsize, sizeof *s->tab);
   if (!s->tab)
     abort();
@@ -214,18 +215,25 @@ int dht__store_put(dht_node *n, const proto_dht_record *r, uint64_t now_s) {
   }
   e->bytes = e->bytes - old_bytes + new_bytes;
   s->bytes = s->bytes - old_bytes + new_bytes;
+  if (r->expiration < s->next_exp_s)
+    s->next_exp_s = r->expiration;
   dht__replicate_later(n, e, now_s);
   return 0;
 }
 
 size_t dht__store_expire(dht_store *s, uint64_t now_s) {
   size_t gone = 0;
+  if (now_s < s->next_exp_s)
+    return 0; /* nothing is due: no walk over every key */
+  s->next_exp_s = UINT64_MAX;
   for (size_t t = 0; t < s->tabsize; t++)
     for (dht_entry **pp = &s->tab[t]; *pp;) {
       dht_entry *e = *pp;
       size_t keep = 0;
       for (size_t i = 0; i < e->n; i++) {
         if (e->recs[i].expiration > now_s) {
+          if (e->recs[i].expiration < s->next_exp_s)
+            s->next_exp_s = e->recs[i].expiration;
           e->recs[keep++] = e->recs[i];
           continue;
         }

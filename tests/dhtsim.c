@@ -31,6 +31,14 @@ typedef struct event {
   bool no_answer; /* REQUEST: the sender's timeout fires first */
 } event;
 
+/* One millisecond's events in the wheel: v[head..n) wait, in seq order. */
+typedef struct ev_slot {
+  event *v;
+  uint32_t head, n, cap;
+} ev_slot;
+
+#define WHEEL_MS 4096u /* covers latencies, stalls and RPC timeouts */
+
 typedef struct sim_node {
   proto_identity id;
   dht_io io;
@@ -57,8 +65,14 @@ struct dhtsim {
   sim_node **nodes;
   size_t n, cap, live;
 
+  /* The event queue: events due within WHEEL_MS of the wheel's cursor
+   * sit in the wheel's slot for their millisecond, in push order; later
+   * ones (and any pushed behind the cursor) in the heap. */
   event *heap;
   size_t heap_n, heap_cap;
+  ev_slot *wheel; /* WHEEL_MS */
+  size_t wheel_n;
+  uint64_t cursor;
 
   char *methods[METHODS_MAX];
   size_t nmethods;
@@ -183,18 +197,24 @@ static size_t addr_index(const char *addr) {
   return v == 0 ? SIZE_MAX : (size_t)v - 1;
 }
 
-/* ---- event queue: a binary min-heap on (at, seq) ------------------------ */
+/* ---- event queue: a timing wheel and a heap, in (at, seq) order -------- */
+
+/* Every event of the heap due at t was pushed before every event of the
+ * wheel due at t: the heap takes t only while t >= cursor + WHEEL_MS (or
+ * t < cursor, when no wheel slot before the cursor holds anything), the
+ * wheel only once the cursor has passed t - WHEEL_MS, and the cursor never
+ * moves back.  So at equal times the heap goes first, and the order is
+ * (at, seq) exactly, as a single heap would give it. */
 
 static bool ev_less(const event *x, const event *y) {
   return x->at < y->at || (x->at == y->at && x->seq < y->seq);
 }
 
-static void push(dhtsim *s, event ev) {
+static void heap_push(dhtsim *s, event ev) {
   if (s->heap_n == s->heap_cap) {
     s->heap_cap = s->heap_cap ? s->heap_cap * 2 : 1024;
     s->heap = xrealloc(s->heap, s->heap_cap * sizeof *s->heap);
   }
-  ev.seq = s->seq++;
   size_t i = s->heap_n++;
   while (i > 0) {
     size_t up = (i - 1) / 2;
@@ -206,7 +226,7 @@ static void push(dhtsim *s, event ev) {
   s->heap[i] = ev;
 }
 
-static event pop(dhtsim *s) {
+static event heap_pop(dhtsim *s) {
   event top = s->heap[0];
   event last = s->heap[--s->heap_n];
   size_t i = 0, n = s->heap_n;
@@ -227,6 +247,59 @@ static event pop(dhtsim *s) {
   if (n > 0)
     s->heap[i] = last;
   return top;
+}
+
+static void push(dhtsim *s, event ev) {
+  ev.seq = s->seq++;
+  if (s->wheel_n == 0 && s->cursor < s->now)
+    s->cursor = s->now; /* an idle wheel catches up */
+  if (ev.at < s->cursor || ev.at - s->cursor >= WHEEL_MS) {
+    heap_push(s, ev);
+    return;
+  }
+  ev_slot *sl = &s->wheel[ev.at % WHEEL_MS];
+  if (sl->n == sl->cap) {
+    sl->cap = sl->cap ? sl->cap * 2 : 16;
+    sl->v = xrealloc(sl->v, sl->cap * sizeof *sl->v);
+  }
+  sl->v[sl->n++] = ev;
+  s->wheel_n++;
+}
+
+/* The next event's time, or false when none is queued.  Moves the cursor
+ * over empty slots (never past a slot with events, or past the heap's
+ * first event). */
+static bool next_at(dhtsim *s, uint64_t *at) {
+  for (;;) {
+    bool heap = s->heap_n > 0;
+    if (s->wheel_n == 0) {
+      if (heap)
+        *at = s->heap[0].at;
+      return heap;
+    }
+    if (heap && s->heap[0].at <= s->cursor) {
+      *at = s->heap[0].at;
+      return true;
+    }
+    const ev_slot *sl = &s->wheel[s->cursor % WHEEL_MS];
+    if (sl->head < sl->n) {
+      *at = s->cursor;
+      return true;
+    }
+    s->cursor++;
+  }
+}
+
+/* Takes the next event; next_at must have found one. */
+static event pop(dhtsim *s) {
+  if (s->heap_n > 0 && (s->wheel_n == 0 || s->heap[0].at <= s->cursor))
+    return heap_pop(s);
+  ev_slot *sl = &s->wheel[s->cursor % WHEEL_MS];
+  event ev = sl->v[sl->head++];
+  if (sl->head == sl->n)
+    sl->head = sl->n = 0;
+  s->wheel_n--;
+  return ev;
 }
 
 static uint8_t *copy_bytes(const uint8_t *p, size_t n) {
@@ -518,6 +591,9 @@ dhtsim *dhtsim_new(size_t n, uint64_t seed, const dht_config *tmpl) {
   for (size_t k = 0; k < 4; k++)
     s->rng[k] = splitmix64(&x);
   s->now = DHTSIM_CLOCK_START_MS;
+  s->cursor = s->now;
+  s->wheel = xmalloc(WHEEL_MS * sizeof *s->wheel);
+  memset(s->wheel, 0, WHEEL_MS * sizeof *s->wheel);
   s->lat_min = 5;
   s->lat_max = 60;
   s->out = xmalloc(DHT_ANSWER_MAX);
@@ -542,6 +618,12 @@ void dhtsim_free(dhtsim *s) {
     free(s->nodes[i]);
   for (size_t i = 0; i < s->heap_n; i++)
     free(s->heap[i].payload);
+  for (size_t i = 0; s->wheel && i < WHEEL_MS; i++) {
+    for (uint32_t j = s->wheel[i].head; j < s->wheel[i].n; j++)
+      free(s->wheel[i].v[j].payload);
+    free(s->wheel[i].v);
+  }
+  free(s->wheel);
   for (size_t i = 0; i < s->nmethods; i++)
     free(s->methods[i]);
   free(s->nodes);
@@ -683,7 +765,8 @@ bool dhtsim_run_until(dhtsim *s, bool (*done)(void *arg), void *arg,
   uint64_t end = s->now + max_ms;
   if (done && done(arg))
     return true;
-  while (s->heap_n > 0 && s->heap[0].at <= end) {
+  uint64_t at;
+  while (next_at(s, &at) && at <= end) {
     event ev = pop(s);
     if (ev.at > s->now)
       s->now = ev.at;

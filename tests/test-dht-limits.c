@@ -114,6 +114,41 @@ static void test_storage_cap(void) {
   ASSERT_LE(in.bytes, 64u << 10);
 }
 
+/* Expired records leave storage at the node's periodic expiry, and the
+ * walk over the store, skipped while nothing is due, still runs when a
+ * record stored later expires first. */
+static size_t records_after(uint64_t secs) {
+  now_ms += secs * 1000;
+  dht_node_tick(node);
+  dht_info in;
+  dht_node_info(node, &in);
+  return in.records;
+}
+
+static void test_expiry(void) {
+  proto_dht_record r;
+  record(&r, "e5", (proto_bytes){0}, 8, 5);
+  ASSERT_OK(store1(&peer, &r));
+  record(&r, "e30", (proto_bytes){0}, 8, 30);
+  ASSERT_OK(store1(&peer, &r));
+  record(&r, "e100", (proto_bytes){0}, 8, 100);
+  ASSERT_OK(store1(&peer, &r));
+  ASSERT_EQ(records_after(0), 3);
+  ASSERT_EQ(records_after(11), 2); /* e5 gone */
+  record(&r, "e3", (proto_bytes){0}, 8, 3); /* due before e30 */
+  ASSERT_OK(store1(&peer, &r));
+  ASSERT_EQ(records_after(0), 3);
+  ASSERT_EQ(records_after(11), 2); /* e3 gone, e30 not yet */
+  ASSERT_EQ(held("e30"), 1);
+  ASSERT_EQ(records_after(11), 1); /* 33 s: e30 gone */
+  ASSERT_EQ(held("e100"), 1);
+  ASSERT_EQ(records_after(70), 0);
+  dht_info in;
+  dht_node_info(node, &in);
+  ASSERT_EQ(in.keys, 0);
+  ASSERT_EQ(in.bytes, 0);
+}
+
 static void test_records(void) {
   proto_dht_record r;
   uint8_t own[PROTO_DHT_OWNED_SUBKEY_BYTES] = {PROTO_DHT_OWNER_TAG};
@@ -291,6 +326,8 @@ int main(void) {
   test_limits();
   fresh_node(65536, 64u << 10, 1000000); /* 64 KiB of storage */
   test_storage_cap();
+  fresh_node(65536, 64u << 20, 1000000);
+  test_expiry();
   dht_node_free(node);
   free(buf);
   free(out);
