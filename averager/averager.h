@@ -25,6 +25,8 @@
 
 #include "proto.h"
 
+#include <limits.h>
+
 /* ------------------------------------------------------------------------ */
 /* Codecs.  A part of n floats becomes avg_encoded_size(c, n) bytes.        */
 
@@ -551,7 +553,22 @@ typedef struct avg_node_config {
   proto_host *host; /* its one-way methods "avg.m" and "avg.r" are ours */
   const uint8_t *self_id; /* copied */
   avg_node_dht dht;
+  /* One TCP stream's largest window, bytes, for AVG_STRIPES_AUTO; 0: read
+   * from this host's kernel at avg_node_new (min(tcp_rmem max / 2,
+   * tcp_wmem max), in the caller's network namespace). */
+  size_t stream_window_bytes;
 } avg_node_config;
+
+#define AVG_STRIPES_AUTO UINT_MAX
+#ifndef AVG_STRIPES_AUTO_MAX
+#define AVG_STRIPES_AUTO_MAX 8
+#endif
+/* The streams AVG_STRIPES_AUTO opens to a peer: min(a, b) Mbit/s x rtt
+ * (the bandwidth-delay product) over one stream's window, rounded up; 0
+ * (the control connection alone) when one stream covers it, at most
+ * AVG_STRIPES_AUTO_MAX; 0 for a window of 0 or bandwidths not > 0. */
+unsigned avg_stripes_auto(double a_mbit, double b_mbit, uint64_t rtt_ms,
+                          size_t window_bytes);
 
 /* One averaging.  match: as avg_match_config (self_id is filled in);
  * info.weight should be round.weight.  round: as avg_round_config, with
@@ -567,8 +584,12 @@ typedef struct avg_node_request {
   /* Bulk connections per member to spread the round's bytes over (a
    * high bandwidth-delay link caps one TCP stream at its window / RTT),
    * opened at the round's start and kept from round to round; up to 16.
-   * 0 or 1: the control connection only.  Needs avg_node_conn_down on
-   * the host's on_down. */
+   * 0 or 1: the control connection only.  AVG_STRIPES_AUTO (the
+   * default): per member, enough streams for min(both declared
+   * bandwidths) x the measured round trip to fit in windows of
+   * avg_node_config.stream_window_bytes, at most AVG_STRIPES_AUTO_MAX;
+   * none to a member we have no connection to yet.  Needs
+   * avg_node_conn_down on the host's on_down. */
   unsigned stripes;
 } avg_node_request;
 

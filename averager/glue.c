@@ -26,6 +26,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <sodium.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -102,6 +103,7 @@ struct avg_node {
   avg_mode *modes;
   double *bandwidth;
   bool *unreachable; /* members we failed to dial */
+  unsigned *want;    /* stripes to each member: 0 or 1, none */
   bool replay;       /* kept round messages to hand the round */
   /* The rounds' backups, kept from round to round so that each does not
    * fault in fresh pages: n floats of the largest buffer yet.  Freed with
@@ -109,6 +111,7 @@ struct avg_node {
   float *scratch;
   size_t scratch_n;
   stripes *str; /* one per peer we striped to */
+  size_t window_bytes; /* one TCP stream's window at most (auto stripes) */
   size_t nstr, capstr;
   avg_match_stats mstats;
   char name[32]; /* for the round's log lines */
@@ -327,16 +330,12 @@ static void stripe_dialled(proto_host *h, proto_conn *c, int status,
   unref(n);
 }
 
-/* Opens the stripes the request asks for to every member we can dial. */
+/* Opens the stripes n->want asks for to every member we can dial. */
 static void stripes_open(avg_node *n) {
-  unsigned want = n->req.stripes;
-  if (want < 2)
-    return;
-  if (want > STRIPES_MAX)
-    want = STRIPES_MAX;
   for (size_t k = 0; k < n->group.nmembers; k++) {
     const proto_group_member *g = &n->members[k];
-    if (k == n->group.self || g->mode == PROTO_MODE_CLIENT)
+    unsigned want = n->want[k];
+    if (k == n->group.self || g->mode == PROTO_MODE_CLIENT || want < 2)
       continue;
     stripes *st = stripes_find(n, g->id, true);
     while (st && st->up + st->dialing < want) {
@@ -356,11 +355,12 @@ static void stripes_open(avg_node *n) {
   }
 }
 
-/* Sends on the member's stripes in turn, skipping full ones: 0, or
+/* Sends on member k's stripes in turn, skipping full ones: 0, or
  * BEE_EQUEUE when every stripe is full, or 1 when there are none. */
-static int stripes_send(avg_node *n, const uint8_t *id, const uint8_t *msg,
+static int stripes_send(avg_node *n, size_t k, const uint8_t *msg,
                         size_t len) {
-  stripes *st = n->req.stripes > 1 ? stripes_find(n, id, false) : NULL;
+  stripes *st =
+      n->want[k] > 1 ? stripes_find(n, n->members[k].id, false) : NULL;
   if (!st || st->up == 0)
     return 1;
   bool full = false;
@@ -384,7 +384,7 @@ static int round_send(void *ctx, size_t member, const uint8_t *msg,
                       size_t len) {
   avg_node *n = ctx;
   const proto_group_member *g = &n->members[member];
-  int rc = stripes_send(n, g->id, msg, len);
+  int rc = stripes_send(n, member, msg, len);
   if (rc != 1)
     return rc;
   proto_conn *c = proto_host_find(n->cfg.host, g->id);
@@ -454,10 +454,12 @@ static void group_free(avg_node *n) {
   free(n->modes);
   free(n->bandwidth);
   free(n->unreachable);
+  free(n->want);
   n->members = NULL;
   n->modes = NULL;
   n->bandwidth = NULL;
   n->unreachable = NULL;
+  n->want = NULL;
 }
 
 static void on_round(avg_round *r, const avg_round_summary *s, void *arg) {
@@ -519,6 +521,32 @@ static unsigned auto_window(const avg_node *n, const avg_round_config *rc) {
   return w < 4 ? 4 : w;
 }
 
+unsigned avg_stripes_auto(double a_mbit, double b_mbit, uint64_t rtt_ms,
+                          size_t window_bytes) {
+  if (window_bytes == 0 || !(a_mbit > 0) || !(b_mbit > 0))
+    return 0;
+  double bw = a_mbit < b_mbit ? a_mbit : b_mbit;
+  double want = ceil(bw * 1e6 / 8 * ((double)rtt_ms / 1e3) / (double)window_bytes);
+  return want >= AVG_STRIPES_AUTO_MAX ? AVG_STRIPES_AUTO_MAX
+         : want < 2                   ? 0
+                                      : (unsigned)want;
+}
+
+/* The stripes to member k: the request's count, or with AVG_STRIPES_AUTO
+ * avg_stripes_auto over the round trip measured to k.  With no
+ * connection to k yet that is unknown: none (the next round knows it). */
+static unsigned stripes_for(const avg_node *n, size_t k) {
+  unsigned s = n->req.stripes;
+  if (s != AVG_STRIPES_AUTO)
+    return s > STRIPES_MAX ? STRIPES_MAX : s;
+  proto_conn *c = proto_host_find(n->cfg.host, n->members[k].id);
+  if (!c)
+    return 0;
+  return avg_stripes_auto(n->members[n->group.self].bandwidth_mbit,
+                          n->members[k].bandwidth_mbit, proto_conn_rtt_ms(c),
+                          n->window_bytes);
+}
+
 /* Creates and starts the round of group g; 0, or a code (nothing runs,
  * no callback). */
 static int start_round(avg_node *n, const avg_group *g, bool replay_now) {
@@ -527,7 +555,9 @@ static int start_round(avg_node *n, const avg_group *g, bool replay_now) {
   n->modes = malloc(N * sizeof *n->modes);
   n->bandwidth = malloc(N * sizeof *n->bandwidth);
   n->unreachable = calloc(N, sizeof *n->unreachable);
-  if (!n->members || !n->modes || !n->bandwidth || !n->unreachable) {
+  n->want = calloc(N, sizeof *n->want);
+  if (!n->members || !n->modes || !n->bandwidth || !n->unreachable ||
+      !n->want) {
     group_free(n);
     return -ENOMEM;
   }
@@ -538,6 +568,8 @@ static int start_round(avg_node *n, const avg_group *g, bool replay_now) {
   }
   n->group = *g;
   n->group.members = n->members;
+  for (size_t k = 0; k < N; k++)
+    n->want[k] = k == g->self ? 0 : stripes_for(n, k);
   avg_round_config rc = n->req.round;
   if (rc.window == 0)
     rc.window = auto_window(n, &rc);
@@ -707,6 +739,28 @@ static void on_round_msg(proto_conn *c, proto_bytes method, proto_bytes p,
 
 /* ---- public ------------------------------------------------------------ */
 
+/* The third field of a /proc/sys/net/ipv4/tcp_[rw]mem line (the most the
+ * kernel lets a socket's buffer grow to), or 0 if unreadable. */
+static size_t tcp_mem_max(const char *path) {
+  FILE *f = fopen(path, "r");
+  unsigned long long lo, def, hi;
+  int got = f ? fscanf(f, "%llu %llu %llu", &lo, &def, &hi) : 0;
+  if (f)
+    fclose(f);
+  return got == 3 ? (size_t)hi : 0;
+}
+
+/* One TCP stream's largest window in this network namespace, as the
+ * kernel's buffer ceilings allow: the receiver advertises about half its
+ * buffer (the rest is overhead), and the sender keeps no more in flight
+ * than its own buffer holds.  We read our own host's settings for both
+ * ends.  0 when unknown (no auto stripes then). */
+static size_t kernel_stream_window(void) {
+  size_t r = tcp_mem_max("/proc/sys/net/ipv4/tcp_rmem") / 2;
+  size_t w = tcp_mem_max("/proc/sys/net/ipv4/tcp_wmem");
+  return r < w ? r : w;
+}
+
 int avg_node_new(const avg_node_config *cfg, avg_node **out) {
   if (!cfg->loop || !cfg->host || !cfg->self_id || !cfg->dht.declare ||
       !cfg->dht.fetch)
@@ -716,6 +770,8 @@ int avg_node_new(const avg_node_config *cfg, avg_node **out) {
     return -ENOMEM;
   n->cfg = *cfg;
   memcpy(n->self, cfg->self_id, PROTO_ID_BYTES);
+  n->window_bytes = cfg->stream_window_bytes ? cfg->stream_window_bytes
+                                             : kernel_stream_window();
   int rc;
   if ((rc = proto_host_on_oneway(cfg->host, METHOD_MATCH, on_match_msg, n)) ||
       (rc = proto_host_on_oneway(cfg->host, METHOD_ROUND, on_round_msg, n)) ||
@@ -736,6 +792,7 @@ void avg_node_request_default(avg_node_request *req) {
   avg_match_config_default(&req->match);
   avg_round_config_default(&req->round);
   req->round.window = 0; /* from the links (auto_window) */
+  req->stripes = AVG_STRIPES_AUTO;
 }
 
 /* An averaging starts: cb is owed once it ends. */

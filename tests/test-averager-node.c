@@ -424,7 +424,27 @@ static void run_kill(int N, size_t n, bool quiet) {
   members_free();
 }
 
+/* How many streams AVG_STRIPES_AUTO opens to a peer. */
+static void test_stripes_auto(void) {
+  /* 500 Mbit/s x 250 ms = 15.6 MB; a stock kernel's stream: 3 MiB. */
+  ASSERT_UEQ(avg_stripes_auto(500, 500, 250, 3u << 20), 5);
+  /* Tuned buffers: one stream covers it, no stripes. */
+  ASSERT_UEQ(avg_stripes_auto(500, 500, 250, 32u << 20), 0);
+  /* The slower side's bandwidth counts: 100 Mbit/s x 100 ms = 1.25 MB. */
+  ASSERT_UEQ(avg_stripes_auto(1000, 100, 100, 1u << 20), 2);
+  ASSERT_UEQ(avg_stripes_auto(100, 1000, 100, 1u << 20), 2);
+  ASSERT_UEQ(avg_stripes_auto(10000, 10000, 250, 64u << 10),
+             AVG_STRIPES_AUTO_MAX);
+  ASSERT_UEQ(avg_stripes_auto(500, 500, 0, 3u << 20), 0); /* loopback */
+  ASSERT_UEQ(avg_stripes_auto(500, 500, 250, 0), 0);      /* unknown */
+  ASSERT_UEQ(avg_stripes_auto(0, 500, 250, 3u << 20), 0);
+  ASSERT_UEQ(avg_stripes_auto(NAN, 500, 250, 3u << 20), 0);
+  printf("auto stripes: 5 for 500 Mbit/s x 250 ms on 3 MiB windows, none "
+         "when one stream covers the link\n");
+}
+
 int main(void) {
+  test_stripes_auto();
   loop = uv_default_loop();
   test_moderator(0, &moderator);
   bee_log_set_level(BEE_LOG_WARN);

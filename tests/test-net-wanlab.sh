@@ -2,7 +2,8 @@
 # test-net-wanlab.sh: the WAN lab (tools/wanlab) end to end.
 #
 # A 3-host lab: a and b on 100 Mbit/s with 100 ms round trip, c behind a
-# 20 Mbit/s access link, 250 ms from a, and b-c losing 10% each way.
+# 20 Mbit/s access link, 250 ms from a, and b-c losing 10% each way; TCP
+# buffer ceilings of 6 and 4 MiB (the config's 'tcp' line) in every host.
 # Checks: ping round trips (ping -U, see README) within 3 ms of the
 # configured ones; TCP throughput (iperf3, or a python3 transfer when iperf3
 # is missing) within 10% of 100 Mbit/s and of c's 20 Mbit/s cap; the lossy
@@ -78,6 +79,7 @@ host c west access 20mbit
 between east east rate 100mbit rtt 100ms
 between east west rate 500mbit rtt 250ms
 link b c rtt 2ms loss 10%
+tcp rmem 6m wmem 4m
 EOF
 
 # ---- up -------------------------------------------------------------------
@@ -88,6 +90,17 @@ for h in a b c; do
     fail "up did not print host $h's namespace and address"
 done
 a=10.77.0.1 b=10.77.0.2 c=10.77.0.3
+
+# ---- the 'tcp' line: the hosts' TCP buffer ceilings ----------------------
+rmem=$(wl exec a -- sysctl -n net.ipv4.tcp_rmem | awk '{ print $3 }')
+wmem=$(wl exec c -- sysctl -n net.ipv4.tcp_wmem | awk '{ print $3 }')
+[ "$rmem" = 6291456 ] && [ "$wmem" = 4194304 ] ||
+  fail "tcp rmem 6m wmem 4m gave tcp_rmem max $rmem, tcp_wmem max $wmem"
+printf 'host a r\nhost b r\ndefault rate 1mbit rtt 1ms\ntcp rmem 6x\n' >"$work/bad.conf"
+if "$wanlab" show "$work/bad.conf" >/dev/null 2>"$work/bad.err" ||
+  ! grep -q "bad size '6x'" "$work/bad.err"; then
+  fail "a bad tcp size was not refused with its reason: $(cat "$work/bad.err")"
+fi
 
 # ---- exec refuses what is not the lab's ---------------------------------
 if wl exec nohost -- true 2>"$work/exec.err"; then

@@ -295,12 +295,12 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: bench-avg [--procs N] [--sizes BYTES,...] [--reps R]\n"
           "                 [--warmup W] [--codec none|fp16|bf16|u8|b8]\n"
-          "                 [--part-floats P] [--window W] [--stripes S]\n"
+          "                 [--part-floats P] [--window W] [--stripes auto|S]\n"
           "                 [--netns NS,...] [--addrs IP,...]\n"
           "                 [--bandwidths MBIT,...]\n"
           "  defaults: 4 procs; 4,1048576,104857600 bytes; 5 reps; 2 warm-up\n"
           "  rounds per size; codec none; the round's part size and window;\n"
-          "  no stripes (the control connection); members on 127.0.0.1.\n"
+          "  stripes auto (from the links); members on 127.0.0.1.\n"
           "  --netns/--addrs: member i runs in namespace i (a wanlab host)\n"
           "  and listens on address i; --bandwidths: the members' declared\n"
           "  Mbit/s, and spans sized by them (else equal spans)\n");
@@ -333,6 +333,7 @@ static int parse(int argc, char **argv, opts *o) {
               .reps = 5,
               .warmup = 2,
               .codec = AVG_NONE,
+              .stripes = AVG_STRIPES_AUTO,
               .sizes = {4, 1u << 20, 100u << 20},
               .nsizes = 3};
   int c;
@@ -363,7 +364,19 @@ static int parse(int argc, char **argv, opts *o) {
           end++;
       }
       break;
-    case 'S': o->stripes = (unsigned)atoi(optarg); break;
+    case 'S':
+      if (strcmp(optarg, "auto") == 0) {
+        o->stripes = AVG_STRIPES_AUTO;
+      } else {
+        char *e;
+        unsigned long v = strtoul(optarg, &e, 10);
+        if (*optarg == 0 || *e || v > 16) {
+          fprintf(stderr, "bench-avg: --stripes is auto or 0 to 16\n");
+          return 2;
+        }
+        o->stripes = (unsigned)v;
+      }
+      break;
     case 'N': o->nnetns = split_list(optarg, o->netns); break;
     case 'A': o->naddrs = split_list(optarg, o->addrs); break;
     case 'B': {
@@ -384,7 +397,7 @@ static int parse(int argc, char **argv, opts *o) {
   if (o->procs < 2 || o->procs > NMAX || o->reps < 1 || o->warmup < 0 ||
       o->nsizes == 0 || (o->nnetns && o->nnetns != o->procs) ||
       (o->naddrs && o->naddrs != o->procs) || (o->nbw && o->nbw != o->procs) ||
-      o->nnetns < 0 || o->naddrs < 0 || o->nbw < 0 || o->stripes > 16) {
+      o->nnetns < 0 || o->naddrs < 0 || o->nbw < 0) {
     usage(stderr);
     return 2;
   }
@@ -460,9 +473,14 @@ int main(int argc, char **argv) {
       double med =
           o.reps % 2 ? t[o.reps / 2] : (t[o.reps / 2 - 1] + t[o.reps / 2]) / 2;
       double bus = 2.0 * (o.procs - 1) / o.procs * (double)o.sizes[s];
-      printf("RESULT impl=beed procs=%d bytes=%zu codec=%s stripes=%u "
+      char stripes[16];
+      if (o.stripes == AVG_STRIPES_AUTO)
+        snprintf(stripes, sizeof stripes, "auto");
+      else
+        snprintf(stripes, sizeof stripes, "%u", o.stripes);
+      printf("RESULT impl=beed procs=%d bytes=%zu codec=%s stripes=%s "
              "spans=%s reps=%d ms_median=%.4f ms_min=%.4f busbw_gbs=%.4f\n",
-             o.procs, o.sizes[s], avg_codec_name(o.codec), o.stripes,
+             o.procs, o.sizes[s], avg_codec_name(o.codec), stripes,
              o.bandwidth_spans ? "bandwidth" : "equal", o.reps, med, t[0],
              bus / (med * 1e-3) / 1e9);
       fflush(stdout);

@@ -10,6 +10,11 @@ the number of ranks afterwards, as a mean needs, and checked.
 
 Output: "RESULT impl=gloo procs=N bytes=S reps=R ms_median=... ms_min=...
 busbw_gbs=...", one line per size, from rank 0.
+
+With --rank R --master ADDR:PORT this process is rank R alone, rank 0
+holding the TCP store at ADDR:PORT, and --ifname names the interface
+Gloo uses: tools/bench/run-avg-wan starts one such process in each host
+of a WAN lab.
 """
 import argparse
 import os
@@ -23,10 +28,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def rank_main(rank, args, port):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+def rank_main(rank, args, port, addr="127.0.0.1", ifname="lo"):
+    os.environ["MASTER_ADDR"] = addr
     os.environ["MASTER_PORT"] = str(port)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ["GLOO_SOCKET_IFNAME"] = ifname
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=args.procs)
     for size in args.sizes:
@@ -63,8 +68,17 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--sizes", default="4,1048576,104857600")
+    p.add_argument("--rank", type=int, help="run as this rank alone")
+    p.add_argument("--master", help="ADDR:PORT of rank 0's store (--rank)")
+    p.add_argument("--ifname", default="lo", help="Gloo's interface (--rank)")
     args = p.parse_args()
     args.sizes = [int(s) for s in args.sizes.split(",")]
+    if args.rank is not None:
+        if args.master is None or not 0 <= args.rank < args.procs:
+            p.error("--rank needs --master and 0 <= rank < procs")
+        addr, _, port = args.master.rpartition(":")
+        rank_main(args.rank, args, int(port), addr, args.ifname)
+        return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
