@@ -622,6 +622,12 @@ int avg_node_average(avg_node *n, const avg_node_request *req, avg_node_cb cb,
  * that does not list us at g->self. */
 int avg_node_round(avg_node *n, const avg_group *g,
                    const avg_node_request *req, avg_node_cb cb, void *arg);
+/* Our link's rate as the rounds measured it, Mbit/s: the best half
+ * second of round messages reaching us, the best over the last 4 rounds
+ * that moved enough to tell (at least 256 KiB in half a second); 0 before
+ * any has.  What a member declares as its bandwidth with `--bandwidth
+ * auto`, so that spans follow the links as they are. */
+double avg_node_bandwidth_mbit(const avg_node *n);
 /* What a fetch found (see avg_match_declared). */
 void avg_node_declared(avg_node *n, const avg_decl *v, size_t count);
 /* The host's on_drain for connection c: the round sends again. */

@@ -112,6 +112,7 @@ struct avg_node {
   size_t scratch_n;
   stripes *str; /* one per peer we striped to */
   size_t window_bytes; /* one TCP stream's window at most (auto stripes) */
+  avg__meter meter;    /* our link's rate, from the rounds' messages */
   size_t nstr, capstr;
   avg_match_stats mstats;
   char name[32]; /* for the round's log lines */
@@ -437,6 +438,7 @@ static const char *round_name(void *ctx, size_t member) {
 }
 
 static void finish(avg_node *n, int status, const avg_round_summary *s) {
+  avg__meter_end(&n->meter, uv_now(n->cfg.loop));
   avg_node_result res = {
       .status = status, .group = n->members ? &n->group : NULL, .summary = s};
   if (n->m)
@@ -607,6 +609,7 @@ static int start_round(avg_node *n, const avg_group *g, bool replay_now) {
     return rc_;
   }
   stripes_open(n);
+  avg__meter_start(&n->meter, uv_now(n->cfg.loop));
   /* The kept messages may end the round at once; from inside a public
    * call, hand them over on the next turn (the timer) instead. */
   if (replay_now)
@@ -707,6 +710,7 @@ static void on_round_msg(proto_conn *c, proto_bytes method, proto_bytes p,
   (void)method;
   if (n->closing)
     return;
+  avg__meter_add(&n->meter, uv_now(n->cfg.loop), p.n);
   if (n->r) {
     size_t k = member_index(n, from);
     if (k != SIZE_MAX) {
@@ -847,6 +851,10 @@ int avg_node_round(avg_node *n, const avg_group *g, const avg_node_request *req,
   n->m = NULL;
   begin_op(n, cb, arg);
   return end_op(n, start_round(n, g, false));
+}
+
+double avg_node_bandwidth_mbit(const avg_node *n) {
+  return avg__meter_mbit(&n->meter);
 }
 
 void avg_node_declared(avg_node *n, const avg_decl *v, size_t count) {

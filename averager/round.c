@@ -121,7 +121,12 @@ typedef struct mem {
 struct avg_round {
   avg_round_config cfg;
   avg_io io;
-  size_t N, self, W;
+  size_t N, self;
+  /* W: parts we send ahead of the results back from an owner (our own
+   * window); Wo: parts we take from a sender ahead of our head, the
+   * protocol's AVG_WINDOW_MAX whatever our W, since each member sizes its
+   * W from its own links and a sender's may be larger than ours. */
+  size_t W, Wo;
   mem *m;
   avg_mode *modes;
   uint64_t nparts;
@@ -408,7 +413,7 @@ static void clip_factors(avg_job *j) {
     if (r->src[i] == SRC_OWN) {
       r->verdict[i] = avg_check(r->cfg.x + j->off, j->len, &sq);
     } else {
-      slot *s = &r->m[i].slots[j->k % r->W];
+      slot *s = &r->m[i].slots[j->k % r->Wo];
       r->verdict[i] = avg_decode(r->cfg.codec, s->buf, s->len, j->len, r->tmp);
       if (r->verdict[i] == 0)
         r->verdict[i] = avg_check(r->tmp, j->len, &sq);
@@ -434,7 +439,7 @@ static int add_one(avg_job *j, avg_acc *a, size_t i) {
     if (f == 1.0f)
       return avg_acc_add(a, v, w);
   } else {
-    slot *s = &r->m[i].slots[j->k % r->W];
+    slot *s = &r->m[i].slots[j->k % r->Wo];
     w = s->weight;
     if (f == 1.0f)
       return avg_acc_add_encoded(a, r->cfg.codec, s->buf, s->len, w);
@@ -597,7 +602,7 @@ static void pump(avg_round *r, size_t j) {
     return;
   if (has_data(r, j) && me->span != SPAN_FAILED) {
     while (d->rsent < r->head) {
-      result *res = &r->ring[d->rsent % r->W];
+      result *res = &r->ring[d->rsent % r->Wo];
       if (send_msg(r, j, res->msg, res->len, res->payload))
         return;
       d->rsent++;
@@ -642,20 +647,20 @@ static bool waits_on(const avg_round *r, size_t i) {
   const mem *s = &r->m[i], *me = &r->m[r->self];
   return i != r->self && has_data(r, i) && !s->dropped &&
          me->span == SPAN_OPEN && !r->reducing && r->head < me->nparts &&
-         s->slots[r->head % r->W].state == SLOT_EMPTY &&
-         r->head - s->rsent < r->W;
+         s->slots[r->head % r->Wo].state == SLOT_EMPTY &&
+         r->head - s->rsent < r->Wo;
 }
 
 static void try_reduce(avg_round *r) {
   mem *me = &r->m[r->self];
   if (!r->started || r->ended || r->reducing || me->span != SPAN_OPEN ||
-      r->head >= me->nparts || r->head - r->rbase >= r->W)
+      r->head >= me->nparts || r->head - r->rbase >= r->Wo)
     return;
   for (size_t i = 0; i < r->N; i++)
     if (i != r->self && has_data(r, i) && !r->m[i].dropped &&
-        r->m[i].slots[r->head % r->W].state == SLOT_EMPTY)
+        r->m[i].slots[r->head % r->Wo].state == SLOT_EMPTY)
       return;
-  result *res = &r->ring[r->head % r->W];
+  result *res = &r->ring[r->head % r->Wo];
   if (!res->buf &&
       !(res->buf =
             grab(r, HDR + avg_encoded_size(r->cfg.codec, r->cfg.part_floats))))
@@ -667,7 +672,7 @@ static void try_reduce(avg_round *r) {
       r->src[i] = has_data(r, i) && own_weight(r) > 0 ? SRC_OWN : SRC_NONE;
     else
       r->src[i] = has_data(r, i) && !r->m[i].dropped &&
-                          r->m[i].slots[r->head % r->W].state == SLOT_DATA
+                          r->m[i].slots[r->head % r->Wo].state == SLOT_DATA
                       ? SRC_DATA
                       : SRC_NONE;
   }
@@ -719,7 +724,7 @@ static void log_verdicts(avg_round *r, uint64_t p) {
 static void reduce_done(avg_round *r, avg_job *j) {
   mem *me = &r->m[r->self];
   uint64_t p = me->part0 + j->k;
-  result *res = &r->ring[j->k % r->W];
+  result *res = &r->ring[j->k % r->Wo];
   r->reducing = false;
   me->jobs--;
   log_verdicts(r, p);
@@ -758,7 +763,7 @@ static void reduce_done(avg_round *r, avg_job *j) {
   for (size_t i = 0; i < r->N; i++) {
     if (i == r->self || !has_data(r, i))
       continue;
-    slot *s = &r->m[i].slots[j->k % r->W];
+    slot *s = &r->m[i].slots[j->k % r->Wo];
     free(s->buf);
     *s = (slot){0};
   }
@@ -809,16 +814,16 @@ static int on_part(avg_round *r, size_t from, const proto_avg_msg *m) {
     bad = "a part we do not own";
   else if (m->sender != from)
     bad = "a part under another member's index", rc = BEE_EAUTH;
-  else if (k >= r->head + r->W)
+  else if (k >= r->head + r->Wo)
     bad = "a part beyond the window", rc = BEE_ELIMIT;
-  else if (k < r->head || s->slots[k % r->W].state != SLOT_EMPTY)
+  else if (k < r->head || s->slots[k % r->Wo].state != SLOT_EMPTY)
     bad = "a part it already sent";
   if (bad) {
     bee_warn("avg", "group %s: %s sent %s (part %" PRIu64 "): ignored",
              r->gname, WHO(from), bad, m->part);
     return rc;
   }
-  slot *sl = &s->slots[k % r->W];
+  slot *sl = &s->slots[k % r->Wo];
   s->last_part_ms = now(r);
   sl->state = SLOT_NONE;
   if (!m->has_data || m->weight == 0)
@@ -1118,6 +1123,7 @@ int avg_round_new(const avg_round_config *cfg, const avg_io *io,
   r->N = N;
   r->self = cfg->self;
   r->W = cfg->window;
+  r->Wo = AVG_WINDOW_MAX;
   r->m = calloc(N, sizeof *r->m);
   r->src = calloc(N, sizeof *r->src);
   r->verdict = calloc(N, sizeof *r->verdict);
@@ -1145,12 +1151,12 @@ int avg_round_new(const avg_round_config *cfg, const avg_io *io,
   if (r->m[r->self].nparts > 0) {
     r->sum = malloc(cfg->part_floats * sizeof *r->sum);
     r->tmp = malloc(cfg->part_floats * sizeof *r->tmp);
-    r->ring = calloc(r->W, sizeof *r->ring);
+    r->ring = calloc(r->Wo, sizeof *r->ring);
     if (!r->sum || !r->tmp || !r->ring)
       goto fail;
     for (size_t i = 0; i < N; i++)
       if (i != r->self && has_data(r, i) &&
-          !(r->m[i].slots = calloc(r->W, sizeof(slot))))
+          !(r->m[i].slots = calloc(r->Wo, sizeof(slot))))
         goto fail;
   }
   for (size_t i = 0; i < PROTO_AVG_GROUP_BYTES && i < 4; i++)
@@ -1306,7 +1312,7 @@ static void really_free(avg_round *r) {
     for (size_t i = 0; i < r->N; i++) {
       mem *d = &r->m[i];
       if (d->slots)
-        for (size_t k = 0; k < r->W; k++)
+        for (size_t k = 0; k < r->Wo; k++)
           free(d->slots[k].buf);
       free(d->slots);
       drop_backup(r, d);
@@ -1314,7 +1320,7 @@ static void really_free(avg_round *r) {
     }
   }
   if (r->ring)
-    for (size_t k = 0; k < r->W; k++)
+    for (size_t k = 0; k < r->Wo; k++)
       free(r->ring[k].buf);
   free(r->ring);
   free(r->sum);

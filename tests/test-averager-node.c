@@ -9,7 +9,7 @@
  * rounding; then that a member whose host dies mid-round leaves the others
  * with a result that is, span by span, averaged or their own.
  */
-#include "averager.h"
+#include "averager-int.h"
 #include "test.h"
 #include "testlib.h"
 
@@ -244,6 +244,9 @@ static void run_case(int N, size_t n, bool zero_weight, uint64_t round,
   if (stripes > 1) /* the stripes came up: more than one connection each */
     for (int i = 0; i < N; i++)
       ASSERT_GT(proto_host_conn_count(mem[i].h), (size_t)(N - 1));
+  /* A round of 4 MiB or more measures every member's link. */
+  for (int i = 0; i < N && n * sizeof(float) >= (4u << 20); i++)
+    ASSERT_GT(avg_node_bandwidth_mbit(mem[i].node), 1.0);
   double wsum = 0;
   for (int i = 0; i < N; i++) {
     ASSERT_RC(mem[i].status, 0);
@@ -443,8 +446,64 @@ static void test_stripes_auto(void) {
          "when one stream covers the link\n");
 }
 
+/* The link meter on a fake clock: the second best half second of a round,
+ * the best of the last 4 rounds, windows too small to tell left out. */
+static void test_meter(void) {
+  avg__meter m;
+  memset(&m, 0, sizeof m);
+  ASSERT(avg__meter_mbit(&m) == 0);
+  /* 128 KiB every 50 ms for half a second: 2.5 MiB/s, 20.97 Mbit/s; then
+   * a window of 64 KiB, too little to count. */
+  avg__meter_start(&m, 0);
+  for (uint64_t t = 0; t < 500; t += 50)
+    avg__meter_add(&m, t, 128u << 10);
+  avg__meter_add(&m, 500, 64u << 10);
+  avg__meter_end(&m, 1000);
+  double hi = 1280.0 * 1024 * 2 * 8 / 1e6;
+  ASSERT(fabs(avg__meter_mbit(&m) - hi) < 1e-9);
+  /* A round of small messages changes nothing. */
+  avg__meter_start(&m, 2000);
+  avg__meter_add(&m, 2000, 4);
+  avg__meter_end(&m, 2100);
+  ASSERT(fabs(avg__meter_mbit(&m) - hi) < 1e-9);
+  /* Messages outside a round do not count. */
+  avg__meter_add(&m, 2200, 100u << 20);
+  ASSERT(fabs(avg__meter_mbit(&m) - hi) < 1e-9);
+  /* Four slower rounds (512 KiB per half second) push the fast one out. */
+  double lo = 512.0 * 1024 * 2 * 8 / 1e6;
+  for (int r = 0; r < AVG__METER_ROUNDS; r++) {
+    uint64_t t0 = 10000 + (uint64_t)r * 10000;
+    avg__meter_start(&m, t0);
+    avg__meter_add(&m, t0, 512u << 10);
+    avg__meter_add(&m, t0 + 500, 1);
+    avg__meter_end(&m, t0 + 600);
+    ASSERT(fabs(avg__meter_mbit(&m) - (r < AVG__METER_ROUNDS - 1 ? hi : lo)) <
+           1e-9);
+  }
+  /* A burst read in one window (a busy loop) is not taken: the second
+   * best window is.  Windows of 1, 4 and 1.5 MiB per half second. */
+  memset(&m, 0, sizeof m);
+  avg__meter_start(&m, 0);
+  avg__meter_add(&m, 0, 1u << 20);
+  avg__meter_add(&m, 500, 4u << 20);
+  avg__meter_add(&m, 1000, 3u << 19);
+  avg__meter_add(&m, 1500, 1);
+  avg__meter_end(&m, 4000); /* the whole round: 1.6 MiB/s */
+  ASSERT(fabs(avg__meter_mbit(&m) - 3.0 * 1048576 * 8 / 1e6) < 1e-9);
+  /* A round shorter than a window: its whole rate. */
+  memset(&m, 0, sizeof m);
+  avg__meter_start(&m, 0);
+  avg__meter_add(&m, 10, 1u << 20);
+  avg__meter_end(&m, 100);
+  ASSERT(fabs(avg__meter_mbit(&m) - 10.0 * 1048576 * 8 / 1e6) < 1e-9);
+  printf("meter: second best half second per round, best of the last %d "
+         "rounds\n",
+         AVG__METER_ROUNDS);
+}
+
 int main(void) {
   test_stripes_auto();
+  test_meter();
   loop = uv_default_loop();
   test_moderator(0, &moderator);
   bee_log_set_level(BEE_LOG_WARN);

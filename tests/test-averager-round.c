@@ -64,6 +64,7 @@ typedef struct scen {
   avg_codec codec;
   size_t pf;
   unsigned window;
+  unsigned windows[NMAX]; /* per member, where not 0 (else window) */
   bool ef;
   avg_clip_mode clip_mode;
   double clip;
@@ -418,7 +419,7 @@ static net *net_new(const scen *s) {
     c.weight = data ? s->weight[i] : 0;
     c.codec = s->codec;
     c.part_floats = s->pf;
-    c.window = s->window;
+    c.window = s->windows[i] ? s->windows[i] : s->window;
     c.clip = s->clip;
     c.clip_mode = s->clip_mode;
     c.sender_timeout_ms = s->sender_ms;
@@ -869,6 +870,26 @@ static void test_unequal(void) {
   }
 }
 
+/* Members whose windows differ (each sizes its own from its links) finish
+ * the round with the same bits as with one window: an owner takes what a
+ * sender with a larger window sends ahead. */
+static void test_windows(void) {
+  static const unsigned w[6] = {2, AVG_WINDOW_MAX, 4, 17, 1, 40};
+  scen s = scen_make(6, 300007, 11);
+  s.pf = 1000;
+  net *ref = run_check(&s, 0);
+  for (size_t i = 0; i < 6; i++)
+    s.windows[i] = w[i];
+  s.jitter_us = 20000;
+  net *n = run_check(&s, 0);
+  for (size_t i = 0; i < s.N; i++) {
+    ASSERT_UEQ(n->p[i].by_k[s.N], s.P);
+    ASSERT(memcmp(n->p[i].x, ref->p[i].x, s.P * sizeof(float)) == 0);
+  }
+  net_free(n);
+  net_free(ref);
+}
+
 /* The same inputs under shuffled arrivals and jobs run late in random
  * order (or on threads) give the same bits as in order. */
 static void test_shuffled(void) {
@@ -1279,12 +1300,25 @@ static void test_api(void) {
   m.part = 99; /* not ours: beyond the buffer */
   ASSERT_OK(proto_avg_encode(&m, buf, sizeof buf, &len));
   ASSERT_RC(avg_round_handle(r, 1, buf, len), BEE_ERANGE);
-  m.part = 2; /* ours, but beyond the window */
-  c.window = 2;
-  avg_round_free(r);
-  ASSERT_OK(avg_round_new(&c, &io, &r));
-  ASSERT_OK(proto_avg_encode(&m, buf, sizeof buf, &len));
-  ASSERT_RC(avg_round_handle(r, 1, buf, len), BEE_ELIMIT);
+  {
+    /* An owner takes AVG_WINDOW_MAX parts ahead of its head from a
+     * sender, whatever its own window: each member sizes its window from
+     * its own links, so a sender's may be larger than ours. */
+    avg_round_config w = c;
+    avg_round *r2;
+    w.window = 2;
+    w.part_floats = 16; /* our span holds more than AVG_WINDOW_MAX parts */
+    ASSERT_OK(avg_round_new(&w, &io, &r2));
+    proto_avg_msg m2 = m;
+    m2.data.n = 16 * sizeof(float);
+    m2.part = AVG_WINDOW_MAX; /* beyond what we take ahead */
+    ASSERT_OK(proto_avg_encode(&m2, buf, sizeof buf, &len));
+    ASSERT_RC(avg_round_handle(r2, 1, buf, len), BEE_ELIMIT);
+    m2.part = AVG_WINDOW_MAX - 1; /* far beyond our window of 2, taken */
+    ASSERT_OK(proto_avg_encode(&m2, buf, sizeof buf, &len));
+    ASSERT_OK(avg_round_handle(r2, 1, buf, len));
+    avg_round_free(r2);
+  }
   m.part = 1; /* within: taken before the start */
   ASSERT_OK(proto_avg_encode(&m, buf, sizeof buf, &len));
   ASSERT_OK(avg_round_handle(r, 1, buf, len));
@@ -1388,6 +1422,7 @@ int main(int argc, char **argv) {
        * allocations below would set */
       {"loop", test_loop},           {"api", test_api},
       {"exact", test_exact},         {"unequal", test_unequal},
+      {"windows", test_windows},
       {"shuffled", test_shuffled},   {"codecs", test_codecs},
       {"modes", test_modes},         {"kill", test_kill},
       {"half_dead", test_half_dead}, {"corrupt", test_corrupt},

@@ -51,6 +51,7 @@ typedef struct opts {
   unsigned window;
   unsigned stripes;
   bool bandwidth_spans;  /* spans by --bandwidths, else equal */
+  bool bandwidth_auto;   /* --bandwidths auto: by the members' meters */
   double bandwidths[64]; /* Mbit/s, declared per member */
   char netns[64][64];    /* member i runs in this namespace */
   char addrs[64][64];    /* and listens on this address */
@@ -65,11 +66,14 @@ typedef struct hello {
 typedef struct go {
   uint64_t floats; /* 0: exit */
   uint8_t group[PROTO_AVG_GROUP_BYTES];
+  int32_t measured;   /* --bandwidths auto: spans by mbit below */
+  double mbit[NMAX];  /* each member's measured link */
 } go;
 typedef struct report {
   double ms;
   int32_t status;
-  int32_t ok; /* the mean was right */
+  int32_t ok;  /* the mean was right */
+  double mbit; /* avg_node_bandwidth_mbit after the round */
 } report;
 
 static double now_ms(void) {
@@ -142,8 +146,10 @@ static void on_down(proto_conn *c, int status, void *data) {
 
 static void on_round(avg_node *n, const avg_node_result *r, void *arg) {
   member *m = arg;
-  (void)n;
-  report rep = {.ms = now_ms() - m->t0, .status = r->status, .ok = 1};
+  report rep = {.ms = now_ms() - m->t0,
+                .status = r->status,
+                .ok = 1,
+                .mbit = avg_node_bandwidth_mbit(n)};
   /* Everyone's value is rank + 1 with weight 1: the mean is (N + 1) / 2. */
   float want = (float)(m->o->procs + 1) / 2;
   double tol = m->o->codec == AVG_NONE ? 1e-6 : 2e-2;
@@ -195,6 +201,11 @@ static void on_command(uv_poll_t *p, int status, int events) {
   if (m->o->window)
     req.round.window = m->o->window;
   req.equal_spans = !m->o->bandwidth_spans;
+  if (m->o->bandwidth_auto) { /* everyone has the same list from the go */
+    req.equal_spans = !g.measured;
+    for (int i = 0; i < m->o->procs; i++)
+      m->list[i].bandwidth_mbit = g.measured ? g.mbit[i] : 1000;
+  }
   req.stripes = m->o->stripes;
   /* A 100 MiB round over a slow emulated link takes minutes. */
   req.round.sender_timeout_ms = 120000;
@@ -297,13 +308,15 @@ static void usage(FILE *f) {
           "                 [--warmup W] [--codec none|fp16|bf16|u8|b8]\n"
           "                 [--part-floats P] [--window W] [--stripes auto|S]\n"
           "                 [--netns NS,...] [--addrs IP,...]\n"
-          "                 [--bandwidths MBIT,...]\n"
+          "                 [--bandwidths MBIT,...|auto]\n"
           "  defaults: 4 procs; 4,1048576,104857600 bytes; 5 reps; 2 warm-up\n"
           "  rounds per size; codec none; the round's part size and window;\n"
           "  stripes auto (from the links); members on 127.0.0.1.\n"
           "  --netns/--addrs: member i runs in namespace i (a wanlab host)\n"
           "  and listens on address i; --bandwidths: the members' declared\n"
-          "  Mbit/s, and spans sized by them (else equal spans)\n");
+          "  Mbit/s, and spans sized by them (else equal spans); auto: by\n"
+          "  the links each member measured in the rounds before (equal\n"
+          "  spans until every member has measured its own)\n");
 }
 
 /* Splits a comma-separated list into out (at most 64 items of 63 bytes);
@@ -380,6 +393,10 @@ static int parse(int argc, char **argv, opts *o) {
     case 'N': o->nnetns = split_list(optarg, o->netns); break;
     case 'A': o->naddrs = split_list(optarg, o->addrs); break;
     case 'B': {
+      if (strcmp(optarg, "auto") == 0) {
+        o->bandwidth_auto = o->bandwidth_spans = true;
+        break;
+      }
       char tmp[64][64];
       o->nbw = split_list(optarg, tmp);
       for (int i = 0; i < o->nbw; i++)
@@ -396,7 +413,8 @@ static int parse(int argc, char **argv, opts *o) {
   }
   if (o->procs < 2 || o->procs > NMAX || o->reps < 1 || o->warmup < 0 ||
       o->nsizes == 0 || (o->nnetns && o->nnetns != o->procs) ||
-      (o->naddrs && o->naddrs != o->procs) || (o->nbw && o->nbw != o->procs) ||
+      (o->naddrs && o->naddrs != o->procs) ||
+      (o->nbw && o->nbw != o->procs && !o->bandwidth_auto) ||
       o->nnetns < 0 || o->naddrs < 0 || o->nbw < 0) {
     usage(stderr);
     return 2;
@@ -409,7 +427,7 @@ int main(int argc, char **argv) {
   int rc = parse(argc, argv, &o);
   if (rc)
     return rc;
-  bee_log_set_level(BEE_LOG_WARN);
+  bee_log_set_level(getenv("BENCH_DEBUG") ? BEE_LOG_DEBUG : BEE_LOG_WARN);
   signal(SIGPIPE, SIG_IGN);
   proto_identity moderator;
   proto_identity_generate(&moderator);
@@ -440,11 +458,17 @@ int main(int argc, char **argv) {
   for (int i = 0; i < o.procs; i++)
     xwrite(fds[i], all, (size_t)o.procs * sizeof *all);
   int failed = 0;
+  double mbit[NMAX] = {0}; /* the members' last measured links */
   for (int s = 0; s < o.nsizes && !failed; s++) {
     size_t floats = o.sizes[s] / 4;
     double *t = calloc((size_t)o.reps, sizeof *t);
     for (int r = -o.warmup; r < o.reps && !failed; r++) {
-      go g = {.floats = floats};
+      go g = {.floats = floats, .measured = o.bandwidth_auto};
+      for (int i = 0; i < o.procs; i++) {
+        g.mbit[i] = mbit[i];
+        if (!(mbit[i] > 0))
+          g.measured = 0;
+      }
       randombytes_buf(g.group, sizeof g.group);
       for (int i = 0; i < o.procs; i++)
         xwrite(fds[i], &g, sizeof g);
@@ -464,9 +488,16 @@ int main(int argc, char **argv) {
         }
         if (rep.ms > slowest)
           slowest = rep.ms;
+        mbit[i] = rep.mbit;
       }
       if (r >= 0)
         t[r] = slowest;
+    }
+    if (o.bandwidth_auto) {
+      printf("MEASURED procs=%d bytes=%zu mbit=", o.procs, o.sizes[s]);
+      for (int i = 0; i < o.procs; i++)
+        printf("%s%.1f", i ? "," : "", mbit[i]);
+      printf("\n");
     }
     if (!failed) {
       qsort(t, (size_t)o.reps, sizeof *t, cmp_double);
@@ -481,7 +512,8 @@ int main(int argc, char **argv) {
       printf("RESULT impl=beed procs=%d bytes=%zu codec=%s stripes=%s "
              "spans=%s reps=%d ms_median=%.4f ms_min=%.4f busbw_gbs=%.4f\n",
              o.procs, o.sizes[s], avg_codec_name(o.codec), stripes,
-             o.bandwidth_spans ? "bandwidth" : "equal", o.reps, med, t[0],
+             o.bandwidth_auto ? "measured" : o.bandwidth_spans ? "bandwidth" : "equal",
+             o.reps, med, t[0],
              bus / (med * 1e-3) / 1e9);
       fflush(stdout);
     }
