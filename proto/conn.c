@@ -505,7 +505,18 @@ static void alloc_cb(uv_handle_t *handle, size_t suggested, uv_buf_t *buf) {
       c->rcap = cap;
     }
   }
-  *buf = uv_buf_init((char *)c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
+  size_t room = c->rcap - c->rlen;
+  /* The buffer starts with a frame (read_cb moves what is left of one to
+   * the front).  While much of it is still to come, read no further than
+   * its end, so that once it is handled little or nothing is left to
+   * move: reading on into the next large frame would move up to a
+   * frame's worth of bytes per frame. */
+  if (c->rlen >= PROTO_FRAME_HDR) {
+    size_t end = PROTO_FRAME_HDR + (size_t)proto__get_u32(c->rbuf);
+    if (end > c->rlen && end - c->rlen >= RBUF_STEP && end - c->rlen < room)
+      room = end - c->rlen;
+  }
+  *buf = uv_buf_init((char *)c->rbuf + c->rlen, (unsigned)room);
 }
 
 static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
