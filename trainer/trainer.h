@@ -104,6 +104,85 @@ int trn_device_open(const char *spec, trn_device *out, char *why,
  * A no-op for the CPU.  Returns 0 or -EIO. */
 int trn_device_bind(const trn_device *dev);
 
+/* ------------------------------------------------------------------------ */
+/* Data.  Files are checked whole before anything is kept: a bad one gives a */
+/* negative errno and one line in err (err_len bytes, NUL-terminated) that  */
+/* names the file and the byte offset, in the decompressed data, where it   */
+/* went wrong.  See trainer/README.md, "Data".                              */
+
+#ifndef TRN_IDX_DIMS_MAX
+#define TRN_IDX_DIMS_MAX 4
+#endif
+#ifndef TRN_IDX_BYTES_MAX
+#define TRN_IDX_BYTES_MAX ((size_t)1 << 34) /* 16 GiB: what one file may ask */
+#endif
+#define TRN_MNIST_CLASSES 10
+#define TRN_CHANNELS_MAX 4
+
+/* An IDX file of unsigned bytes (the MNIST format): the data row-major. */
+typedef struct trn_idx {
+  uint8_t *data; /* (dims[0], ..., dims[ndims - 1]) */
+  uint32_t dims[TRN_IDX_DIMS_MAX];
+  int ndims;
+  size_t len; /* bytes: the product of dims */
+} trn_idx;
+
+/* Reads path, gzip-compressed or plain: the magic 00 00 08 D (unsigned
+ * bytes, D dimensions, 1 to TRN_IDX_DIMS_MAX), D big-endian sizes, then
+ * exactly their product of bytes.  Returns 0 and *out (free with
+ * trn_idx_free), or: -errno when the file cannot be opened; -EBADMSG for a
+ * wrong magic, a zero dimension, truncated data or bytes after the data;
+ * -EFBIG past TRN_IDX_BYTES_MAX; -EIO for a read or gzip error; -ENOMEM.
+ * *out is empty on failure. */
+int trn_idx_read(const char *path, trn_idx *out, char *err, size_t err_len);
+void trn_idx_free(trn_idx *x);
+
+/* Labelled images in memory. */
+typedef struct trn_images {
+  uint8_t *pix;    /* (n, c, h, w) */
+  uint8_t *labels; /* (n), each < classes */
+  size_t n;
+  unsigned c, h, w, classes;
+} trn_images;
+
+/* Loads an MNIST-format split from dir: "<split>-images-idx3-ubyte.gz" and
+ * "<split>-labels-idx1-ubyte.gz" (or the same names without ".gz"), split
+ * "train" or "t10k".  Fashion-MNIST (Debian's dataset-fashion-mnist puts
+ * it in TRN_FASHION_MNIST_DIR) and MNIST share the format.  Checks the
+ * dimensions, that there is one label per image, and every label (the
+ * first out of range is named with its offset).  Returns 0 or an error as
+ * trn_idx_read (-EINVAL for another split).  Free with trn_images_free. */
+#define TRN_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
+int trn_mnist_load(const char *dir, const char *split, trn_images *out,
+                   char *err, size_t err_len);
+void trn_images_free(trn_images *d);
+
+/* One peer's passes over a dataset of n items: each epoch a permutation
+ * drawn from (seed, epoch), so peers with different seeds (their ids)
+ * read different orders, and (seed, epoch, pos) is all it takes to pick
+ * up where a saved run stopped. */
+typedef struct trn_order {
+  uint32_t *idx; /* (n) this epoch's permutation */
+  size_t n, pos; /* items, the next one's place in idx */
+  uint64_t epoch;
+  uint8_t seed[32]; /* the seed, longer ones folded in */
+} trn_order;
+
+/* Returns 0, -EINVAL (n = 0 or over 2^32 - 1, pos > n) or -ENOMEM. */
+int trn_order_init(trn_order *o, size_t n, const void *seed, size_t seed_len,
+                   uint64_t epoch, size_t pos);
+void trn_order_free(trn_order *o);
+/* The next item; after the last of an epoch, the first of the next. */
+size_t trn_order_next(trn_order *o);
+
+/* The next b items of o as a batch: x (b, c, h, w) with pixel / 255
+ * normalized per channel, (p / 255 - mean[c]) / std[c] in torchvision's
+ * order (mean NULL: 0, std NULL: 1), and y (b) their labels.  Returns 0,
+ * or -EINVAL for an order of another size, b = 0, or a std not > 0. */
+int trn_images_batch(const trn_images *d, trn_order *o, size_t b,
+                     const float *mean, const float *std, float *x,
+                     int32_t *y);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,295 @@
+/* test-trainer-data.c: the trainer's data: IDX files, MNIST-format
+ * datasets, each peer's shuffled order and batches.
+ *
+ * The real Fashion-MNIST (Debian's dataset-fashion-mnist, which
+ * tools/setup installs) must load with its known sizes, class counts and
+ * first labels and pixels.  Then hand-made files in a temporary folder,
+ * gzip and plain: a good one loads, and each bad one (wrong magic, zero or
+ * huge dimension, truncated, trailing bytes, a label out of range, a
+ * label count that does not match, a broken gzip stream, an empty file, a
+ * missing one) is refused with its code and a message that names the file
+ * and the offset.  Orders are permutations, the same for the same seed
+ * and epoch, different otherwise, and resume from (seed, epoch, pos).
+ */
+#include "test.h"
+#include "trainer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <unistd.h>
+#include <zlib.h>
+
+static char dir[64];
+static char err[512];
+
+/* Writes bytes to dir/name, gzip-compressed when name ends in ".gz". */
+static void put(const char *name, const uint8_t *p, size_t n) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  size_t len = strlen(name);
+  if (len > 3 && strcmp(name + len - 3, ".gz") == 0) {
+    gzFile f = gzopen(path, "wb");
+    ASSERT(f != NULL);
+    ASSERT(n == 0 || gzwrite(f, p, (unsigned)n) == (int)n);
+    ASSERT_EQ(gzclose(f), Z_OK);
+  } else {
+    FILE *f = fopen(path, "wb");
+    ASSERT(f != NULL);
+    ASSERT(n == 0 || fwrite(p, 1, n, f) == n);
+    ASSERT_EQ(fclose(f), 0);
+  }
+}
+
+/* An IDX header of unsigned bytes with nd dimensions into b; returns its
+ * length. */
+static size_t header(uint8_t *b, int nd, const uint32_t *dims) {
+  b[0] = b[1] = 0, b[2] = 8, b[3] = (uint8_t)nd;
+  for (int i = 0; i < nd; i++)
+    for (int k = 0; k < 4; k++)
+      b[4 + 4 * i + k] = (uint8_t)(dims[i] >> (24 - 8 * k));
+  return 4 + 4 * (size_t)nd;
+}
+
+/* A split "x" of n images 2x3 (pixel = 10 i + j) and n labels (i % 4),
+ * gzip or plain. */
+static void put_split(const char *split, size_t n, bool gz) {
+  uint8_t b[1024];
+  char name[64];
+  uint32_t d[3] = {(uint32_t)n, 2, 3};
+  size_t h = header(b, 3, d);
+  for (size_t i = 0; i < n; i++)
+    for (size_t j = 0; j < 6; j++)
+      b[h + 6 * i + j] = (uint8_t)(10 * i + j);
+  snprintf(name, sizeof name, "%s-images-idx3-ubyte%s", split, gz ? ".gz" : "");
+  put(name, b, h + 6 * n);
+  h = header(b, 1, d);
+  for (size_t i = 0; i < n; i++)
+    b[h + i] = (uint8_t)(i % 4);
+  snprintf(name, sizeof name, "%s-labels-idx1-ubyte%s", split, gz ? ".gz" : "");
+  put(name, b, h + n);
+}
+
+/* err says rc's case: it names the file and holds `what`. */
+static void refused(int rc, int want, const char *file, const char *what) {
+  if (rc != want)
+    FAIL("%s: got %d (%s), want %d: %s", file, rc, strerror(-rc), want, err);
+  if (!strstr(err, file) || !strstr(err, what))
+    FAIL("message for %s lacks \"%s\" or the file: %s", file, what, err);
+}
+
+static void test_fashion(void) {
+  trn_images tr, te;
+  int rc = trn_mnist_load(TRN_FASHION_MNIST_DIR, "train", &tr, err, sizeof err);
+  if (rc == -ENOENT) {
+    printf("SKIP fashion-mnist: %s (tools/setup installs it)\n", err);
+    return;
+  }
+  ASSERT_EQ(rc, 0);
+  ASSERT_EQ(trn_mnist_load(TRN_FASHION_MNIST_DIR, "t10k", &te, err, sizeof err),
+            0);
+  ASSERT_UEQ(tr.n, 60000);
+  ASSERT_UEQ(te.n, 10000);
+  ASSERT(tr.c == 1 && tr.h == 28 && tr.w == 28 && tr.classes == 10);
+  ASSERT(te.c == 1 && te.h == 28 && te.w == 28);
+  /* Known values, from Python's gzip reading the same files. */
+  static const uint8_t first_tr[10] = {9, 0, 0, 3, 0, 2, 7, 2, 5, 5};
+  static const uint8_t first_te[10] = {9, 2, 1, 1, 6, 1, 4, 6, 5, 7};
+  ASSERT(memcmp(tr.labels, first_tr, 10) == 0);
+  ASSERT(memcmp(te.labels, first_te, 10) == 0);
+  uint64_t sum = 0;
+  for (size_t j = 0; j < 784; j++)
+    sum += tr.pix[j];
+  ASSERT_UEQ(sum, 76247);
+  ASSERT_EQ(tr.pix[14 * 28 + 14], 217);
+  ASSERT_EQ(te.pix[14 * 28 + 14], 110);
+  size_t count[10] = {0};
+  for (size_t i = 0; i < tr.n; i++)
+    count[tr.labels[i]]++;
+  for (int c = 0; c < 10; c++)
+    ASSERT_UEQ(count[c], 6000);
+  printf("fashion-mnist: 60000 + 10000 images of 28x28, 6000 per class\n");
+  trn_images_free(&tr);
+  trn_images_free(&te);
+}
+
+static void test_files(void) {
+  trn_images d;
+  trn_idx x;
+  uint8_t b[256];
+  uint32_t dims[3] = {3, 2, 3};
+  size_t h;
+
+  /* Good, gzip and plain. */
+  put_split("train", 5, true);
+  put_split("t10k", 4, false);
+  ASSERT_EQ(trn_mnist_load(dir, "train", &d, err, sizeof err), 0);
+  ASSERT(d.n == 5 && d.c == 1 && d.h == 2 && d.w == 3);
+  ASSERT(d.pix[6 * 4 + 5] == 45 && d.labels[3] == 3);
+  trn_images_free(&d);
+  ASSERT_EQ(trn_mnist_load(dir, "t10k", &d, err, sizeof err), 0);
+  ASSERT(d.n == 4 && d.pix[6 * 3 + 2] == 32);
+  trn_images_free(&d);
+  ASSERT_EQ(trn_mnist_load(dir, "test", &d, err, sizeof err), -EINVAL);
+  ASSERT(d.pix == NULL);
+
+  /* Bad IDX files, each on its own. */
+  char path[128];
+#define CHECK_IDX(name, want, what)                                            \
+  do {                                                                         \
+    snprintf(path, sizeof path, "%s/%s", dir, name);                           \
+    int rc_ = trn_idx_read(path, &x, err, sizeof err);                         \
+    refused(rc_, want, name, what);                                            \
+    ASSERT(x.data == NULL && x.len == 0);                                      \
+  } while (0)
+  h = header(b, 3, dims);
+  memset(b + h, 7, 18);
+  b[2] = 9; /* not unsigned bytes */
+  put("magic.gz", b, h + 18);
+  CHECK_IDX("magic.gz", -EBADMSG, "offset 0: bad IDX magic 00 00 09 03");
+  b[2] = 8, b[3] = 5; /* too many dimensions */
+  put("dims5", b, h + 18);
+  CHECK_IDX("dims5", -EBADMSG, "offset 0");
+  b[3] = 3;
+  put("trunc.gz", b, h + 17);
+  CHECK_IDX("trunc.gz", -EBADMSG, "offset 33: truncated");
+  put("trail.gz", b, h + 19);
+  CHECK_IDX("trail.gz", -EBADMSG, "offset 34: data after");
+  put("head.gz", b, 9);
+  CHECK_IDX("head.gz", -EBADMSG, "offset 9: truncated in the header");
+  put("empty", b, 0);
+  CHECK_IDX("empty", -EBADMSG, "shorter than an IDX header");
+  uint32_t zero[3] = {3, 0, 3};
+  put("zero.gz", b, header(b, 3, zero));
+  CHECK_IDX("zero.gz", -EBADMSG, "offset 8: dimension 1 is 0");
+  uint32_t huge[3] = {0xffffffffu, 0xffffffffu, 16};
+  put("huge.gz", b, header(b, 3, huge));
+  CHECK_IDX("huge.gz", -EFBIG, "offset 8: dimension 1");
+  /* A gzip stream whose compressed bytes are damaged. */
+  h = header(b, 3, dims);
+  memset(b + h, 7, 18);
+  put("crc.gz", b, h + 18);
+  snprintf(path, sizeof path, "%s/crc.gz", dir);
+  FILE *f = fopen(path, "r+b");
+  ASSERT(f != NULL);
+  ASSERT_EQ(fseek(f, 12, SEEK_SET), 0);
+  ASSERT_EQ(fputc(0xff, f), 0xff);
+  ASSERT_EQ(fseek(f, -8, SEEK_END), 0); /* the CRC */
+  ASSERT_EQ(fputc(0x5a, f), 0x5a);
+  ASSERT_EQ(fclose(f), 0);
+  int rc = trn_idx_read(path, &x, err, sizeof err);
+  if (rc != -EIO && rc != -EBADMSG)
+    FAIL("damaged gzip: %d: %s", rc, err);
+  ASSERT(strstr(err, "crc.gz") != NULL);
+  CHECK_IDX("missing.gz", -ENOENT, "cannot open");
+#undef CHECK_IDX
+
+  /* Datasets whose files disagree. */
+  put_split("train", 5, true);
+  h = header(b, 1, (uint32_t[]){5});
+  memset(b + h, 1, 5);
+  b[h + 2] = 10; /* item 2 out of range */
+  put("train-labels-idx1-ubyte.gz", b, h + 5);
+  ASSERT_EQ(trn_mnist_load(dir, "train", &d, err, sizeof err), -EBADMSG);
+  refused(-EBADMSG, -EBADMSG, "train-labels-idx1-ubyte.gz",
+          "offset 10: label 10 of item 2 is out of range 0..9");
+  ASSERT(d.pix == NULL && d.labels == NULL);
+  h = header(b, 1, (uint32_t[]){4});
+  memset(b + h, 1, 4);
+  put("train-labels-idx1-ubyte.gz", b, h + 4);
+  ASSERT_EQ(trn_mnist_load(dir, "train", &d, err, sizeof err), -EBADMSG);
+  ASSERT(strstr(err, "4 labels for the 5 images") != NULL);
+  put("train-labels-idx1-ubyte.gz", b, header(b, 3, dims) + 18);
+  ASSERT_EQ(trn_mnist_load(dir, "train", &d, err, sizeof err), -EBADMSG);
+  ASSERT(strstr(err, "3 dimensions, labels need 1") != NULL);
+  ASSERT_EQ(trn_mnist_load("/nonexistent-beed", "train", &d, err, sizeof err),
+            -ENOENT);
+  ASSERT(strstr(err, "/nonexistent-beed/train-images-idx3-ubyte.gz") != NULL);
+  printf("files: good ones load (gzip and plain), 13 bad ones refused with "
+         "file and offset\n");
+}
+
+static bool same(const trn_order *a, const trn_order *b) {
+  return a->n == b->n && memcmp(a->idx, b->idx, a->n * sizeof *a->idx) == 0;
+}
+
+static void test_order(void) {
+  const size_t n = 1000;
+  trn_order a, b, c;
+  ASSERT_EQ(trn_order_init(&a, n, "peer-a", 6, 0, 0), 0);
+  ASSERT_EQ(trn_order_init(&b, n, "peer-a", 6, 0, 0), 0);
+  ASSERT_EQ(trn_order_init(&c, n, "peer-b", 6, 0, 0), 0);
+  /* A permutation, the same for the same seed, another for another. */
+  bool seen[1000] = {false};
+  for (size_t i = 0; i < n; i++) {
+    ASSERT(a.idx[i] < n && !seen[a.idx[i]]);
+    seen[a.idx[i]] = true;
+  }
+  ASSERT(same(&a, &b));
+  ASSERT(!same(&a, &c));
+  /* The pass ends and the next epoch's order starts: another permutation,
+   * the one a fresh order at epoch 1 has. */
+  for (size_t i = 0; i < n; i++)
+    ASSERT_UEQ(trn_order_next(&a), b.idx[i]);
+  trn_order_next(&a);
+  ASSERT_UEQ(a.epoch, 1);
+  trn_order_free(&c);
+  ASSERT_EQ(trn_order_init(&c, n, "peer-a", 6, 1, 1), 0);
+  ASSERT(same(&a, &c) && !same(&a, &b));
+  /* Resuming from (seed, epoch, pos) continues the same stream. */
+  for (size_t i = 0; i < 2 * n; i++)
+    ASSERT_UEQ(trn_order_next(&a), trn_order_next(&c));
+  trn_order_free(&c);
+  ASSERT_EQ(trn_order_init(&c, n, "peer-a", 6, a.epoch, a.pos), 0);
+  for (size_t i = 0; i < 3 * n / 2; i++)
+    ASSERT_UEQ(trn_order_next(&a), trn_order_next(&c));
+  ASSERT_EQ(trn_order_init(&c, 0, "x", 1, 0, 0), -EINVAL);
+  ASSERT_EQ(trn_order_init(&c, 10, "x", 1, 0, 11), -EINVAL);
+  ASSERT_EQ(trn_order_init(&c, 10, NULL, 1, 0, 0), -EINVAL);
+  trn_order_free(&a);
+  trn_order_free(&b);
+  printf("order: permutations, per seed and epoch, resumable\n");
+}
+
+static void test_batch(void) {
+  trn_images d;
+  put_split("t10k", 4, true);
+  ASSERT_EQ(trn_mnist_load(dir, "t10k", &d, err, sizeof err), 0);
+  trn_order o;
+  ASSERT_EQ(trn_order_init(&o, d.n, "s", 1, 0, 0), 0);
+  float x[6 * 6], mean = 0.25f, sd = 0.5f;
+  int32_t y[6];
+  ASSERT_EQ(trn_images_batch(&d, &o, 6, &mean, &sd, x, y), 0);
+  trn_order ref;
+  ASSERT_EQ(trn_order_init(&ref, d.n, "s", 1, 0, 0), 0);
+  for (size_t i = 0; i < 6; i++) {
+    size_t k = trn_order_next(&ref);
+    ASSERT_EQ(y[i], (int32_t)(k % 4));
+    for (size_t j = 0; j < 6; j++) {
+      float want = ((float)(10 * k + j) / 255.0f - mean) / sd;
+      ASSERT(x[6 * i + j] == want);
+    }
+  }
+  float bad = 0;
+  ASSERT_EQ(trn_images_batch(&d, &o, 1, &mean, &bad, x, y), -EINVAL);
+  bad = NAN;
+  ASSERT_EQ(trn_images_batch(&d, &o, 1, &bad, &sd, x, y), -EINVAL);
+  ASSERT_EQ(trn_images_batch(&d, &o, 0, &mean, &sd, x, y), -EINVAL);
+  trn_order_free(&ref);
+  trn_order_free(&o);
+  trn_images_free(&d);
+  printf("batch: the order's items, normalized as torchvision does\n");
+}
+
+int main(void) {
+  snprintf(dir, sizeof dir, "%s/beed-data.XXXXXX",
+           getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  ASSERT(mkdtemp(dir) != NULL);
+  test_fashion();
+  test_files();
+  test_order();
+  test_batch();
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ASSERT_EQ(system(cmd), 0);
+  return 0;
+}

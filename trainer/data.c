@@ -1,0 +1,329 @@
+/* data.c: training data from files: IDX (MNIST, Fashion-MNIST; gzip or
+ * plain), image datasets in memory, and each peer's shuffled pass over
+ * them (trainer.h, "Data").
+ *
+ * Everything read from a file is checked before it is used: the magic, the
+ * dimensions against the bytes that are really there, labels against the
+ * classes.  A bad file is an error code and one line in `err` that names
+ * the file and the byte offset (in the decompressed data) where it went
+ * wrong; nothing is kept from it.
+ */
+#include "trainer-int.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
+  if (errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return rc;
+}
+
+static uint32_t be32(const uint8_t *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 |
+         p[3];
+}
+
+/* Reads up to n bytes; returns how many (short only at the end), or -1 on
+ * a read or decompression error (msg set). */
+static long read_full(gzFile f, uint8_t *p, size_t n, const char **msg) {
+  size_t got = 0;
+  while (got < n) {
+    size_t ask = n - got > (1u << 30) ? (1u << 30) : n - got;
+    int k = gzread(f, p + got, (unsigned)ask);
+    if (k < 0) {
+      int zerr;
+      *msg = gzerror(f, &zerr);
+      return -1;
+    }
+    if (k == 0)
+      break;
+    got += (size_t)k;
+  }
+  return (long)got;
+}
+
+int trn_idx_read(const char *path, trn_idx *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  if (errlen)
+    err[0] = 0;
+  gzFile f = gzopen(path, "rb");
+  if (!f) {
+    int e = errno ? errno : ENOMEM;
+    return fail(err, errlen, -e, "%s: cannot open: %s", path, strerror(e));
+  }
+  gzbuffer(f, 1u << 17);
+  int rc;
+  const char *msg = NULL;
+  uint8_t head[4 + 4 * TRN_IDX_DIMS_MAX];
+  long got = read_full(f, head, 4, &msg);
+  if (got < 0) {
+    rc = fail(err, errlen, -EIO, "%s: cannot read: %s", path, msg);
+    goto out;
+  }
+  if (got < 4) {
+    rc = fail(err, errlen, -EBADMSG,
+              "%s: %ld bytes, shorter than an IDX header (4)", path, got);
+    goto out;
+  }
+  /* Magic: two zero bytes, the type (0x08: unsigned byte), the number of
+   * dimensions. */
+  if (head[0] || head[1] || head[2] != 0x08 || head[3] < 1 ||
+      head[3] > TRN_IDX_DIMS_MAX) {
+    rc = fail(err, errlen, -EBADMSG,
+              "%s: offset 0: bad IDX magic %02x %02x %02x %02x (want 00 00 08 "
+              "and 1 to %d dimensions: unsigned bytes)",
+              path, head[0], head[1], head[2], head[3], TRN_IDX_DIMS_MAX);
+    goto out;
+  }
+  int nd = head[3];
+  got = read_full(f, head + 4, 4 * (size_t)nd, &msg);
+  if (got < 0) {
+    rc = fail(err, errlen, -EIO, "%s: cannot read: %s", path, msg);
+    goto out;
+  }
+  if (got < 4 * nd) {
+    rc = fail(err, errlen, -EBADMSG,
+              "%s: offset %ld: truncated in the header (%d dimensions need "
+              "%d bytes)",
+              path, 4 + got, nd, 4 + 4 * nd);
+    goto out;
+  }
+  size_t len = 1;
+  for (int i = 0; i < nd; i++) {
+    out->dims[i] = be32(head + 4 + 4 * i);
+    if (out->dims[i] == 0 || len > TRN_IDX_BYTES_MAX / out->dims[i]) {
+      rc = fail(err, errlen, out->dims[i] ? -EFBIG : -EBADMSG,
+                "%s: offset %d: dimension %d is %u%s", path, 4 + 4 * i, i,
+                out->dims[i],
+                out->dims[i] ? ", more data than this reader takes" : "");
+      goto out;
+    }
+    len *= out->dims[i];
+  }
+  size_t hdr = 4 + 4 * (size_t)nd;
+  if (!(out->data = malloc(len))) {
+    rc = fail(err, errlen, -ENOMEM, "%s: out of memory for %zu bytes", path,
+              len);
+    goto out;
+  }
+  got = read_full(f, out->data, len, &msg);
+  if (got < 0) {
+    rc = fail(err, errlen, -EIO, "%s: offset about %zu: cannot read: %s", path,
+              hdr, msg);
+    goto out;
+  }
+  if ((size_t)got < len) {
+    rc = fail(err, errlen, -EBADMSG,
+              "%s: offset %zu: truncated: the header promises %zu bytes of "
+              "data, the file holds %ld",
+              path, hdr + (size_t)got, len, got);
+    goto out;
+  }
+  uint8_t extra;
+  got = read_full(f, &extra, 1, &msg);
+  if (got != 0) {
+    rc = got < 0 ? fail(err, errlen, -EIO, "%s: cannot read: %s", path, msg)
+                 : fail(err, errlen, -EBADMSG,
+                        "%s: offset %zu: data after the %zu bytes the header "
+                        "promises",
+                        path, hdr + len, len);
+    goto out;
+  }
+  out->ndims = nd;
+  out->len = len;
+  rc = 0;
+out:
+  gzclose(f);
+  if (rc)
+    trn_idx_free(out);
+  return rc;
+}
+
+void trn_idx_free(trn_idx *x) {
+  free(x->data);
+  memset(x, 0, sizeof *x);
+}
+
+/* ---- image datasets ----------------------------------------------------- */
+
+/* Opens dir/name, or dir/name without its ".gz" when only that exists. */
+static int idx_find(const char *dir, const char *name, trn_idx *out,
+                    char *path, size_t pathlen, char *err, size_t errlen) {
+  snprintf(path, pathlen, "%s/%s", dir, name);
+  int rc = trn_idx_read(path, out, err, errlen);
+  if (rc != -ENOENT)
+    return rc;
+  size_t n = strlen(path);
+  if (n > 3 && strcmp(path + n - 3, ".gz") == 0) {
+    path[n - 3] = 0;
+    int rc2 = trn_idx_read(path, out, err, errlen);
+    if (rc2 != -ENOENT)
+      return rc2;
+    path[n - 3] = '.'; /* report the compressed name */
+    fail(err, errlen, rc, "%s: not found (nor without .gz)", path);
+  }
+  return rc;
+}
+
+int trn_mnist_load(const char *dir, const char *split, trn_images *out,
+                   char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  if (!dir || !split || (strcmp(split, "train") && strcmp(split, "t10k")))
+    return fail(err, errlen, -EINVAL,
+                "MNIST split must be \"train\" or \"t10k\", not \"%s\"",
+                split ? split : "(null)");
+  char name[64], ipath[4096], lpath[4096];
+  trn_idx im = {0}, lb = {0};
+  snprintf(name, sizeof name, "%s-images-idx3-ubyte.gz", split);
+  int rc = idx_find(dir, name, &im, ipath, sizeof ipath, err, errlen);
+  if (rc)
+    return rc;
+  snprintf(name, sizeof name, "%s-labels-idx1-ubyte.gz", split);
+  if ((rc = idx_find(dir, name, &lb, lpath, sizeof lpath, err, errlen)))
+    goto out;
+  rc = -EBADMSG;
+  if (im.ndims != 3) {
+    fail(err, errlen, rc, "%s: offset 3: %d dimensions, images need 3", ipath,
+         im.ndims);
+    goto out;
+  }
+  if (lb.ndims != 1) {
+    fail(err, errlen, rc, "%s: offset 3: %d dimensions, labels need 1", lpath,
+         lb.ndims);
+    goto out;
+  }
+  if (lb.dims[0] != im.dims[0]) {
+    fail(err, errlen, rc, "%s: offset 4: %u labels for the %u images of %s",
+         lpath, lb.dims[0], im.dims[0], ipath);
+    goto out;
+  }
+  for (size_t i = 0; i < lb.len; i++)
+    if (lb.data[i] >= TRN_MNIST_CLASSES) {
+      fail(err, errlen, rc,
+           "%s: offset %zu: label %u of item %zu is out of range 0..%d", lpath,
+           8 + i, lb.data[i], i, TRN_MNIST_CLASSES - 1);
+      goto out;
+    }
+  out->pix = im.data;
+  out->labels = lb.data;
+  out->n = im.dims[0];
+  out->c = 1;
+  out->h = im.dims[1];
+  out->w = im.dims[2];
+  out->classes = TRN_MNIST_CLASSES;
+  im.data = lb.data = NULL;
+  rc = 0;
+out:
+  trn_idx_free(&im);
+  trn_idx_free(&lb);
+  return rc;
+}
+
+void trn_images_free(trn_images *d) {
+  free(d->pix);
+  free(d->labels);
+  memset(d, 0, sizeof *d);
+}
+
+/* ---- a peer's pass over the data ----------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *x) {
+  uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* The permutation of the order's current epoch: Fisher-Yates driven by a
+ * stream that depends on every byte of the seed and on the epoch. */
+static void shuffle(trn_order *o) {
+  uint64_t x = 0x6265656420646174ull ^ o->epoch * 0xd1342543de82ef95ull;
+  for (size_t i = 0; i < sizeof o->seed; i++) {
+    x ^= o->seed[i];
+    splitmix64(&x);
+  }
+  for (size_t i = 0; i < o->n; i++)
+    o->idx[i] = (uint32_t)i;
+  for (size_t i = o->n; i > 1; i--) {
+    /* Below 2^-31 bias for any n a dataset has here (n < 2^32). */
+    size_t j = (size_t)(splitmix64(&x) % i);
+    uint32_t t = o->idx[i - 1];
+    o->idx[i - 1] = o->idx[j];
+    o->idx[j] = t;
+  }
+}
+
+int trn_order_init(trn_order *o, size_t n, const void *seed, size_t seed_len,
+                   uint64_t epoch, size_t pos) {
+  memset(o, 0, sizeof *o);
+  if (n == 0 || n > UINT32_MAX || pos > n || (seed_len && !seed))
+    return -EINVAL;
+  if (!(o->idx = malloc(n * sizeof *o->idx)))
+    return -ENOMEM;
+  /* Seeds longer than the state are folded in, not cut. */
+  for (size_t i = 0; i < seed_len; i++)
+    o->seed[i % sizeof o->seed] ^= ((const uint8_t *)seed)[i];
+  o->n = n;
+  o->epoch = epoch;
+  o->pos = pos;
+  shuffle(o);
+  return 0;
+}
+
+void trn_order_free(trn_order *o) {
+  free(o->idx);
+  memset(o, 0, sizeof *o);
+}
+
+size_t trn_order_next(trn_order *o) {
+  if (o->pos == o->n) { /* the pass is over: the next epoch's order */
+    o->epoch++;
+    o->pos = 0;
+    shuffle(o);
+  }
+  return o->idx[o->pos++];
+}
+
+int trn_images_batch(const trn_images *d, trn_order *o, size_t b,
+                     const float *mean, const float *std, float *x,
+                     int32_t *y) {
+  if (!d->n || o->n != d->n || b == 0 || !x || !y || d->c == 0 ||
+      d->c > TRN_CHANNELS_MAX)
+    return -EINVAL;
+  float m[TRN_CHANNELS_MAX], s[TRN_CHANNELS_MAX];
+  for (unsigned c = 0; c < d->c; c++) {
+    m[c] = mean ? mean[c] : 0;
+    s[c] = std ? std[c] : 1;
+    if (!(s[c] > 0) || !isfinite(m[c]) || isinf(s[c]))
+      return -EINVAL;
+  }
+  size_t plane = (size_t)d->h * d->w, one = d->c * plane;
+  for (size_t i = 0; i < b; i++) {
+    size_t k = trn_order_next(o);
+    const uint8_t *p = d->pix + k * one;
+    float *q = x + i * one;
+    /* In torchvision's order (ToTensor, then Normalize), so that a
+     * reference computed there sees the same bits. */
+    for (unsigned c = 0; c < d->c; c++)
+      for (size_t j = 0; j < plane; j++)
+        q[c * plane + j] = ((float)p[c * plane + j] / 255.0f - m[c]) / s[c];
+    y[i] = d->labels[k];
+  }
+  return 0;
+}
