@@ -12,27 +12,10 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
-
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 4, 5)))
-#endif
-    ;
-
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
-  if (errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return rc;
-}
 
 static uint32_t be32(const uint8_t *p) {
   return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 |
@@ -65,7 +48,7 @@ int trn_idx_read(const char *path, trn_idx *out, char *err, size_t errlen) {
   gzFile f = gzopen(path, "rb");
   if (!f) {
     int e = errno ? errno : ENOMEM;
-    return fail(err, errlen, -e, "%s: cannot open: %s", path, strerror(e));
+    return trn__fail(err, errlen, -e, "%s: cannot open: %s", path, strerror(e));
   }
   gzbuffer(f, 1u << 17);
   int rc;
@@ -73,11 +56,11 @@ int trn_idx_read(const char *path, trn_idx *out, char *err, size_t errlen) {
   uint8_t head[4 + 4 * TRN_IDX_DIMS_MAX];
   long got = read_full(f, head, 4, &msg);
   if (got < 0) {
-    rc = fail(err, errlen, -EIO, "%s: cannot read: %s", path, msg);
+    rc = trn__fail(err, errlen, -EIO, "%s: cannot read: %s", path, msg);
     goto out;
   }
   if (got < 4) {
-    rc = fail(err, errlen, -EBADMSG,
+    rc = trn__fail(err, errlen, -EBADMSG,
               "%s: %ld bytes, shorter than an IDX header (4)", path, got);
     goto out;
   }
@@ -85,7 +68,7 @@ int trn_idx_read(const char *path, trn_idx *out, char *err, size_t errlen) {
    * dimensions. */
   if (head[0] || head[1] || head[2] != 0x08 || head[3] < 1 ||
       head[3] > TRN_IDX_DIMS_MAX) {
-    rc = fail(err, errlen, -EBADMSG,
+    rc = trn__fail(err, errlen, -EBADMSG,
               "%s: offset 0: bad IDX magic %02x %02x %02x %02x (want 00 00 08 "
               "and 1 to %d dimensions: unsigned bytes)",
               path, head[0], head[1], head[2], head[3], TRN_IDX_DIMS_MAX);
@@ -94,11 +77,11 @@ int trn_idx_read(const char *path, trn_idx *out, char *err, size_t errlen) {
   int nd = head[3];
   got = read_full(f, head + 4, 4 * (size_t)nd, &msg);
   if (got < 0) {
-    rc = fail(err, errlen, -EIO, "%s: cannot read: %s", path, msg);
+    rc = trn__fail(err, errlen, -EIO, "%s: cannot read: %s", path, msg);
     goto out;
   }
   if (got < 4 * nd) {
-    rc = fail(err, errlen, -EBADMSG,
+    rc = trn__fail(err, errlen, -EBADMSG,
               "%s: offset %ld: truncated in the header (%d dimensions need "
               "%d bytes)",
               path, 4 + got, nd, 4 + 4 * nd);
@@ -108,7 +91,7 @@ int trn_idx_read(const char *path, trn_idx *out, char *err, size_t errlen) {
   for (int i = 0; i < nd; i++) {
     out->dims[i] = be32(head + 4 + 4 * i);
     if (out->dims[i] == 0 || len > TRN_IDX_BYTES_MAX / out->dims[i]) {
-      rc = fail(err, errlen, out->dims[i] ? -EFBIG : -EBADMSG,
+      rc = trn__fail(err, errlen, out->dims[i] ? -EFBIG : -EBADMSG,
                 "%s: offset %d: dimension %d is %u%s", path, 4 + 4 * i, i,
                 out->dims[i],
                 out->dims[i] ? ", more data than this reader takes" : "");
@@ -118,18 +101,18 @@ int trn_idx_read(const char *path, trn_idx *out, char *err, size_t errlen) {
   }
   size_t hdr = 4 + 4 * (size_t)nd;
   if (!(out->data = malloc(len))) {
-    rc = fail(err, errlen, -ENOMEM, "%s: out of memory for %zu bytes", path,
+    rc = trn__fail(err, errlen, -ENOMEM, "%s: out of memory for %zu bytes", path,
               len);
     goto out;
   }
   got = read_full(f, out->data, len, &msg);
   if (got < 0) {
-    rc = fail(err, errlen, -EIO, "%s: offset about %zu: cannot read: %s", path,
+    rc = trn__fail(err, errlen, -EIO, "%s: offset about %zu: cannot read: %s", path,
               hdr, msg);
     goto out;
   }
   if ((size_t)got < len) {
-    rc = fail(err, errlen, -EBADMSG,
+    rc = trn__fail(err, errlen, -EBADMSG,
               "%s: offset %zu: truncated: the header promises %zu bytes of "
               "data, the file holds %ld",
               path, hdr + (size_t)got, len, got);
@@ -138,8 +121,8 @@ int trn_idx_read(const char *path, trn_idx *out, char *err, size_t errlen) {
   uint8_t extra;
   got = read_full(f, &extra, 1, &msg);
   if (got != 0) {
-    rc = got < 0 ? fail(err, errlen, -EIO, "%s: cannot read: %s", path, msg)
-                 : fail(err, errlen, -EBADMSG,
+    rc = got < 0 ? trn__fail(err, errlen, -EIO, "%s: cannot read: %s", path, msg)
+                 : trn__fail(err, errlen, -EBADMSG,
                         "%s: offset %zu: data after the %zu bytes the header "
                         "promises",
                         path, hdr + len, len);
@@ -176,7 +159,7 @@ static int idx_find(const char *dir, const char *name, trn_idx *out,
     if (rc2 != -ENOENT)
       return rc2;
     path[n - 3] = '.'; /* report the compressed name */
-    fail(err, errlen, rc, "%s: not found (nor without .gz)", path);
+    trn__fail(err, errlen, rc, "%s: not found (nor without .gz)", path);
   }
   return rc;
 }
@@ -185,7 +168,7 @@ int trn_mnist_load(const char *dir, const char *split, trn_images *out,
                    char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   if (!dir || !split || (strcmp(split, "train") && strcmp(split, "t10k")))
-    return fail(err, errlen, -EINVAL,
+    return trn__fail(err, errlen, -EINVAL,
                 "MNIST split must be \"train\" or \"t10k\", not \"%s\"",
                 split ? split : "(null)");
   char name[64], ipath[4096], lpath[4096];
@@ -199,23 +182,23 @@ int trn_mnist_load(const char *dir, const char *split, trn_images *out,
     goto out;
   rc = -EBADMSG;
   if (im.ndims != 3) {
-    fail(err, errlen, rc, "%s: offset 3: %d dimensions, images need 3", ipath,
+    trn__fail(err, errlen, rc, "%s: offset 3: %d dimensions, images need 3", ipath,
          im.ndims);
     goto out;
   }
   if (lb.ndims != 1) {
-    fail(err, errlen, rc, "%s: offset 3: %d dimensions, labels need 1", lpath,
+    trn__fail(err, errlen, rc, "%s: offset 3: %d dimensions, labels need 1", lpath,
          lb.ndims);
     goto out;
   }
   if (lb.dims[0] != im.dims[0]) {
-    fail(err, errlen, rc, "%s: offset 4: %u labels for the %u images of %s",
+    trn__fail(err, errlen, rc, "%s: offset 4: %u labels for the %u images of %s",
          lpath, lb.dims[0], im.dims[0], ipath);
     goto out;
   }
   for (size_t i = 0; i < lb.len; i++)
     if (lb.data[i] >= TRN_MNIST_CLASSES) {
-      fail(err, errlen, rc,
+      trn__fail(err, errlen, rc,
            "%s: offset %zu: label %u of item %zu is out of range 0..%d", lpath,
            8 + i, lb.data[i], i, TRN_MNIST_CLASSES - 1);
       goto out;

@@ -43,6 +43,16 @@ void trn__log(int level, const char *fmt, ...) {
     fprintf(stderr, "%s trainer: %s\n", names[level], line);
 }
 
+int trn__fail(char *err, size_t err_len, int rc, const char *fmt, ...) {
+  if (err_len) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+  }
+  return rc;
+}
+
 /* Writes one line into the caller's why buffer, if it has one. */
 static void say(char *why, size_t why_len, const char *fmt, ...)
 #if defined(__GNUC__)

@@ -21,6 +21,15 @@ void trn__log(int level, const char *fmt, ...)
 #endif
     ;
 
+/* Writes one line into err (err_len bytes, NUL-terminated; nothing when
+ * err_len is 0) and returns rc: the trainer's "error code and message"
+ * in one call. */
+int trn__fail(char *err, size_t err_len, int rc, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
 /* Counts visible CUDA devices into *n.  "No driver" and "no device" are
  * not errors: *n = 0, and why (when why_len > 0) says which.  Returns 0 or
  * -EIO (logged, with why set). */
@@ -36,6 +45,25 @@ int trn__cuda_bind(int index);
 
 /* Returns cudnnGetVersion(), or 0 without CUDA. */
 size_t trn__cudnn_version(void);
+
+/* ---- layers.c: the CPU layers ------------------------------------------- */
+
+/* y (B, out) = x (B, in) . W^T + b, W (out, in). */
+void trn__linear_fwd(const float *x, const float *w, const float *b, float *y,
+                     size_t B, size_t in, size_t out);
+/* dW += dy^T . x, db += the sum of dy over the batch, dx = dy . W (dx
+ * NULL: not wanted, the first layer). */
+void trn__linear_bwd(const float *x, const float *w, const float *dy,
+                     float *dx, float *dw, float *db, size_t B, size_t in,
+                     size_t out);
+void trn__relu_fwd(const float *x, float *y, size_t n);
+/* From the output y: dx = dy where y > 0, else 0. */
+void trn__relu_bwd(const float *y, const float *dy, float *dx, size_t n);
+/* The cross-entropy of softmax(logits (B, C)) against labels, summed over
+ * the batch (log-sum-exp in double); dl (NULL: not wanted) gets its
+ * gradient, softmax - onehot; *correct (may be NULL) the argmax hits. */
+double trn__softmax_ce(const float *logits, const int32_t *labels, float *dl,
+                       size_t B, size_t C, size_t *correct);
 
 #ifdef __cplusplus
 }

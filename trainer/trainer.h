@@ -183,6 +183,92 @@ int trn_images_batch(const trn_images *d, trn_order *o, size_t b,
                      const float *mean, const float *std, float *x,
                      int32_t *y);
 
+/* ------------------------------------------------------------------------ */
+/* Models.  One flat parameter buffer and one flat gradient buffer of the    */
+/* same layout; CPU backend (OpenBLAS).  Today: `mlp`, linear layers with    */
+/* relu between them, softmax cross-entropy at the end.                     */
+
+#define TRN_MLP_SIZES_MAX 8
+#define TRN_WIDTH_MAX (1 << 20)
+#define TRN_BATCH_MAX (1 << 16)
+
+typedef struct trn_model_config {
+  const char *name;               /* "mlp" */
+  unsigned sizes[TRN_MLP_SIZES_MAX]; /* mlp: input, hidden..., classes */
+  size_t nsizes;
+  size_t max_batch; /* the largest batch a call may pass */
+  uint64_t seed;    /* the initial weights */
+} trn_model_config;
+
+typedef struct trn_model trn_model;
+
+/* mlp 784-256-10, batch up to 256, seed 1. */
+void trn_model_config_default(trn_model_config *c);
+/* Builds the model with its weights initialized as PyTorch initializes
+ * the same layers (torch.nn.Linear: U(-1/sqrt(in), 1/sqrt(in)) for W and
+ * b), from cfg->seed.  Returns 0 and *out, or -EINVAL (err says which
+ * setting) or -ENOMEM. */
+int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
+                  size_t err_len);
+void trn_model_free(trn_model *m);
+/* Initializes the weights again from seed. */
+void trn_model_init(trn_model *m, uint64_t seed);
+size_t trn_model_nparams(const trn_model *m);
+size_t trn_model_inputs(const trn_model *m);  /* features per sample */
+size_t trn_model_classes(const trn_model *m);
+/* The flat buffers (nparams floats each), the model's own: layer by layer,
+ * each linear layer's W (out, in) then b (out), as torch.nn.Linear. */
+float *trn_model_params(trn_model *m);
+float *trn_model_grads(trn_model *m);
+void trn_model_zero_grad(trn_model *m);
+/* Forward and backward on x (B, inputs) with labels y (B): the gradient of
+ * the batch's summed loss is ADDED to the gradients (so batches
+ * accumulate; divide by the samples, e.g. through trn_optim_step's scale,
+ * for the mean), *loss (may be NULL) gets the summed loss.  -EINVAL for
+ * B = 0 or over max_batch, or a label out of range. */
+int trn_model_train_batch(trn_model *m, const float *x, const int32_t *y,
+                          size_t B, double *loss);
+/* Forward only: the summed loss and the correct predictions; the
+ * parameters and gradients are not touched. */
+int trn_model_eval_batch(trn_model *m, const float *x, const int32_t *y,
+                         size_t B, double *loss, size_t *correct);
+/* The logits (B, classes) of the last batch. */
+const float *trn_model_logits(const trn_model *m);
+/* OpenBLAS's threads for every model of the process (n > 0). */
+void trn_cpu_threads_set(int n);
+
+/* ------------------------------------------------------------------------ */
+/* Optimizers.  A step is separate from backward; the state is one flat      */
+/* buffer.  Updates as torch.optim.SGD and torch.optim.AdamW.               */
+
+enum { TRN_SGD = 1, TRN_ADAMW };
+
+typedef struct trn_optim_config {
+  int kind;
+  float lr, weight_decay;
+  float momentum, dampening; /* SGD */
+  bool nesterov;             /* SGD, needs momentum and no dampening */
+  float beta1, beta2, eps;   /* AdamW */
+} trn_optim_config;
+
+typedef struct trn_optim trn_optim;
+
+/* SGD: lr 0.01, nothing else; AdamW: lr 1e-3, betas 0.9 and 0.999, eps
+ * 1e-8, weight decay 0.01 (PyTorch's defaults). */
+void trn_optim_config_default(trn_optim_config *c, int kind);
+/* Returns 0, -EINVAL for a setting out of range, -ENOMEM. */
+int trn_optim_new(const trn_optim_config *c, size_t nparams, trn_optim **out);
+void trn_optim_free(trn_optim *o);
+/* One step: params -= the update for grads x scale (e.g. 1 / samples when
+ * the gradients are sums).  -EINVAL for a scale that is not finite. */
+int trn_optim_step(trn_optim *o, float *params, const float *grads,
+                   float scale);
+/* The state (*n floats; NULL and 0 for plain SGD), the optimizer's own. */
+float *trn_optim_state(trn_optim *o, size_t *n);
+uint64_t trn_optim_steps(const trn_optim *o);
+void trn_optim_set_steps(trn_optim *o, uint64_t steps); /* restoring */
+void trn_optim_set_lr(trn_optim *o, float lr);          /* schedules */
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,98 @@
+#!/usr/bin/python3
+"""gen-trainer-ref.py: PyTorch reference values for tests/test-trainer-torch.c.
+
+Run with Debian's python3-torch (a test-time tool, never a runtime
+dependency of beed):
+
+    /usr/bin/python3 tests/gen-trainer-ref.py tests/data/trainer-mlp.ref
+
+An mlp 64-32-16-10 (torch.nn.Linear layers with ReLU between them, as
+trainer/model.c builds `mlp`) with PyTorch's own initial weights, batches
+of 16 random inputs and labels, and what PyTorch computes from them: the
+logits, the mean cross-entropy, its gradients, and the parameters after 3
+steps (one batch each) of SGD with Nesterov momentum and weight decay, of
+SGD with momentum and dampening, and of AdamW.  The output is small
+(about 70 KB) and checked in, so the suite needs no PyTorch.
+
+Format: "BEEREF1\\n", then records: u32 name length, the name, u32 count,
+count little-endian float32 values.  Parameters are flat in trainer.h's
+layout: per layer W (out, in) row-major, then b.
+"""
+import struct
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SIZES = [64, 32, 16, 10]
+B = 16
+STEPS = 3
+
+
+def build():
+    layers = []
+    for i in range(len(SIZES) - 1):
+        layers.append(nn.Linear(SIZES[i], SIZES[i + 1]))
+        if i < len(SIZES) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def flat(model, grads=False):
+    out = []
+    for mod in model:
+        if isinstance(mod, nn.Linear):
+            for p in (mod.weight, mod.bias):
+                out.append((p.grad if grads else p).detach().reshape(-1))
+    return torch.cat(out)
+
+
+def after(model0, make_opt, xs, ys):
+    model = build()
+    model.load_state_dict(model0.state_dict())
+    opt = make_opt(model.parameters())
+    for k in range(STEPS):
+        opt.zero_grad()
+        F.cross_entropy(model(xs[k]), ys[k]).backward()
+        opt.step()
+    return flat(model)
+
+
+def main():
+    torch.manual_seed(20261125)
+    torch.set_num_threads(1)
+    model = build()
+    xs = torch.randn(STEPS, B, SIZES[0])
+    ys = torch.randint(0, SIZES[-1], (STEPS, B))
+    logits = model(xs[0])
+    loss = F.cross_entropy(logits, ys[0])
+    loss.backward()
+    recs = [
+        ("params", flat(model)),
+        ("x", xs.reshape(-1)),
+        ("y", ys.reshape(-1).float()),
+        ("logits", logits.detach().reshape(-1)),
+        ("loss", loss.detach().reshape(1)),
+        ("grads", flat(model, grads=True)),
+        ("sgd_nesterov", after(model, lambda p: torch.optim.SGD(
+            p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4),
+            xs, ys)),
+        ("sgd_dampening", after(model, lambda p: torch.optim.SGD(
+            p, lr=0.1, momentum=0.8, dampening=0.25), xs, ys)),
+        ("adamw", after(model, lambda p: torch.optim.AdamW(
+            p, lr=3e-3, betas=(0.9, 0.99), eps=1e-7, weight_decay=0.05),
+            xs, ys)),
+    ]
+    with open(sys.argv[1], "wb") as f:
+        f.write(b"BEEREF1\n")
+        for name, t in recs:
+            v = t.to(torch.float32).contiguous().numpy()
+            f.write(struct.pack("<I", len(name)) + name.encode())
+            f.write(struct.pack("<I", v.size) + v.astype("<f4").tobytes())
+    print(f"{sys.argv[1]}: torch {torch.__version__}, "
+          f"{sum(t.numel() for _, t in recs)} values")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+/* test-trainer-torch.c: the CPU mlp and optimizers against PyTorch.
+ *
+ * tests/data/trainer-mlp.ref (written by tests/gen-trainer-ref.py with
+ * Debian's python3-torch, checked in) holds PyTorch's initial weights of
+ * an mlp 64-32-16-10, three batches of 16, and what PyTorch computed from
+ * them.  With the same weights and inputs our logits, mean loss and
+ * gradients must agree to fp32 rounding, and so must the parameters after
+ * three steps of SGD (Nesterov momentum and weight decay; momentum with
+ * dampening) and of AdamW.  The reference file's path is the first
+ * argument (meson passes it).
+ */
+#include "test.h"
+#include "trainer.h"
+
+#include <errno.h>
+#include <math.h>
+
+#define RECS_MAX 16
+
+static struct {
+  char name[32];
+  float *v;
+  uint32_t n;
+} rec[RECS_MAX];
+static int nrec;
+
+static uint32_t u32le(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+         (uint32_t)p[3] << 24;
+}
+
+/* Reads the reference file, checking every length against what is left. */
+static void load(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    FAIL("%s: cannot open (run tests/gen-trainer-ref.py)", path);
+  static uint8_t buf[1 << 20];
+  size_t n = fread(buf, 1, sizeof buf, f);
+  ASSERT(n < sizeof buf);
+  fclose(f);
+  ASSERT(n >= 8 && memcmp(buf, "BEEREF1\n", 8) == 0);
+  size_t at = 8;
+  while (at < n) {
+    ASSERT(nrec < RECS_MAX && n - at >= 4);
+    uint32_t len = u32le(buf + at);
+    ASSERT(len > 0 && len < sizeof rec[0].name && n - at - 4 >= len + 4);
+    memcpy(rec[nrec].name, buf + at + 4, len);
+    at += 4 + len;
+    uint32_t cnt = u32le(buf + at);
+    at += 4;
+    ASSERT((n - at) / 4 >= cnt);
+    rec[nrec].v = malloc((cnt ? cnt : 1) * sizeof(float));
+    ASSERT(rec[nrec].v != NULL);
+    for (uint32_t i = 0; i < cnt; i++) {
+      uint32_t w = u32le(buf + at + 4 * i);
+      memcpy(&rec[nrec].v[i], &w, 4);
+    }
+    rec[nrec].n = cnt;
+    at += 4 * (size_t)cnt;
+    nrec++;
+  }
+}
+
+static const float *get(const char *name, size_t want) {
+  for (int i = 0; i < nrec; i++)
+    if (strcmp(rec[i].name, name) == 0) {
+      if (rec[i].n != want)
+        FAIL("reference %s: %u values, want %zu", name, rec[i].n, want);
+      return rec[i].v;
+    }
+  FAIL("reference %s: missing", name);
+}
+
+/* |a - b| <= tol x max(1e-3, the largest magnitude of b); returns the
+ * largest error over that scale. */
+static double close_to(const char *what, const float *a, const float *b,
+                       size_t n, double scale_a, double tol) {
+  double scale = 1e-3, worst = 0;
+  for (size_t i = 0; i < n; i++)
+    scale = fmax(scale, fabs(b[i]));
+  for (size_t i = 0; i < n; i++) {
+    double e = fabs(a[i] * scale_a - b[i]) / scale;
+    if (e > tol)
+      FAIL("%s[%zu]: ours %.9g, PyTorch %.9g (scale %.3g)", what, i,
+           a[i] * scale_a, b[i], scale);
+    worst = fmax(worst, e);
+  }
+  return worst;
+}
+
+enum { B = 16, STEPS = 3 };
+
+static void run_optim(trn_model *m, const float *p0, const float *x,
+                      const int32_t *y, const trn_optim_config *oc,
+                      const char *ref) {
+  size_t np = trn_model_nparams(m), in = trn_model_inputs(m);
+  memcpy(trn_model_params(m), p0, np * sizeof(float));
+  trn_optim *o;
+  ASSERT_EQ(trn_optim_new(oc, np, &o), 0);
+  for (int k = 0; k < STEPS; k++) {
+    trn_model_zero_grad(m);
+    ASSERT_EQ(trn_model_train_batch(m, x + (size_t)k * B * in, y + k * B, B,
+                                    NULL),
+              0);
+    ASSERT_EQ(trn_optim_step(o, trn_model_params(m), trn_model_grads(m),
+                             1.0f / B),
+              0);
+  }
+  ASSERT_UEQ(trn_optim_steps(o), STEPS);
+  double e = close_to(ref, trn_model_params(m), get(ref, np), np, 1, 2e-6);
+  printf("%-14s parameters after %d steps: worst error %.2g of their scale\n",
+         ref, STEPS, e);
+  trn_optim_free(o);
+}
+
+int main(int argc, char **argv) {
+  ASSERT(argc == 2);
+  load(argv[1]);
+  trn_cpu_threads_set(1);
+  trn_model_config c;
+  trn_model_config_default(&c);
+  static const unsigned sizes[4] = {64, 32, 16, 10};
+  memcpy(c.sizes, sizes, sizeof sizes);
+  c.nsizes = 4;
+  c.max_batch = B;
+  trn_model *m;
+  char err[128];
+  ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), 0);
+  size_t np = trn_model_nparams(m);
+  const float *p0 = get("params", np);
+  const float *x = get("x", (size_t)STEPS * B * 64);
+  const float *yf = get("y", (size_t)STEPS * B);
+  int32_t y[STEPS * B];
+  for (int i = 0; i < STEPS * B; i++)
+    y[i] = (int32_t)yf[i];
+
+  /* One batch: logits, the mean loss, its gradients. */
+  memcpy(trn_model_params(m), p0, np * sizeof(float));
+  trn_model_zero_grad(m);
+  double loss;
+  ASSERT_EQ(trn_model_train_batch(m, x, y, B, &loss), 0);
+  double el = close_to("logits", trn_model_logits(m), get("logits", B * 10),
+                       B * 10, 1, 1e-6);
+  double want = get("loss", 1)[0];
+  ASSERT(fabs(loss / B - want) <= 1e-6 * fabs(want));
+  double eg = close_to("grads", trn_model_grads(m), get("grads", np), np,
+                       1.0 / B, 1e-6);
+  printf("mlp 64-32-16-10, batch %d: logits within %.2g, loss %.7f (PyTorch "
+         "%.7f), gradients within %.2g of their scale\n",
+         B, el, loss / B, want, eg);
+
+  trn_optim_config oc;
+  trn_optim_config_default(&oc, TRN_SGD);
+  oc.lr = 0.05f, oc.momentum = 0.9f, oc.nesterov = true;
+  oc.weight_decay = 5e-4f;
+  run_optim(m, p0, x, y, &oc, "sgd_nesterov");
+  trn_optim_config_default(&oc, TRN_SGD);
+  oc.lr = 0.1f, oc.momentum = 0.8f, oc.dampening = 0.25f;
+  run_optim(m, p0, x, y, &oc, "sgd_dampening");
+  trn_optim_config_default(&oc, TRN_ADAMW);
+  oc.lr = 3e-3f, oc.beta1 = 0.9f, oc.beta2 = 0.99f, oc.eps = 1e-7f;
+  oc.weight_decay = 0.05f;
+  run_optim(m, p0, x, y, &oc, "adamw");
+
+  /* Settings PyTorch refuses are refused here too. */
+  trn_optim *o;
+  trn_optim_config_default(&oc, TRN_SGD);
+  oc.nesterov = true; /* without momentum */
+  ASSERT_EQ(trn_optim_new(&oc, np, &o), -EINVAL);
+  trn_optim_config_default(&oc, TRN_ADAMW);
+  oc.beta2 = 1;
+  ASSERT_EQ(trn_optim_new(&oc, np, &o), -EINVAL);
+  oc.beta2 = 0.999f, oc.lr = -1;
+  ASSERT_EQ(trn_optim_new(&oc, np, &o), -EINVAL);
+  trn_model_free(m);
+  for (int i = 0; i < nrec; i++)
+    free(rec[i].v);
+  return 0;
+}

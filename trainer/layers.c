@@ -1,0 +1,76 @@
+/* layers.c: the CPU layers' forward and backward passes (trainer-int.h).
+ *
+ * Shapes are row-major, the batch first: a linear layer maps x (B, in) to
+ * y (B, out) with W (out, in) and b (out), as torch.nn.Linear stores them,
+ * so weights move between the two without a transpose.  Matrix products go
+ * to OpenBLAS; the rest are plain loops the compiler vectorizes.  Backward
+ * passes add into the gradients (accumulation over batches is the
+ * caller's), and write the gradient of their input, which the next layer
+ * down reads.
+ */
+#include "trainer-int.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+void trn__linear_fwd(const float *x, const float *w, const float *b, float *y,
+                     size_t B, size_t in, size_t out) {
+  for (size_t i = 0; i < B; i++)
+    memcpy(y + i * out, b, out * sizeof *y);
+  /* y (B, out) += x (B, in) . W^T (in, out) */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)B, (int)out,
+              (int)in, 1.0f, x, (int)in, w, (int)in, 1.0f, y, (int)out);
+}
+
+void trn__linear_bwd(const float *x, const float *w, const float *dy,
+                     float *dx, float *dw, float *db, size_t B, size_t in,
+                     size_t out) {
+  /* dW (out, in) += dy^T (out, B) . x (B, in) */
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out, (int)in,
+              (int)B, 1.0f, dy, (int)out, x, (int)in, 1.0f, dw, (int)in);
+  for (size_t i = 0; i < B; i++)
+    for (size_t j = 0; j < out; j++)
+      db[j] += dy[i * out + j];
+  /* dx (B, in) = dy (B, out) . W (out, in) */
+  if (dx)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)B, (int)in,
+                (int)out, 1.0f, dy, (int)out, w, (int)in, 0.0f, dx, (int)in);
+}
+
+void trn__relu_fwd(const float *x, float *y, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    y[i] = x[i] > 0 ? x[i] : 0;
+}
+
+void trn__relu_bwd(const float *y, const float *dy, float *dx, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    dx[i] = y[i] > 0 ? dy[i] : 0;
+}
+
+double trn__softmax_ce(const float *logits, const int32_t *labels, float *dl,
+                       size_t B, size_t C, size_t *correct) {
+  double total = 0;
+  size_t right = 0;
+  for (size_t i = 0; i < B; i++) {
+    const float *z = logits + i * C;
+    size_t arg = 0;
+    float mx = z[0];
+    for (size_t j = 1; j < C; j++)
+      if (z[j] > mx)
+        mx = z[j], arg = j;
+    double sum = 0;
+    for (size_t j = 0; j < C; j++)
+      sum += exp((double)z[j] - mx);
+    double lse = mx + log(sum);
+    size_t t = (size_t)labels[i];
+    total += lse - z[t];
+    right += arg == t;
+    if (dl) /* d(loss summed over the batch) / d logits: softmax - onehot */
+      for (size_t j = 0; j < C; j++)
+        dl[i * C + j] = (float)(exp((double)z[j] - lse) - (j == t ? 1.0 : 0.0));
+  }
+  if (correct)
+    *correct = right;
+  return total;
+}
