@@ -242,6 +242,7 @@ static void test_order(void) {
   ASSERT_EQ(trn_order_init(&c, n, "peer-a", 6, a.epoch, a.pos), 0);
   for (size_t i = 0; i < 3 * n / 2; i++)
     ASSERT_UEQ(trn_order_next(&a), trn_order_next(&c));
+  trn_order_free(&c);
   ASSERT_EQ(trn_order_init(&c, 0, "x", 1, 0, 0), -EINVAL);
   ASSERT_EQ(trn_order_init(&c, 10, "x", 1, 0, 11), -EINVAL);
   ASSERT_EQ(trn_order_init(&c, 10, NULL, 1, 0, 0), -EINVAL);

@@ -1,0 +1,73 @@
+#!/usr/bin/python3
+"""bench-train-torch.py: PyTorch's CPU training samples per second, timed
+as bench-train times beed's (tools/bench/run-train).  A benchmark tool;
+never a runtime dependency.
+
+The same model (mlp 784-256-10: Linear, ReLU, Linear), Fashion-MNIST's
+training set normalized once up front as float32, torch.set_num_threads
+(--threads), and per step: a batch from a shuffled order (index_select),
+zero_grad, forward, cross-entropy, backward, SGD with momentum 0.9.
+--warmup uncounted steps, then --steps timed.  Prints "RESULT impl=torch
+model=mlp batch=B threads=T samples_per_s=... loss=...".
+"""
+import argparse
+import gzip
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def load(d):
+    with gzip.open(f"{d}/train-images-idx3-ubyte.gz") as f:
+        x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 784)
+    with gzip.open(f"{d}/train-labels-idx1-ubyte.gz") as f:
+        y = np.frombuffer(f.read(), np.uint8, offset=8)
+    x = (torch.from_numpy(x.astype(np.float32)) / 255.0 - 0.2860) / 0.3530
+    return x, torch.from_numpy(y.astype(np.int64))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    a = p.parse_args()
+    if a.model != "mlp":
+        p.error("only mlp so far")
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(1)
+    x, y = load(a.data)
+    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    order = torch.randperm(len(x))
+    at = 0
+    t0 = 0.0
+    loss = torch.tensor(0.0)
+    for s in range(-a.warmup, a.steps):
+        if s == 0:
+            t0 = time.perf_counter()
+        if at + a.batch > len(x):
+            order = torch.randperm(len(x))
+            at = 0
+        idx = order[at:at + a.batch]
+        at += a.batch
+        xb, yb = x.index_select(0, idx), y.index_select(0, idx)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+    dt = time.perf_counter() - t0
+    print(f"RESULT impl=torch model={a.model} batch={a.batch} "
+          f"threads={a.threads} steps={a.steps} "
+          f"samples_per_s={a.steps * a.batch / dt:.1f} loss={loss.item():.4f}",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+/* bench-train.c: beed's CPU trainer, training samples per second, timed as
+ * bench-train-torch.py times PyTorch (tools/bench/run-train).
+ *
+ * Loads Fashion-MNIST's training set, builds the model, and runs --warmup
+ * uncounted steps, then --steps timed ones: each a batch taken from the
+ * shuffled order (normalized from the bytes), zeroed gradients, forward,
+ * backward and an SGD step with momentum 0.9.  Prints one line:
+ * "RESULT impl=beed model=mlp batch=B threads=T samples_per_s=... loss=..."
+ */
+#include "trainer.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: bench-train [--model mlp] [--batch B] [--threads T]\n"
+             "                   [--steps N] [--warmup W] [--data DIR]\n"
+             "  defaults: mlp 784-256-10, batch 256, 1 thread, 400 steps\n"
+             "  after 20, Fashion-MNIST from " TRN_FASHION_MNIST_DIR "\n");
+}
+
+int main(int argc, char **argv) {
+  static const struct option lo[] = {
+      {"model", 1, 0, 'm'}, {"batch", 1, 0, 'b'},  {"threads", 1, 0, 't'},
+      {"steps", 1, 0, 's'}, {"warmup", 1, 0, 'w'}, {"data", 1, 0, 'd'},
+      {"help", 0, 0, 'h'},  {0, 0, 0, 0}};
+  const char *model = "mlp", *dir = TRN_FASHION_MNIST_DIR;
+  long batch = 256, threads = 1, steps = 400, warmup = 20;
+  int c;
+  while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    switch (c) {
+    case 'm': model = optarg; break;
+    case 'b': batch = strtol(optarg, NULL, 10); break;
+    case 't': threads = strtol(optarg, NULL, 10); break;
+    case 's': steps = strtol(optarg, NULL, 10); break;
+    case 'w': warmup = strtol(optarg, NULL, 10); break;
+    case 'd': dir = optarg; break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+  }
+  if (batch < 1 || batch > TRN_BATCH_MAX || threads < 1 || threads > 256 ||
+      steps < 1 || warmup < 0) {
+    usage(stderr);
+    return 2;
+  }
+  char err[512];
+  trn_images tr;
+  int rc = trn_mnist_load(dir, "train", &tr, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "bench-train: %s\n", err);
+    return 1;
+  }
+  trn_cpu_threads_set((int)threads);
+  trn_model_config mc;
+  trn_model_config_default(&mc);
+  mc.name = model;
+  mc.max_batch = (size_t)batch;
+  trn_model *m;
+  if ((rc = trn_model_new(&mc, &m, err, sizeof err))) {
+    fprintf(stderr, "bench-train: %s\n", err);
+    return 2;
+  }
+  trn_optim_config oc;
+  trn_optim_config_default(&oc, TRN_SGD);
+  oc.lr = 0.05f, oc.momentum = 0.9f;
+  trn_optim *o;
+  trn_order ord;
+  float *x = malloc((size_t)batch * trn_model_inputs(m) * sizeof *x);
+  int32_t *y = malloc((size_t)batch * sizeof *y);
+  if (!x || !y || trn_optim_new(&oc, trn_model_nparams(m), &o) ||
+      trn_order_init(&ord, tr.n, "bench", 5, 0, 0)) {
+    fprintf(stderr, "bench-train: out of memory\n");
+    return 1;
+  }
+  const float mean = 0.2860f, std = 0.3530f;
+  double t0 = 0, loss = 0;
+  for (long s = -warmup; s < steps; s++) {
+    if (s == 0)
+      t0 = now_s();
+    double l;
+    rc = trn_images_batch(&tr, &ord, (size_t)batch, &mean, &std, x, y);
+    trn_model_zero_grad(m);
+    if (rc == 0)
+      rc = trn_model_train_batch(m, x, y, (size_t)batch, &l);
+    if (rc == 0)
+      rc = trn_optim_step(o, trn_model_params(m), trn_model_grads(m),
+                          1.0f / (float)batch);
+    if (rc) {
+      fprintf(stderr, "bench-train: step %ld: %s\n", s, strerror(-rc));
+      return 1;
+    }
+    loss = l / (double)batch;
+  }
+  double dt = now_s() - t0;
+  printf("RESULT impl=beed model=%s batch=%ld threads=%ld steps=%ld "
+         "samples_per_s=%.1f loss=%.4f\n",
+         model, batch, threads, steps, (double)(steps * batch) / dt, loss);
+  free(x);
+  free(y);
+  trn_order_free(&ord);
+  trn_optim_free(o);
+  trn_model_free(m);
+  trn_images_free(&tr);
+  return 0;
+}
