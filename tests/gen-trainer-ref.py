@@ -4,15 +4,18 @@
 Run with Debian's python3-torch (a test-time tool, never a runtime
 dependency of beed):
 
-    /usr/bin/python3 tests/gen-trainer-ref.py tests/data/trainer-mlp.ref
+    /usr/bin/python3 tests/gen-trainer-ref.py tests/data
 
-An mlp 64-32-16-10 (torch.nn.Linear layers with ReLU between them, as
-trainer/model.c builds `mlp`) with PyTorch's own initial weights, batches
-of 16 random inputs and labels, and what PyTorch computes from them: the
+Two small models as trainer/model.c builds them, with PyTorch's own
+initial weights: an mlp 64-32-16-10 (torch.nn.Linear layers with ReLU
+between them; trainer-mlp.ref) and a cnn on 1x12x12 inputs (conv 5x5
+padding 2 to 4 channels, ReLU, max-pool 2, conv 5x5 to 6, ReLU, max-pool
+2, dense 16, ReLU, dense 10; trainer-cnn.ref).  For each, batches of
+random inputs and labels, and what PyTorch computes from them: the
 logits, the mean cross-entropy, its gradients, and the parameters after 3
 steps (one batch each) of SGD with Nesterov momentum and weight decay, of
-SGD with momentum and dampening, and of AdamW.  The output is small
-(about 70 KB) and checked in, so the suite needs no PyTorch.
+SGD with momentum and dampening, and of AdamW.  The files are small
+(about 70 and 40 KB) and checked in, so the suite needs no PyTorch.
 
 Format: "BEEREF1\\n", then records: u32 name length, the name, u32 count,
 count little-endian float32 values.  Parameters are flat in trainer.h's
@@ -25,30 +28,36 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-SIZES = [64, 32, 16, 10]
-B = 16
 STEPS = 3
 
 
-def build():
+def mlp():
+    sizes = [64, 32, 16, 10]
     layers = []
-    for i in range(len(SIZES) - 1):
-        layers.append(nn.Linear(SIZES[i], SIZES[i + 1]))
-        if i < len(SIZES) - 2:
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
+
+
+def cnn():
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(4, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(6 * 3 * 3, 16), nn.ReLU(), nn.Linear(16, 10))
 
 
 def flat(model, grads=False):
     out = []
     for mod in model:
-        if isinstance(mod, nn.Linear):
+        if isinstance(mod, (nn.Linear, nn.Conv2d)):
             for p in (mod.weight, mod.bias):
                 out.append((p.grad if grads else p).detach().reshape(-1))
     return torch.cat(out)
 
 
-def after(model0, make_opt, xs, ys):
+def after(build, model0, make_opt, xs, ys):
     model = build()
     model.load_state_dict(model0.state_dict())
     opt = make_opt(model.parameters())
@@ -59,12 +68,10 @@ def after(model0, make_opt, xs, ys):
     return flat(model)
 
 
-def main():
-    torch.manual_seed(20261125)
-    torch.set_num_threads(1)
+def write(path, build, B, shape):
     model = build()
-    xs = torch.randn(STEPS, B, SIZES[0])
-    ys = torch.randint(0, SIZES[-1], (STEPS, B))
+    xs = torch.randn(STEPS, B, *shape)
+    ys = torch.randint(0, 10, (STEPS, B))
     logits = model(xs[0])
     loss = F.cross_entropy(logits, ys[0])
     loss.backward()
@@ -75,23 +82,30 @@ def main():
         ("logits", logits.detach().reshape(-1)),
         ("loss", loss.detach().reshape(1)),
         ("grads", flat(model, grads=True)),
-        ("sgd_nesterov", after(model, lambda p: torch.optim.SGD(
+        ("sgd_nesterov", after(build, model, lambda p: torch.optim.SGD(
             p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4),
             xs, ys)),
-        ("sgd_dampening", after(model, lambda p: torch.optim.SGD(
+        ("sgd_dampening", after(build, model, lambda p: torch.optim.SGD(
             p, lr=0.1, momentum=0.8, dampening=0.25), xs, ys)),
-        ("adamw", after(model, lambda p: torch.optim.AdamW(
+        ("adamw", after(build, model, lambda p: torch.optim.AdamW(
             p, lr=3e-3, betas=(0.9, 0.99), eps=1e-7, weight_decay=0.05),
             xs, ys)),
     ]
-    with open(sys.argv[1], "wb") as f:
+    with open(path, "wb") as f:
         f.write(b"BEEREF1\n")
         for name, t in recs:
             v = t.to(torch.float32).contiguous().numpy()
             f.write(struct.pack("<I", len(name)) + name.encode())
             f.write(struct.pack("<I", v.size) + v.astype("<f4").tobytes())
-    print(f"{sys.argv[1]}: torch {torch.__version__}, "
+    print(f"{path}: torch {torch.__version__}, "
           f"{sum(t.numel() for _, t in recs)} values")
+
+
+def main():
+    torch.manual_seed(20261125)
+    torch.set_num_threads(1)
+    write(f"{sys.argv[1]}/trainer-mlp.ref", mlp, 16, (64,))
+    write(f"{sys.argv[1]}/trainer-cnn.ref", cnn, 8, (1, 12, 12))
 
 
 if __name__ == "__main__":

@@ -181,6 +181,194 @@ static void test_ce(void) {
   printf("softmax cross-entropy: loss and dz agree with finite differences\n");
 }
 
+/* ---- conv2d ----------------------------------------------------------------- */
+
+/* y (b, oc, oh, ow) from x (b, c, h, w), W (oc, c, k, k), bias, padding. */
+static void conv_ref(const double *x, const double *w, const double *bias,
+                     double *y, int b, int c, int h, int wd, int oc, int k,
+                     int pad) {
+  int oh = h + 2 * pad - k + 1, ow = wd + 2 * pad - k + 1;
+  for (int n = 0; n < b; n++)
+    for (int o = 0; o < oc; o++)
+      for (int i = 0; i < oh; i++)
+        for (int j = 0; j < ow; j++) {
+          double s = bias[o];
+          for (int ci = 0; ci < c; ci++)
+            for (int a = 0; a < k; a++)
+              for (int e = 0; e < k; e++) {
+                int yi = i + a - pad, xj = j + e - pad;
+                if (yi >= 0 && yi < h && xj >= 0 && xj < wd)
+                  s += x[((n * c + ci) * h + yi) * wd + xj] *
+                       w[((o * c + ci) * k + a) * k + e];
+              }
+          y[((n * oc + o) * oh + i) * ow + j] = s;
+        }
+}
+
+enum { CB = 2, CC = 2, CH = 5, CW = 4, CO = 3, CK = 3, CP = 1 };
+enum { COH = CH + 2 * CP - CK + 1, COW = CW + 2 * CP - CK + 1 };
+static double CX[CB * CC * CH * CW], CWt[CO * CC * CK * CK], CBs[CO],
+    CR[CB * CO * COH * COW];
+static double f_conv(void) {
+  double y[CB * CO * COH * COW], s = 0;
+  conv_ref(CX, CWt, CBs, y, CB, CC, CH, CW, CO, CK, CP);
+  for (size_t i = 0; i < sizeof y / sizeof y[0]; i++)
+    s += y[i] * CR[i];
+  return s;
+}
+
+static void fill(float *f, double *d, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    f[i] = (float)rnd(), d[i] = f[i];
+}
+
+static void test_conv(void) {
+  enum { NX = CB * CC * CH * CW, NW = CO * CC * CK * CK, NY = CB * CO * COH * COW };
+  float x[NX], w[NW], b[CO], y[NY], dy[NY], dx[NX], dw[NW] = {0}, db[CO] = {0};
+  static float col[CC * CK * CK * COH * COW * TRN__CONV_CHUNK],
+      tmp[CO * COH * COW * TRN__CONV_CHUNK];
+  fill(x, CX, NX);
+  fill(w, CWt, NW);
+  fill(b, CBs, CO);
+  fill(dy, CR, NY);
+  trn__conv cv = {.c = CC, .h = CH, .w = CW, .oc = CO, .oh = COH, .ow = COW,
+                  .k = CK, .pad = CP};
+  trn__conv_fwd(&cv, x, w, b, y, CB, col, tmp);
+  double yr[NY];
+  conv_ref(CX, CWt, CBs, yr, CB, CC, CH, CW, CO, CK, CP);
+  close_vec("conv y", y, yr, NY, 1e-5);
+  trn__conv_bwd(&cv, x, w, dy, dx, dw, db, CB, col, tmp);
+  double gx[NX], gw[NW], gb[CO];
+  numgrad(f_conv, CX, NX, gx);
+  numgrad(f_conv, CWt, NW, gw);
+  numgrad(f_conv, CBs, CO, gb);
+  close_vec("conv dx", dx, gx, NX, 1e-4);
+  close_vec("conv dW", dw, gw, NW, 1e-4);
+  close_vec("conv db", db, gb, CO, 1e-4);
+  /* A batch of several chunks (and a partial one): the same as sample by
+   * sample. */
+  enum { BB = 2 * TRN__CONV_CHUNK + 5, SX = CC * CH * CW, SY = CO * COH * COW };
+  static float bx[BB * SX], by[BB * SY], bdy[BB * SY], bdx[BB * SX];
+  static float one_y[SY], one_dx[SX];
+  float bdw[NW] = {0}, bdb[CO] = {0}, sdw[NW] = {0}, sdb[CO] = {0};
+  for (int i = 0; i < BB * SX; i++)
+    bx[i] = (float)rnd();
+  for (int i = 0; i < BB * SY; i++)
+    bdy[i] = (float)rnd();
+  trn__conv_fwd(&cv, bx, w, b, by, BB, col, tmp);
+  trn__conv_bwd(&cv, bx, w, bdy, bdx, bdw, bdb, BB, col, tmp);
+  for (int n = 0; n < BB; n++) {
+    trn__conv_fwd(&cv, bx + n * SX, w, b, one_y, 1, col, tmp);
+    trn__conv_bwd(&cv, bx + n * SX, w, bdy + n * SY, one_dx, sdw, sdb, 1,
+                  col, tmp);
+    for (int i = 0; i < SY; i++)
+      ASSERT(fabsf(one_y[i] - by[n * SY + i]) <= 1e-5f * (1 + fabsf(one_y[i])));
+    for (int i = 0; i < SX; i++)
+      ASSERT(fabsf(one_dx[i] - bdx[n * SX + i]) <=
+             1e-5f * (1 + fabsf(one_dx[i])));
+  }
+  for (int i = 0; i < NW; i++)
+    ASSERT(fabsf(sdw[i] - bdw[i]) <= 1e-4f * (1 + fabsf(sdw[i])));
+  for (int i = 0; i < CO; i++)
+    ASSERT(fabsf(sdb[i] - bdb[i]) <= 1e-4f * (1 + fabsf(sdb[i])));
+  printf("conv2d 3x3, padding 1: y, dx, dW, db agree with finite "
+         "differences; a batch of %d (chunks of %d) as sample by sample\n",
+         BB, TRN__CONV_CHUNK);
+}
+
+/* ---- max pooling and dropout -------------------------------------------------- */
+
+static void pool_ref(const double *x, double *y, int bc, int h, int w, int k) {
+  for (int n = 0; n < bc; n++)
+    for (int i = 0; i < h / k; i++)
+      for (int j = 0; j < w / k; j++) {
+        double m = -INFINITY;
+        for (int a = 0; a < k; a++)
+          for (int e = 0; e < k; e++)
+            m = fmax(m, x[(n * h + i * k + a) * w + j * k + e]);
+        y[(n * (h / k) + i) * (w / k) + j] = m;
+      }
+}
+
+enum { PB = 2, PC = 3, PH = 4, PW = 6, PN = PB * PC * PH * PW };
+static double PX[PN], PR[PN / 4];
+static double f_pool(void) {
+  double y[PN / 4], s = 0;
+  pool_ref(PX, y, PB * PC, PH, PW, 2);
+  for (int i = 0; i < PN / 4; i++)
+    s += y[i] * PR[i];
+  return s;
+}
+
+static void test_pool_dropout(void) {
+  float x[PN], y[PN / 4], dy[PN / 4], dx[PN];
+  uint32_t arg[PN / 4];
+  /* Distinct values, at least 0.01 apart: no ties for the differences. */
+  for (int i = 0; i < PN; i++)
+    x[i] = (float)((i * 37 % PN) * 0.01 - 0.3), PX[i] = x[i];
+  fill(dy, PR, PN / 4);
+  trn__maxpool_fwd(x, y, arg, PB, PC, PH, PW, 2);
+  double yr[PN / 4];
+  pool_ref(PX, yr, PB * PC, PH, PW, 2);
+  close_vec("maxpool y", y, yr, PN / 4, 1e-7);
+  trn__maxpool_bwd(dy, arg, dx, PB, PC, PH, PW, 2);
+  double g[PN];
+  numgrad(f_pool, PX, PN, g);
+  close_vec("maxpool dx", dx, g, PN, 1e-6);
+
+  /* Dropout: zeros with probability p, the rest scaled by 1 / (1 - p);
+   * the same (seed, call), the same mask; backward is the mask. */
+  enum { DN = 20000 };
+  static float dxin[DN], dyv[DN], m1[DN], m2[DN], y1[DN], y2[DN], dd[DN];
+  for (int i = 0; i < DN; i++)
+    dxin[i] = (float)rnd(), dyv[i] = (float)rnd();
+  trn__dropout_fwd(dxin, y1, m1, DN, 0.3f, 42, 7);
+  trn__dropout_fwd(dxin, y2, m2, DN, 0.3f, 42, 7);
+  ASSERT(memcmp(m1, m2, sizeof m1) == 0 && memcmp(y1, y2, sizeof y1) == 0);
+  size_t zeros = 0;
+  for (int i = 0; i < DN; i++) {
+    ASSERT(m1[i] == 0 || m1[i] == 1.0f / 0.7f);
+    zeros += m1[i] == 0;
+    ASSERT(y1[i] == dxin[i] * m1[i]);
+  }
+  /* 6,000 expected; 5 standard deviations is 324. */
+  ASSERT(zeros > 6000 - 324 && zeros < 6000 + 324);
+  trn__dropout_fwd(dxin, y2, m2, DN, 0.3f, 42, 8);
+  ASSERT(memcmp(m1, m2, sizeof m1) != 0);
+  trn__dropout_bwd(m1, dyv, dd, DN);
+  for (int i = 0; i < DN; i++)
+    ASSERT(dd[i] == dyv[i] * m1[i]);
+  printf("max-pool 2: y and dx agree with finite differences; dropout: "
+         "%zu of %d zeroed at p = 0.3, masks fixed by (seed, call)\n",
+         zeros, DN);
+}
+
+/* ---- whole models --------------------------------------------------------- */
+
+/* Fills x (and xd, its double copy) with n random inputs, copies the
+ * model's parameters to pd, runs one training batch and checks its loss
+ * and every gradient against f, the double reference over xd and pd.
+ * Returns the loss. */
+static double model_vs_fd(const char *what, trn_model *m, float *x,
+                          double *xd, size_t n, const int32_t *y,
+                          size_t batch, double (*f)(void), double *pd) {
+  static double g[1024];
+  size_t np = trn_model_nparams(m);
+  ASSERT(np <= 1024);
+  fill(x, xd, n);
+  for (size_t i = 0; i < np; i++)
+    pd[i] = trn_model_params(m)[i];
+  double loss;
+  trn_model_zero_grad(m);
+  ASSERT_EQ(trn_model_train_batch(m, x, y, batch, &loss), 0);
+  ASSERT(fabs(loss - f()) <= 1e-5 * fabs(loss));
+  numgrad(f, pd, np, g);
+  char name[32];
+  snprintf(name, sizeof name, "%s grads", what);
+  close_vec(name, trn_model_grads(m), g, np, 1e-4);
+  return loss;
+}
+
 /* ---- a whole mlp ----------------------------------------------------------- */
 
 enum { MB = 5, M0 = 6, M1 = 5, M2 = 4, M3 = 3 };
@@ -223,17 +411,7 @@ static void test_mlp(void) {
   mnp = trn_model_nparams(m);
   ASSERT_UEQ(mnp, M0 * M1 + M1 + M1 * M2 + M2 + M2 * M3 + M3);
   float x[MB * M0], *p = trn_model_params(m);
-  for (int i = 0; i < MB * M0; i++)
-    x[i] = (float)rnd(), MX[i] = x[i];
-  for (size_t i = 0; i < mnp; i++)
-    MP[i] = p[i];
-  double loss;
-  trn_model_zero_grad(m);
-  ASSERT_EQ(trn_model_train_batch(m, x, MY, MB, &loss), 0);
-  ASSERT(fabs(loss - f_mlp()) <= 1e-5 * fabs(loss));
-  double g[1024];
-  numgrad(f_mlp, MP, mnp, g);
-  close_vec("mlp grads", trn_model_grads(m), g, mnp, 1e-4);
+  double loss = model_vs_fd("mlp", m, x, MX, MB * M0, MY, MB, f_mlp, MP);
   /* A second batch adds to the gradients. */
   float g1[1024];
   memcpy(g1, trn_model_grads(m), mnp * sizeof *g1);
@@ -273,11 +451,88 @@ static void test_mlp(void) {
          M0, M1, M2, M3, mnp);
 }
 
+/* ---- a whole cnn ------------------------------------------------------------ */
+
+enum { NB = 3, NI = 8, N0 = 2, N1 = 3, ND = 5, NC = 3 };
+static double NX[NB * NI * NI], NP[512];
+static int32_t NYL[NB] = {2, 0, 1};
+
+static void relu_d(double *v, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    v[i] = v[i] > 0 ? v[i] : 0;
+}
+
+/* y (b, out) = x (b, in) W^T + bias, from the flat parameters at p. */
+static const double *dense_ref(const double *x, const double *p, double *y,
+                               int b, int in, int out) {
+  for (int i = 0; i < b; i++)
+    for (int o = 0; o < out; o++) {
+      double s = p[in * out + o];
+      for (int k = 0; k < in; k++)
+        s += x[i * in + k] * p[o * in + k];
+      y[i * out + o] = s;
+    }
+  return p + in * out + out;
+}
+
+/* The cnn of trainer.h in double: conv 5x5 pad 2, relu, pool 2, twice;
+ * dense, relu, dense (no dropout), cross-entropy summed. */
+static double f_cnn(void) {
+  static double a[NB * N1 * NI * NI], t[NB * N1 * NI * NI];
+  const double *p = NP;
+  conv_ref(NX, p, p + N0 * 25, a, NB, 1, NI, NI, N0, 5, 2);
+  p += N0 * 25 + N0;
+  relu_d(a, NB * N0 * NI * NI);
+  pool_ref(a, t, NB * N0, NI, NI, 2);
+  conv_ref(t, p, p + N1 * N0 * 25, a, NB, N0, NI / 2, NI / 2, N1, 5, 2);
+  p += N1 * N0 * 25 + N1;
+  relu_d(a, NB * N1 * (NI / 2) * (NI / 2));
+  pool_ref(a, t, NB * N1, NI / 2, NI / 2, 2);
+  p = dense_ref(t, p, a, NB, N1 * (NI / 4) * (NI / 4), ND);
+  relu_d(a, NB * ND);
+  dense_ref(a, p, t, NB, ND, NC);
+  return ce_ref(t, NYL, NB, NC);
+}
+
+static void test_cnn(void) {
+  trn_model_config c;
+  trn_model_config_default(&c);
+  c.name = "cnn";
+  c.in_c = 1, c.in_h = c.in_w = NI;
+  c.conv[0] = N0, c.conv[1] = N1, c.dense = ND, c.classes = NC;
+  c.dropout = 0;
+  c.max_batch = NB;
+  trn_model *m;
+  char err[128];
+  ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), 0);
+  size_t np = trn_model_nparams(m);
+  ASSERT_UEQ(np, (N0 * 25 + N0) + (N1 * N0 * 25 + N1) + (N1 * 4 * ND + ND) +
+                     (ND * NC + NC));
+  float x[NB * NI * NI];
+  model_vs_fd("cnn", m, x, NX, NB * NI * NI, NYL, NB, f_cnn, NP);
+  trn_model_free(m);
+  /* The default cnn has the 3.3M parameters. */
+  trn_model_config_default(&c);
+  c.name = "cnn";
+  ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), 0);
+  ASSERT_UEQ(trn_model_nparams(m), 3274634);
+  trn_model_free(m);
+  c.dropout = 1;
+  ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), -EINVAL);
+  ASSERT(strstr(err, "dropout") != NULL);
+  printf("cnn 1x%dx%d-%d-%d-%d-%d: loss and all %zu gradients agree with "
+         "finite differences; the default has 3,274,634 parameters\n",
+         NI, NI, N0, N1, ND, NC, np);
+}
+
 int main(void) {
   trn_cpu_threads_set(1);
   test_linear();
   test_relu();
   test_ce();
+  test_conv();
+  test_pool_dropout();
   test_mlp();
+  test_cnn();
   return 0;
 }

@@ -1,13 +1,14 @@
-/* test-trainer-torch.c: the CPU mlp and optimizers against PyTorch.
+/* test-trainer-torch.c: the CPU models and optimizers against PyTorch.
  *
- * tests/data/trainer-mlp.ref (written by tests/gen-trainer-ref.py with
- * Debian's python3-torch, checked in) holds PyTorch's initial weights of
- * an mlp 64-32-16-10, three batches of 16, and what PyTorch computed from
+ * tests/data/trainer-mlp.ref and trainer-cnn.ref (written by
+ * tests/gen-trainer-ref.py with Debian's python3-torch, checked in) hold
+ * PyTorch's initial weights of an mlp 64-32-16-10 and of a small cnn on
+ * 1x12x12 inputs, three batches each, and what PyTorch computed from
  * them.  With the same weights and inputs our logits, mean loss and
  * gradients must agree to fp32 rounding, and so must the parameters after
  * three steps of SGD (Nesterov momentum and weight decay; momentum with
- * dampening) and of AdamW.  The reference file's path is the first
- * argument (meson passes it).
+ * dampening) and of AdamW.  The two files' paths are the arguments (meson
+ * passes them).
  */
 #include "test.h"
 #include "trainer.h"
@@ -31,6 +32,9 @@ static uint32_t u32le(const uint8_t *p) {
 
 /* Reads the reference file, checking every length against what is left. */
 static void load(const char *path) {
+  for (int i = 0; i < nrec; i++)
+    free(rec[i].v);
+  nrec = 0;
   FILE *f = fopen(path, "rb");
   if (!f)
     FAIL("%s: cannot open (run tests/gen-trainer-ref.py)", path);
@@ -88,7 +92,8 @@ static double close_to(const char *what, const float *a, const float *b,
   return worst;
 }
 
-enum { B = 16, STEPS = 3 };
+enum { STEPS = 3 };
+static size_t B;
 
 static void run_optim(trn_model *m, const float *p0, const float *x,
                       const int32_t *y, const trn_optim_config *oc,
@@ -108,30 +113,27 @@ static void run_optim(trn_model *m, const float *p0, const float *x,
   }
   ASSERT_UEQ(trn_optim_steps(o), STEPS);
   double e = close_to(ref, trn_model_params(m), get(ref, np), np, 1, 2e-6);
-  printf("%-14s parameters after %d steps: worst error %.2g of their scale\n",
+  printf("  %-14s parameters after %d steps: worst error %.2g of their "
+         "scale\n",
          ref, STEPS, e);
   trn_optim_free(o);
 }
 
-int main(int argc, char **argv) {
-  ASSERT(argc == 2);
-  load(argv[1]);
-  trn_cpu_threads_set(1);
-  trn_model_config c;
-  trn_model_config_default(&c);
-  static const unsigned sizes[4] = {64, 32, 16, 10};
-  memcpy(c.sizes, sizes, sizeof sizes);
-  c.nsizes = 4;
-  c.max_batch = B;
+/* Checks our model c against the reference file at path. */
+static void check(const char *path, const trn_model_config *c, size_t batch,
+                  const char *what) {
+  load(path);
+  B = batch;
   trn_model *m;
   char err[128];
-  ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), 0);
-  size_t np = trn_model_nparams(m);
+  ASSERT_EQ(trn_model_new(c, &m, err, sizeof err), 0);
+  size_t np = trn_model_nparams(m), in = trn_model_inputs(m);
   const float *p0 = get("params", np);
-  const float *x = get("x", (size_t)STEPS * B * 64);
-  const float *yf = get("y", (size_t)STEPS * B);
-  int32_t y[STEPS * B];
-  for (int i = 0; i < STEPS * B; i++)
+  const float *x = get("x", STEPS * B * in);
+  const float *yf = get("y", STEPS * B);
+  int32_t y[STEPS * 64];
+  ASSERT(B <= 64);
+  for (size_t i = 0; i < STEPS * B; i++)
     y[i] = (int32_t)yf[i];
 
   /* One batch: logits, the mean loss, its gradients. */
@@ -142,12 +144,12 @@ int main(int argc, char **argv) {
   double el = close_to("logits", trn_model_logits(m), get("logits", B * 10),
                        B * 10, 1, 1e-6);
   double want = get("loss", 1)[0];
-  ASSERT(fabs(loss / B - want) <= 1e-6 * fabs(want));
+  ASSERT(fabs(loss / (double)B - want) <= 1e-6 * fabs(want));
   double eg = close_to("grads", trn_model_grads(m), get("grads", np), np,
-                       1.0 / B, 1e-6);
-  printf("mlp 64-32-16-10, batch %d: logits within %.2g, loss %.7f (PyTorch "
-         "%.7f), gradients within %.2g of their scale\n",
-         B, el, loss / B, want, eg);
+                       1.0 / (double)B, 1e-6);
+  printf("%s, %zu parameters, batch %zu: logits within %.2g, loss %.7f "
+         "(PyTorch %.7f), gradients within %.2g of their scale\n",
+         what, np, B, el, loss / (double)B, want, eg);
 
   trn_optim_config oc;
   trn_optim_config_default(&oc, TRN_SGD);
@@ -161,18 +163,37 @@ int main(int argc, char **argv) {
   oc.lr = 3e-3f, oc.beta1 = 0.9f, oc.beta2 = 0.99f, oc.eps = 1e-7f;
   oc.weight_decay = 0.05f;
   run_optim(m, p0, x, y, &oc, "adamw");
+  trn_model_free(m);
+}
+
+int main(int argc, char **argv) {
+  ASSERT(argc == 3);
+  trn_cpu_threads_set(1);
+  trn_model_config c;
+  trn_model_config_default(&c);
+  static const unsigned sizes[4] = {64, 32, 16, 10};
+  memcpy(c.sizes, sizes, sizeof sizes);
+  c.nsizes = 4;
+  c.max_batch = 16;
+  check(argv[1], &c, 16, "mlp 64-32-16-10");
+  trn_model_config_default(&c);
+  c.name = "cnn";
+  c.in_h = c.in_w = 12;
+  c.conv[0] = 4, c.conv[1] = 6, c.dense = 16, c.dropout = 0;
+  c.max_batch = 8;
+  check(argv[2], &c, 8, "cnn 1x12x12, conv 4 and 6, dense 16");
 
   /* Settings PyTorch refuses are refused here too. */
   trn_optim *o;
+  trn_optim_config oc;
   trn_optim_config_default(&oc, TRN_SGD);
   oc.nesterov = true; /* without momentum */
-  ASSERT_EQ(trn_optim_new(&oc, np, &o), -EINVAL);
+  ASSERT_EQ(trn_optim_new(&oc, 10, &o), -EINVAL);
   trn_optim_config_default(&oc, TRN_ADAMW);
   oc.beta2 = 1;
-  ASSERT_EQ(trn_optim_new(&oc, np, &o), -EINVAL);
+  ASSERT_EQ(trn_optim_new(&oc, 10, &o), -EINVAL);
   oc.beta2 = 0.999f, oc.lr = -1;
-  ASSERT_EQ(trn_optim_new(&oc, np, &o), -EINVAL);
-  trn_model_free(m);
+  ASSERT_EQ(trn_optim_new(&oc, 10, &o), -EINVAL);
   for (int i = 0; i < nrec; i++)
     free(rec[i].v);
   return 0;

@@ -8,12 +8,15 @@
  */
 #include "trainer-int.h"
 
+#include <cblas.h>
+
 #include "bee-config.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -275,4 +278,39 @@ int trn_device_bind(const trn_device *dev) {
   case TRN_DEV_CUDA: return trn__cuda_bind(dev->index);
   default: return -EINVAL;
   }
+}
+
+/* ---- OpenBLAS's kernels --------------------------------------------------- */
+
+int trn_blas_better_core(char *name, size_t name_len, char *why,
+                         size_t why_len) {
+  const char *now = openblas_get_corename();
+  const char *env = getenv("OPENBLAS_CORETYPE");
+  if (name_len)
+    name[0] = 0;
+  if (!now)
+    now = "?";
+#if defined(__x86_64__) && defined(__GNUC__)
+  /* OpenBLAS's AVX-512 kernels (SkylakeX, Cooperlake, SapphireRapids)
+   * need AVX-512 F, BW, DQ and VL. */
+  bool avx512 = __builtin_cpu_supports("avx512f") &&
+                __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512dq") &&
+                __builtin_cpu_supports("avx512vl");
+  bool has512 = strcmp(now, "SkylakeX") == 0 ||
+                strcmp(now, "Cooperlake") == 0 ||
+                strcmp(now, "SapphireRapids") == 0;
+  if (avx512 && !has512) {
+    snprintf(name, name_len, "SkylakeX");
+    trn__fail(why, why_len, 0,
+              "OpenBLAS runs its %s kernels on a CPU with AVX-512%s%s%s; "
+              "OPENBLAS_CORETYPE=SkylakeX (or leaving it unset) selects "
+              "AVX-512 ones",
+              now, env ? " (OPENBLAS_CORETYPE=" : "", env ? env : "",
+              env ? " in the environment)" : "");
+    return 1;
+  }
+#endif
+  trn__fail(why, why_len, 0, "OpenBLAS runs its %s kernels", now);
+  return 0;
 }

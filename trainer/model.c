@@ -5,8 +5,9 @@
  * the same size, each layer a view at its offset (llm.c's
  * malloc_and_point_parameters), so the averager and checkpoints see one
  * buffer each.  Activations live in one workspace sized for the largest
- * batch.  Today's layers: linear and relu, ended by softmax cross-entropy;
- * the model `mlp`.
+ * batch; a layer's output is the next one's input, and backward reads
+ * them there.  A model is built by appending layers to a shape that
+ * starts as the input's (C, H, W); flattening is free (NCHW rows).
  */
 #include "trainer-int.h"
 
@@ -17,25 +18,36 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { L_LINEAR, L_RELU };
+enum { L_LINEAR, L_RELU, L_CONV, L_POOL, L_DROPOUT };
 
 typedef struct layer {
   int kind;
-  size_t in, out; /* features per sample */
-  size_t w, b;    /* offsets of W (out, in) and b (out) in the buffers */
-  float *y;       /* (max_batch, out) this layer's output, in the workspace */
+  unsigned c, h, w;      /* input shape per sample */
+  size_t in, out;        /* floats per sample, in and out */
+  trn__conv cv;          /* L_CONV */
+  unsigned k;            /* L_POOL: window (and stride) */
+  float p;               /* L_DROPOUT: the probability of a zero */
+  size_t w_off, b_off;   /* parameters, for L_LINEAR and L_CONV */
+  size_t nparams;
+  float *y;              /* (max_batch, out) the layer's output */
+  float *mask;           /* L_DROPOUT: (max_batch, out) 0 or 1 / (1 - p) */
+  uint32_t *arg;         /* L_POOL: (max_batch, out) where each max was */
 } layer;
+
+#define LAYERS_MAX 32
 
 struct trn_model {
   trn_model_config cfg;
   char name[16];
-  layer *l;
+  layer l[LAYERS_MAX];
   size_t nl;
   size_t nparams;
   float *params, *grads; /* (nparams) each */
   float *ws;             /* activations */
   float *d0, *d1;        /* (max_batch, widest) gradients flowing down */
+  float *col, *tmp;      /* the convolutions' workspaces (conv.c) */
   size_t in, classes;
+  uint64_t dropout_calls; /* the dropout masks drawn so far */
 };
 
 void trn_model_config_default(trn_model_config *c) {
@@ -45,6 +57,10 @@ void trn_model_config_default(trn_model_config *c) {
   c->nsizes = 3;
   c->max_batch = 256;
   c->seed = 1;
+  c->in_c = 1, c->in_h = 28, c->in_w = 28, c->classes = 10;
+  c->conv[0] = 32, c->conv[1] = 64;
+  c->dense = 1024;
+  c->dropout = 0.5f;
 }
 
 /* splitmix64, for the initial weights: uniform in [-bound, bound). */
@@ -61,16 +77,128 @@ void trn_model_init(trn_model *m, uint64_t seed) {
   uint64_t s = seed ^ 0x7472616e20696e69ull;
   for (size_t i = 0; i < m->nl; i++) {
     layer *L = &m->l[i];
-    if (L->kind != L_LINEAR)
+    if (!L->nparams)
       continue;
-    /* torch.nn.Linear's default: kaiming_uniform_(a = sqrt(5)) for W and
-     * the same bound for b, 1 / sqrt(fan_in). */
-    float bound = 1.0f / sqrtf((float)L->in);
-    for (size_t k = 0; k < L->in * L->out; k++)
-      m->params[L->w + k] = uniform(&s, bound);
-    for (size_t k = 0; k < L->out; k++)
-      m->params[L->b + k] = uniform(&s, bound);
+    /* torch.nn.Linear's and Conv2d's default: kaiming_uniform_(a =
+     * sqrt(5)) for the weights and the same bound for the bias,
+     * 1 / sqrt(fan_in). */
+    size_t nb = L->kind == L_CONV ? L->cv.oc : L->out;
+    size_t fan_in = (L->nparams - nb) / nb;
+    float bound = 1.0f / sqrtf((float)fan_in);
+    for (size_t k = 0; k < L->nparams; k++)
+      m->params[L->w_off + k] = uniform(&s, bound);
   }
+}
+
+/* ---- building ------------------------------------------------------------- */
+
+typedef struct shape {
+  unsigned c, h, w;
+} shape;
+
+static size_t numel(shape s) { return (size_t)s.c * s.h * s.w; }
+
+static layer *add(trn_model *m, int kind, shape *s) {
+  layer *L = &m->l[m->nl++];
+  L->kind = kind;
+  L->c = s->c, L->h = s->h, L->w = s->w;
+  L->in = L->out = numel(*s);
+  return L;
+}
+
+static void add_linear(trn_model *m, shape *s, unsigned out) {
+  layer *L = add(m, L_LINEAR, s);
+  L->out = out;
+  L->w_off = m->nparams;
+  L->b_off = L->w_off + L->in * out;
+  L->nparams = L->in * out + out;
+  m->nparams += L->nparams;
+  *s = (shape){out, 1, 1};
+}
+
+static void add_conv(trn_model *m, shape *s, unsigned oc, unsigned k,
+                     unsigned pad) {
+  layer *L = add(m, L_CONV, s);
+  trn__conv *cv = &L->cv;
+  cv->c = s->c, cv->h = s->h, cv->w = s->w;
+  cv->oc = oc, cv->k = k, cv->pad = pad;
+  cv->oh = s->h + 2 * pad - k + 1;
+  cv->ow = s->w + 2 * pad - k + 1;
+  L->w_off = m->nparams;
+  L->b_off = L->w_off + (size_t)oc * s->c * k * k;
+  L->nparams = (size_t)oc * s->c * k * k + oc;
+  m->nparams += L->nparams;
+  *s = (shape){oc, cv->oh, cv->ow};
+  L->out = numel(*s);
+}
+
+static void add_pool(trn_model *m, shape *s, unsigned k) {
+  layer *L = add(m, L_POOL, s);
+  L->k = k;
+  *s = (shape){s->c, s->h / k, s->w / k};
+  L->out = numel(*s);
+}
+
+static void add_dropout(trn_model *m, shape *s, float p) {
+  if (p > 0)
+    add(m, L_DROPOUT, s)->p = p;
+}
+
+/* The layers of cfg's model; 0, or -EINVAL with err set. */
+static int build(trn_model *m, const trn_model_config *cfg, char *err,
+                 size_t errlen) {
+  if (strcmp(cfg->name, "mlp") == 0) {
+    if (cfg->nsizes < 2 || cfg->nsizes > TRN_MLP_SIZES_MAX)
+      return trn__fail(err, errlen, -EINVAL,
+                       "mlp: %zu sizes; it takes 2 to %d (input, hidden..., "
+                       "classes)",
+                       cfg->nsizes, TRN_MLP_SIZES_MAX);
+    for (size_t i = 0; i < cfg->nsizes; i++)
+      if (cfg->sizes[i] == 0 || cfg->sizes[i] > TRN_WIDTH_MAX)
+        return trn__fail(err, errlen, -EINVAL, "mlp: size %zu is %u; 1 to %d",
+                         i, cfg->sizes[i], TRN_WIDTH_MAX);
+    shape s = {cfg->sizes[0], 1, 1};
+    for (size_t i = 1; i < cfg->nsizes; i++) {
+      add_linear(m, &s, cfg->sizes[i]);
+      if (i + 1 < cfg->nsizes)
+        add(m, L_RELU, &s);
+    }
+    return 0;
+  }
+  if (strcmp(cfg->name, "cnn") == 0) {
+    /* conv 5x5 (padding 2), relu, max-pool 2, twice; dense, relu,
+     * dropout, dense. */
+    if (cfg->in_c == 0 || cfg->in_c > TRN_CHANNELS_MAX || cfg->in_h < 4 ||
+        cfg->in_w < 4 || cfg->in_h > 4096 || cfg->in_w > 4096)
+      return trn__fail(err, errlen, -EINVAL,
+                       "cnn: input %ux%ux%u; 1 to %d channels, 4 to 4096 "
+                       "pixels a side",
+                       cfg->in_c, cfg->in_h, cfg->in_w, TRN_CHANNELS_MAX);
+    for (int i = 0; i < 2; i++)
+      if (cfg->conv[i] == 0 || cfg->conv[i] > 4096)
+        return trn__fail(err, errlen, -EINVAL,
+                         "cnn: conv %d has %u channels; 1 to 4096", i,
+                         cfg->conv[i]);
+    if (cfg->dense == 0 || cfg->dense > TRN_WIDTH_MAX)
+      return trn__fail(err, errlen, -EINVAL, "cnn: dense width %u; 1 to %d",
+                       cfg->dense, TRN_WIDTH_MAX);
+    if (!(cfg->dropout >= 0 && cfg->dropout < 1))
+      return trn__fail(err, errlen, -EINVAL, "cnn: dropout %g; 0 <= p < 1",
+                       (double)cfg->dropout);
+    shape s = {cfg->in_c, cfg->in_h, cfg->in_w};
+    for (int i = 0; i < 2; i++) {
+      add_conv(m, &s, cfg->conv[i], 5, 2);
+      add(m, L_RELU, &s);
+      add_pool(m, &s, 2);
+    }
+    add_linear(m, &s, cfg->dense);
+    add(m, L_RELU, &s);
+    add_dropout(m, &s, cfg->dropout);
+    add_linear(m, &s, cfg->classes);
+    return 0;
+  }
+  return trn__fail(err, errlen, -EINVAL, "unknown model \"%s\" (known: mlp, cnn)",
+                   cfg->name);
 }
 
 int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
@@ -78,69 +206,68 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
   *out = NULL;
   if (errlen)
     err[0] = 0;
-  if (!cfg->name || strcmp(cfg->name, "mlp") != 0)
-    return trn__fail(err, errlen, -EINVAL, "unknown model \"%s\" (known: mlp)",
-                cfg->name ? cfg->name : "(null)");
-  if (cfg->nsizes < 2 || cfg->nsizes > TRN_MLP_SIZES_MAX)
-    return trn__fail(err, errlen, -EINVAL,
-                "mlp: %zu sizes; it takes 2 to %d (input, hidden..., classes)",
-                cfg->nsizes, TRN_MLP_SIZES_MAX);
-  for (size_t i = 0; i < cfg->nsizes; i++)
-    if (cfg->sizes[i] == 0 || cfg->sizes[i] > TRN_WIDTH_MAX)
-      return trn__fail(err, errlen, -EINVAL, "mlp: size %zu is %u; 1 to %d", i,
-                  cfg->sizes[i], TRN_WIDTH_MAX);
-  if (cfg->sizes[cfg->nsizes - 1] < 2)
-    return trn__fail(err, errlen, -EINVAL, "mlp: the last size (classes) is %u",
-                cfg->sizes[cfg->nsizes - 1]);
+  if (!cfg->name)
+    return trn__fail(err, errlen, -EINVAL, "no model named");
   if (cfg->max_batch == 0 || cfg->max_batch > TRN_BATCH_MAX)
-    return trn__fail(err, errlen, -EINVAL, "batch %zu: 1 to %d", cfg->max_batch,
-                TRN_BATCH_MAX);
-  int rc = -ENOMEM;
+    return trn__fail(err, errlen, -EINVAL, "batch %zu: 1 to %d",
+                     cfg->max_batch, TRN_BATCH_MAX);
   trn_model *m = calloc(1, sizeof *m);
-  size_t nlin = cfg->nsizes - 1;
-  if (!m || !(m->l = calloc(2 * nlin - 1, sizeof *m->l)))
-    goto fail;
+  if (!m)
+    return trn__fail(err, errlen, -ENOMEM, "out of memory");
   m->cfg = *cfg;
   snprintf(m->name, sizeof m->name, "%s", cfg->name);
   m->cfg.name = m->name;
-  m->in = cfg->sizes[0];
-  m->classes = cfg->sizes[cfg->nsizes - 1];
-  /* linear, relu, linear, relu, ..., linear */
-  size_t acts = 0, widest = m->in;
-  for (size_t i = 0; i < nlin; i++) {
-    layer *L = &m->l[m->nl++];
-    L->kind = L_LINEAR;
-    L->in = cfg->sizes[i];
-    L->out = cfg->sizes[i + 1];
-    L->w = m->nparams;
-    m->nparams += L->in * L->out;
-    L->b = m->nparams;
-    m->nparams += L->out;
-    acts += L->out;
+  int rc = build(m, cfg, err, errlen);
+  if (rc)
+    goto fail;
+  layer *last = &m->l[m->nl - 1];
+  m->in = m->l[0].in;
+  m->classes = last->out;
+  if (last->kind != L_LINEAR || m->classes < 2) {
+    rc = trn__fail(err, errlen, -EINVAL, "%s: %zu classes; at least 2",
+                   m->name, m->classes);
+    goto fail;
+  }
+  /* The workspace: every layer's output, the masks and pooling indices,
+   * two gradient buffers of the widest activation, one im2col matrix. */
+  size_t B = cfg->max_batch, acts = 0, widest = m->in, col = 0, tmp = 0;
+  for (size_t i = 0; i < m->nl; i++) {
+    layer *L = &m->l[i];
+    acts += L->out * (L->kind == L_DROPOUT ? 2 : 1);
     if (L->out > widest)
       widest = L->out;
-    if (i + 1 < nlin) {
-      layer *R = &m->l[m->nl++];
-      R->kind = L_RELU;
-      R->in = R->out = L->out;
-      acts += R->out;
+    if (L->kind == L_CONV) {
+      size_t px = (size_t)L->cv.oh * L->cv.ow * TRN__CONV_CHUNK;
+      size_t n = (size_t)L->cv.c * L->cv.k * L->cv.k * px;
+      col = n > col ? n : col;
+      tmp = (size_t)L->cv.oc * px > tmp ? (size_t)L->cv.oc * px : tmp;
     }
   }
-  size_t B = cfg->max_batch;
+  rc = -ENOMEM;
   m->params = calloc(m->nparams, sizeof *m->params);
   m->grads = calloc(m->nparams, sizeof *m->grads);
   m->ws = malloc(acts * B * sizeof *m->ws);
   m->d0 = malloc(widest * B * sizeof *m->d0);
   m->d1 = malloc(widest * B * sizeof *m->d1);
-  if (!m->params || !m->grads || !m->ws || !m->d0 || !m->d1) {
-    trn__fail(err, errlen, rc, "%s: out of memory for %zu parameters", m->name,
-         m->nparams);
+  m->col = col ? malloc(col * sizeof *m->col) : NULL;
+  m->tmp = tmp ? malloc(tmp * sizeof *m->tmp) : NULL;
+  if (!m->params || !m->grads || !m->ws || !m->d0 || !m->d1 ||
+      (col && (!m->col || !m->tmp))) {
+    trn__fail(err, errlen, rc, "%s: out of memory for %zu parameters and "
+              "the activations of %zu samples", m->name, m->nparams, B);
     goto fail;
   }
   float *p = m->ws;
   for (size_t i = 0; i < m->nl; i++) {
-    m->l[i].y = p;
-    p += m->l[i].out * B;
+    layer *L = &m->l[i];
+    L->y = p;
+    p += L->out * B;
+    if (L->kind == L_DROPOUT) {
+      L->mask = p;
+      p += L->out * B;
+    }
+    if (L->kind == L_POOL && !(L->arg = malloc(L->out * B * sizeof *L->arg)))
+      goto fail;
   }
   trn_model_init(m, cfg->seed);
   *out = m;
@@ -155,12 +282,15 @@ fail:
 void trn_model_free(trn_model *m) {
   if (!m)
     return;
-  free(m->l);
+  for (size_t i = 0; i < m->nl; i++)
+    free(m->l[i].arg);
   free(m->params);
   free(m->grads);
   free(m->ws);
   free(m->d0);
   free(m->d1);
+  free(m->col);
+  free(m->tmp);
   free(m);
 }
 
@@ -169,21 +299,43 @@ float *trn_model_params(trn_model *m) { return m->params; }
 float *trn_model_grads(trn_model *m) { return m->grads; }
 size_t trn_model_classes(const trn_model *m) { return m->classes; }
 size_t trn_model_inputs(const trn_model *m) { return m->in; }
+uint64_t trn_model_dropout_calls(const trn_model *m) {
+  return m->dropout_calls;
+}
+void trn_model_set_dropout_calls(trn_model *m, uint64_t n) {
+  m->dropout_calls = n;
+}
 
 void trn_model_zero_grad(trn_model *m) {
   memset(m->grads, 0, m->nparams * sizeof *m->grads);
 }
 
-/* Runs the layers on x (B, in); the logits are the last layer's y. */
-static void forward(trn_model *m, const float *x, size_t B) {
+/* ---- passes ---------------------------------------------------------------- */
+
+/* Runs the layers on x (B, in); the logits are the last layer's y.  In
+ * training, dropout draws masks; in evaluation it passes x through. */
+static void forward(trn_model *m, const float *x, size_t B, bool train) {
   const float *in = x;
   for (size_t i = 0; i < m->nl; i++) {
     layer *L = &m->l[i];
-    if (L->kind == L_LINEAR)
-      trn__linear_fwd(in, m->params + L->w, m->params + L->b, L->y, B, L->in,
-                      L->out);
-    else
-      trn__relu_fwd(in, L->y, B * L->out);
+    const float *w = m->params + L->w_off, *b = m->params + L->b_off;
+    switch (L->kind) {
+    case L_LINEAR: trn__linear_fwd(in, w, b, L->y, B, L->in, L->out); break;
+    case L_RELU: trn__relu_fwd(in, L->y, B * L->out); break;
+    case L_CONV:
+      trn__conv_fwd(&L->cv, in, w, b, L->y, B, m->col, m->tmp);
+      break;
+    case L_POOL:
+      trn__maxpool_fwd(in, L->y, L->arg, B, L->c, L->h, L->w, L->k);
+      break;
+    case L_DROPOUT:
+      if (train)
+        trn__dropout_fwd(in, L->y, L->mask, B * L->out, L->p, m->cfg.seed,
+                         m->dropout_calls++);
+      else
+        memcpy(L->y, in, B * L->out * sizeof *L->y);
+      break;
+    }
     in = L->y;
   }
 }
@@ -202,18 +354,37 @@ int trn_model_train_batch(trn_model *m, const float *x, const int32_t *y,
   int rc = check_batch(m, y, B);
   if (rc)
     return rc;
-  forward(m, x, B);
-  /* The gradient of the batch's summed loss flows down through d0/d1. */
+  forward(m, x, B, true);
+  /* The gradient of the batch's summed loss flows down through d0/d1;
+   * the first layer computes no gradient for the input. */
   float *d = m->d0, *dn = m->d1;
   double l = trn__softmax_ce(m->l[m->nl - 1].y, y, d, B, m->classes, NULL);
   for (size_t i = m->nl; i-- > 0;) {
     layer *L = &m->l[i];
     const float *in = i ? m->l[i - 1].y : x;
-    if (L->kind == L_LINEAR)
-      trn__linear_bwd(in, m->params + L->w, d, i ? dn : NULL, m->grads + L->w,
-                      m->grads + L->b, B, L->in, L->out);
-    else
-      trn__relu_bwd(L->y, d, dn, B * L->out);
+    const float *w = m->params + L->w_off;
+    float *dw = m->grads + L->w_off, *db = m->grads + L->b_off;
+    float *dx = i ? dn : NULL;
+    switch (L->kind) {
+    case L_LINEAR:
+      trn__linear_bwd(in, w, d, dx, dw, db, B, L->in, L->out);
+      break;
+    case L_CONV:
+      trn__conv_bwd(&L->cv, in, w, d, dx, dw, db, B, m->col, m->tmp);
+      break;
+    case L_RELU:
+      if (dx)
+        trn__relu_bwd(L->y, d, dx, B * L->out);
+      break;
+    case L_POOL:
+      if (dx)
+        trn__maxpool_bwd(d, L->arg, dx, B, L->c, L->h, L->w, L->k);
+      break;
+    case L_DROPOUT:
+      if (dx)
+        trn__dropout_bwd(L->mask, d, dx, B * L->out);
+      break;
+    }
     float *t = d;
     d = dn;
     dn = t;
@@ -228,7 +399,7 @@ int trn_model_eval_batch(trn_model *m, const float *x, const int32_t *y,
   int rc = check_batch(m, y, B);
   if (rc)
     return rc;
-  forward(m, x, B);
+  forward(m, x, B, false);
   double l = trn__softmax_ce(m->l[m->nl - 1].y, y, NULL, B, m->classes,
                              correct);
   if (loss)

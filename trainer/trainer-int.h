@@ -65,6 +65,41 @@ void trn__relu_bwd(const float *y, const float *dy, float *dx, size_t n);
 double trn__softmax_ce(const float *logits, const int32_t *labels, float *dl,
                        size_t B, size_t C, size_t *correct);
 
+/* ---- conv.c: the CPU layers for images ------------------------------------ */
+
+/* A 2-D convolution, stride 1: x (c, h, w) to y (oc, oh, ow), kernel k x k,
+ * zero padding pad; oh = h + 2 pad - k + 1. */
+typedef struct trn__conv {
+  unsigned c, h, w, oc, oh, ow, k, pad;
+} trn__conv;
+
+/* Samples whose patches go into one matrix product: large enough to keep
+ * OpenBLAS's kernels busy, small enough for the workspace. */
+#define TRN__CONV_CHUNK 16
+/* y (B, oc, oh, ow) from x (B, c, h, w), W (oc, c, k, k), b (oc); col and
+ * tmp are workspaces of c k k and oc floats per output pixel of
+ * TRN__CONV_CHUNK samples. */
+void trn__conv_fwd(const trn__conv *cv, const float *x, const float *w,
+                   const float *b, float *y, size_t B, float *col,
+                   float *tmp);
+/* dW and db += their gradients; dx (NULL: not wanted) = the input's. */
+void trn__conv_bwd(const trn__conv *cv, const float *x, const float *w,
+                   const float *dy, float *dx, float *dw, float *db, size_t B,
+                   float *col, float *tmp);
+/* k x k windows, stride k: y (B, c, h / k, w / k) and where each maximum
+ * was (its index in its channel's plane). */
+void trn__maxpool_fwd(const float *x, float *y, uint32_t *arg, size_t B,
+                      unsigned c, unsigned h, unsigned w, unsigned k);
+void trn__maxpool_bwd(const float *dy, const uint32_t *arg, float *dx,
+                      size_t B, unsigned c, unsigned h, unsigned w,
+                      unsigned k);
+/* y = x mask, mask 0 with probability p else 1 / (1 - p), drawn from
+ * (seed, call) alone. */
+void trn__dropout_fwd(const float *x, float *y, float *mask, size_t n,
+                      float p, uint64_t seed, uint64_t call);
+void trn__dropout_bwd(const float *mask, const float *dy, float *dx,
+                      size_t n);
+
 #ifdef __cplusplus
 }
 #endif

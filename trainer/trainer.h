@@ -185,29 +185,39 @@ int trn_images_batch(const trn_images *d, trn_order *o, size_t b,
 
 /* ------------------------------------------------------------------------ */
 /* Models.  One flat parameter buffer and one flat gradient buffer of the    */
-/* same layout; CPU backend (OpenBLAS).  Today: `mlp`, linear layers with    */
-/* relu between them, softmax cross-entropy at the end.                     */
+/* same layout; CPU backend (OpenBLAS).  Today: `mlp` (linear layers with    */
+/* relu between them) and `cnn` (the classic Fashion-MNIST net), each ended */
+/* by softmax cross-entropy.                                                */
 
 #define TRN_MLP_SIZES_MAX 8
 #define TRN_WIDTH_MAX (1 << 20)
 #define TRN_BATCH_MAX (1 << 16)
 
 typedef struct trn_model_config {
-  const char *name;               /* "mlp" */
+  const char *name;               /* "mlp" or "cnn" */
   unsigned sizes[TRN_MLP_SIZES_MAX]; /* mlp: input, hidden..., classes */
   size_t nsizes;
+  /* cnn: input (in_c, in_h, in_w), conv 5x5 (padding 2) to conv[0]
+   * channels, relu, max-pool 2, conv 5x5 to conv[1], relu, max-pool 2,
+   * dense to `dense`, relu, dropout (p = dropout; 0: none), dense to
+   * `classes`. */
+  unsigned in_c, in_h, in_w, classes;
+  unsigned conv[2], dense;
+  float dropout;
   size_t max_batch; /* the largest batch a call may pass */
-  uint64_t seed;    /* the initial weights */
+  uint64_t seed;    /* the initial weights, and the dropout masks */
 } trn_model_config;
 
 typedef struct trn_model trn_model;
 
-/* mlp 784-256-10, batch up to 256, seed 1. */
+/* mlp 784-256-10, batch up to 256, seed 1; for cnn: 1x28x28 in, 32 and
+ * 64 channels, dense 1024, dropout 0.5, 10 classes (3,274,634
+ * parameters). */
 void trn_model_config_default(trn_model_config *c);
 /* Builds the model with its weights initialized as PyTorch initializes
- * the same layers (torch.nn.Linear: U(-1/sqrt(in), 1/sqrt(in)) for W and
- * b), from cfg->seed.  Returns 0 and *out, or -EINVAL (err says which
- * setting) or -ENOMEM. */
+ * the same layers (torch.nn.Linear and Conv2d: U(-1/sqrt(fan_in),
+ * 1/sqrt(fan_in)) for weights and biases), from cfg->seed.  Returns 0
+ * and *out, or -EINVAL (err says which setting) or -ENOMEM. */
 int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
                   size_t err_len);
 void trn_model_free(trn_model *m);
@@ -217,25 +227,40 @@ size_t trn_model_nparams(const trn_model *m);
 size_t trn_model_inputs(const trn_model *m);  /* features per sample */
 size_t trn_model_classes(const trn_model *m);
 /* The flat buffers (nparams floats each), the model's own: layer by layer,
- * each linear layer's W (out, in) then b (out), as torch.nn.Linear. */
+ * each layer's weight then its bias, shaped as PyTorch shapes them (linear
+ * W (out, in); conv W (out, in, kh, kw)). */
 float *trn_model_params(trn_model *m);
 float *trn_model_grads(trn_model *m);
 void trn_model_zero_grad(trn_model *m);
-/* Forward and backward on x (B, inputs) with labels y (B): the gradient of
+/* Forward and backward on x (B, inputs: C x H x W for cnn, NCHW) with
+ * labels y (B), in training mode (dropout on): the gradient of
  * the batch's summed loss is ADDED to the gradients (so batches
  * accumulate; divide by the samples, e.g. through trn_optim_step's scale,
  * for the mean), *loss (may be NULL) gets the summed loss.  -EINVAL for
  * B = 0 or over max_batch, or a label out of range. */
 int trn_model_train_batch(trn_model *m, const float *x, const int32_t *y,
                           size_t B, double *loss);
-/* Forward only: the summed loss and the correct predictions; the
- * parameters and gradients are not touched. */
+/* Forward only, in evaluation mode (no dropout): the summed loss and the
+ * correct predictions; the parameters, gradients and dropout count are
+ * not touched. */
 int trn_model_eval_batch(trn_model *m, const float *x, const int32_t *y,
                          size_t B, double *loss, size_t *correct);
 /* The logits (B, classes) of the last batch. */
 const float *trn_model_logits(const trn_model *m);
+/* Dropout masks depend on the seed and on how many have been drawn: a
+ * checkpoint keeps the count, a restore sets it, and the run goes on with
+ * the same masks. */
+uint64_t trn_model_dropout_calls(const trn_model *m);
+void trn_model_set_dropout_calls(trn_model *m, uint64_t n);
 /* OpenBLAS's threads for every model of the process (n > 0). */
 void trn_cpu_threads_set(int n);
+/* Whether OpenBLAS runs weaker kernels than this CPU has: it picks them
+ * when it loads, from the CPU or from OPENBLAS_CORETYPE in the environment
+ * (which may force older ones).  Returns 1 and the OPENBLAS_CORETYPE
+ * value that would select the better ones in name (name_len bytes), else
+ * 0; why gets one line for the log either way. */
+int trn_blas_better_core(char *name, size_t name_len, char *why,
+                         size_t why_len);
 
 /* ------------------------------------------------------------------------ */
 /* Optimizers.  A step is separate from backward; the state is one flat      */

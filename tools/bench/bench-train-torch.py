@@ -3,7 +3,9 @@
 as bench-train times beed's (tools/bench/run-train).  A benchmark tool;
 never a runtime dependency.
 
-The same model (mlp 784-256-10: Linear, ReLU, Linear), Fashion-MNIST's
+The same model (mlp 784-256-10: Linear, ReLU, Linear; or cnn: conv 5x5 to
+32, ReLU, max-pool 2, conv 5x5 to 64, ReLU, max-pool 2, dense 1024, ReLU,
+dropout 0.5, dense 10), Fashion-MNIST's
 training set normalized once up front as float32, torch.set_num_threads
 (--threads), and per step: a batch from a shuffled order (index_select),
 zero_grad, forward, cross-entropy, backward, SGD with momentum 0.9.
@@ -38,12 +40,21 @@ def main():
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     a = p.parse_args()
-    if a.model != "mlp":
-        p.error("only mlp so far")
+    if a.model not in ("mlp", "cnn"):
+        p.error("--model is mlp or cnn")
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
     x, y = load(a.data)
-    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
+    if a.model == "mlp":
+        model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(),
+                              nn.Linear(256, 10))
+    else:
+        x = x.reshape(-1, 1, 28, 28)
+        model = nn.Sequential(
+            nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(3136, 1024), nn.ReLU(), nn.Dropout(0.5),
+            nn.Linear(1024, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     order = torch.randperm(len(x))
     at = 0

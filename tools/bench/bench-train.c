@@ -4,7 +4,9 @@
  * Loads Fashion-MNIST's training set, builds the model, and runs --warmup
  * uncounted steps, then --steps timed ones: each a batch taken from the
  * shuffled order (normalized from the bytes), zeroed gradients, forward,
- * backward and an SGD step with momentum 0.9.  Prints one line:
+ * backward and an SGD step with momentum 0.9.  A note on stderr says
+ * when OpenBLAS runs weaker kernels than the CPU has (an
+ * OPENBLAS_CORETYPE in the environment).  Prints one line:
  * "RESULT impl=beed model=mlp batch=B threads=T samples_per_s=... loss=..."
  */
 #include "trainer.h"
@@ -23,17 +25,19 @@ static double now_s(void) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: bench-train [--model mlp] [--batch B] [--threads T]\n"
+  fprintf(f, "usage: bench-train [--model mlp|cnn] [--batch B] [--threads T]\n"
              "                   [--steps N] [--warmup W] [--data DIR]\n"
-             "  defaults: mlp 784-256-10, batch 256, 1 thread, 400 steps\n"
-             "  after 20, Fashion-MNIST from " TRN_FASHION_MNIST_DIR "\n");
+             "                   [--print-core]\n"
+             "  defaults: mlp 784-256-10 (cnn: trainer.h's default), batch\n"
+             "  256, 1 thread, 400 steps after 20, Fashion-MNIST from\n"
+             "  " TRN_FASHION_MNIST_DIR "\n");
 }
 
 int main(int argc, char **argv) {
   static const struct option lo[] = {
       {"model", 1, 0, 'm'}, {"batch", 1, 0, 'b'},  {"threads", 1, 0, 't'},
       {"steps", 1, 0, 's'}, {"warmup", 1, 0, 'w'}, {"data", 1, 0, 'd'},
-      {"help", 0, 0, 'h'},  {0, 0, 0, 0}};
+      {"help", 0, 0, 'h'},  {"print-core", 0, 0, 'P'}, {0, 0, 0, 0}};
   const char *model = "mlp", *dir = TRN_FASHION_MNIST_DIR;
   long batch = 256, threads = 1, steps = 400, warmup = 20;
   int c;
@@ -46,6 +50,12 @@ int main(int argc, char **argv) {
     case 'w': warmup = strtol(optarg, NULL, 10); break;
     case 'd': dir = optarg; break;
     case 'h': usage(stdout); return 0;
+    case 'P': { /* the better OPENBLAS_CORETYPE, or nothing */
+      char core[32], why[160];
+      if (trn_blas_better_core(core, sizeof core, why, sizeof why) == 1)
+        printf("%s\n", core);
+      return 0;
+    }
     default: usage(stderr); return 2;
     }
   }
@@ -54,7 +64,11 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  char err[512];
+  char err[512], core[32];
+  /* Say so when OpenBLAS was made to run weaker kernels than the CPU has
+   * (OPENBLAS_CORETYPE in the environment): the figures depend on it. */
+  if (trn_blas_better_core(core, sizeof core, err, sizeof err) == 1)
+    fprintf(stderr, "bench-train: note: %s\n", err);
   trn_images tr;
   int rc = trn_mnist_load(dir, "train", &tr, err, sizeof err);
   if (rc) {

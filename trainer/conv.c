@@ -1,0 +1,234 @@
+/* conv.c: the CPU layers for images (trainer-int.h): 2-D convolution by
+ * im2col and OpenBLAS, max pooling, dropout.
+ *
+ * Tensors are NCHW, row-major, as PyTorch's default layout, so weights
+ * (out channels, in channels, kh, kw) move between the two as they are.
+ * A convolution is done one sample at a time: the sample's patches are
+ * laid out as a matrix col (C k k, Ho Wo) and multiplied by W (Oc, C k k);
+ * the workspace for col stays one sample's size whatever the batch.
+ */
+#include "trainer-int.h"
+
+#include <cblas.h>
+#include <float.h>
+#include <string.h>
+
+/* The output columns j whose input column j + kj - pad lies inside the
+ * image: [*j0, *j1). */
+static void span(const trn__conv *cv, unsigned kj, unsigned *j0,
+                 unsigned *j1) {
+  int lo = (int)cv->pad - (int)kj, hi = (int)cv->w + (int)cv->pad - (int)kj;
+  *j0 = lo > 0 ? (unsigned)lo : 0;
+  *j1 = hi < 0 ? 0 : (unsigned)hi < cv->ow ? (unsigned)hi : cv->ow;
+  if (*j1 < *j0)
+    *j1 = *j0;
+}
+
+/* col (c k k, oh ow), its rows ld floats apart, from x (c, h, w): the
+ * patch of every output pixel, zero outside the image (padding).  Each
+ * row of a patch position is one copy of the image row's inside part
+ * between two runs of zeros. */
+static void im2col(const float *x, const trn__conv *cv, float *col,
+                   size_t ld) {
+  unsigned k = cv->k, oh = cv->oh, ow = cv->ow;
+  for (unsigned c = 0; c < cv->c; c++)
+    for (unsigned ki = 0; ki < k; ki++)
+      for (unsigned kj = 0; kj < k; kj++) {
+        float *row = col + ((size_t)(c * k + ki) * k + kj) * ld;
+        unsigned j0, j1;
+        span(cv, kj, &j0, &j1);
+        for (unsigned i = 0; i < oh; i++) {
+          int yi = (int)(i + ki) - (int)cv->pad;
+          float *r = row + (size_t)i * ow;
+          if (yi < 0 || yi >= (int)cv->h || j0 == j1) {
+            memset(r, 0, ow * sizeof *r);
+            continue;
+          }
+          const float *src = x + ((size_t)c * cv->h + (unsigned)yi) * cv->w;
+          memset(r, 0, j0 * sizeof *r);
+          memcpy(r + j0, src + (j0 + kj - cv->pad), (j1 - j0) * sizeof *r);
+          memset(r + j1, 0, (ow - j1) * sizeof *r);
+        }
+      }
+}
+
+/* The reverse: adds every patch entry of col (rows ld apart) back into
+ * dx (c, h, w). */
+static void col2im(const float *col, const trn__conv *cv, float *dx,
+                   size_t ld) {
+  unsigned k = cv->k, oh = cv->oh, ow = cv->ow;
+  memset(dx, 0, (size_t)cv->c * cv->h * cv->w * sizeof *dx);
+  for (unsigned c = 0; c < cv->c; c++)
+    for (unsigned ki = 0; ki < k; ki++)
+      for (unsigned kj = 0; kj < k; kj++) {
+        const float *row = col + ((size_t)(c * k + ki) * k + kj) * ld;
+        unsigned j0, j1;
+        span(cv, kj, &j0, &j1);
+        for (unsigned i = 0; i < oh; i++) {
+          int yi = (int)(i + ki) - (int)cv->pad;
+          if (yi < 0 || yi >= (int)cv->h)
+            continue;
+          float *dst = dx + ((size_t)c * cv->h + (unsigned)yi) * cv->w;
+          const float *r = row + (size_t)i * ow;
+          for (unsigned j = j0; j < j1; j++) /* j + kj >= pad from j0 */
+            dst[j + kj - cv->pad] += r[j];
+        }
+      }
+}
+
+/* The patches of samples n0 .. n0 + nb - 1 of x side by side: col (c k k,
+ * nb oh ow).  Returns nb oh ow, the row length. */
+static size_t chunk_cols(const trn__conv *cv, const float *x, size_t n0,
+                         size_t nb, float *col) {
+  size_t in = (size_t)cv->c * cv->h * cv->w, px = (size_t)cv->oh * cv->ow;
+  for (size_t s = 0; s < nb; s++)
+    im2col(x + (n0 + s) * in, cv, col + s * px, nb * px);
+  return nb * px;
+}
+
+void trn__conv_fwd(const trn__conv *cv, const float *x, const float *w,
+                   const float *b, float *y, size_t B, float *col,
+                   float *tmp) {
+  size_t px = (size_t)cv->oh * cv->ow;
+  size_t kk = (size_t)cv->c * cv->k * cv->k;
+  for (size_t n0 = 0; n0 < B; n0 += TRN__CONV_CHUNK) {
+    size_t nb = B - n0 < TRN__CONV_CHUNK ? B - n0 : TRN__CONV_CHUNK;
+    size_t ld = chunk_cols(cv, x, n0, nb, col);
+    /* tmp (oc, nb px) = W (oc, kk) . col (kk, nb px): one product for the
+     * chunk, then each sample's rows into y (n, oc, px) with the bias. */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)cv->oc,
+                (int)ld, (int)kk, 1.0f, w, (int)kk, col, (int)ld, 0.0f, tmp,
+                (int)ld);
+    for (size_t s = 0; s < nb; s++)
+      for (unsigned o = 0; o < cv->oc; o++) {
+        float *yo = y + ((n0 + s) * cv->oc + o) * px;
+        const float *t = tmp + o * ld + s * px;
+        for (size_t p = 0; p < px; p++)
+          yo[p] = t[p] + b[o];
+      }
+  }
+}
+
+void trn__conv_bwd(const trn__conv *cv, const float *x, const float *w,
+                   const float *dy, float *dx, float *dw, float *db, size_t B,
+                   float *col, float *tmp) {
+  size_t in = (size_t)cv->c * cv->h * cv->w, px = (size_t)cv->oh * cv->ow;
+  size_t kk = (size_t)cv->c * cv->k * cv->k;
+  for (size_t n0 = 0; n0 < B; n0 += TRN__CONV_CHUNK) {
+    size_t nb = B - n0 < TRN__CONV_CHUNK ? B - n0 : TRN__CONV_CHUNK;
+    size_t ld = chunk_cols(cv, x, n0, nb, col);
+    /* dy's rows side by side as tmp (oc, nb px); db from them. */
+    for (size_t s = 0; s < nb; s++)
+      for (unsigned o = 0; o < cv->oc; o++) {
+        const float *d = dy + ((n0 + s) * cv->oc + o) * px;
+        float *t = tmp + o * ld + s * px, sum = 0;
+        for (size_t p = 0; p < px; p++)
+          sum += t[p] = d[p];
+        db[o] += sum;
+      }
+    /* dW (oc, kk) += dy (oc, nb px) . col^T (nb px, kk) */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)cv->oc, (int)kk,
+                (int)ld, 1.0f, tmp, (int)ld, col, (int)ld, 1.0f, dw, (int)kk);
+    if (!dx)
+      continue;
+    /* dcol (kk, nb px) = W^T (kk, oc) . dy (oc, nb px), then into dx */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kk, (int)ld,
+                (int)cv->oc, 1.0f, w, (int)kk, tmp, (int)ld, 0.0f, col,
+                (int)ld);
+    for (size_t s = 0; s < nb; s++)
+      col2im(col + s * px, cv, dx + (n0 + s) * in, ld);
+  }
+}
+
+/* 2 x 2 windows, the common case, without the general loops: the first
+ * maximum in row-major order, a NaN taken as the maximum. */
+static void maxpool2(const float *x, float *y, uint32_t *arg, size_t planes,
+                     unsigned h, unsigned w) {
+  unsigned oh = h / 2, ow = w / 2;
+  for (size_t n = 0; n < planes; n++) {
+    const float *xp = x + n * h * w;
+    float *yp = y + n * oh * ow;
+    uint32_t *ap = arg + n * oh * ow;
+    for (unsigned i = 0; i < oh; i++) {
+      const float *r0 = xp + 2 * i * w, *r1 = r0 + w;
+      uint32_t base = 2 * i * w;
+      for (unsigned j = 0; j < ow; j++) {
+        float v = r0[2 * j];
+        uint32_t at = base + 2 * j;
+        float c1 = r0[2 * j + 1], c2 = r1[2 * j], c3 = r1[2 * j + 1];
+        if (c1 > v || (c1 != c1 && v == v))
+          v = c1, at = base + 2 * j + 1;
+        if (c2 > v || (c2 != c2 && v == v))
+          v = c2, at = base + w + 2 * j;
+        if (c3 > v || (c3 != c3 && v == v))
+          v = c3, at = base + w + 2 * j + 1;
+        yp[i * ow + j] = v;
+        ap[i * ow + j] = at;
+      }
+    }
+  }
+}
+
+void trn__maxpool_fwd(const float *x, float *y, uint32_t *arg, size_t B,
+                      unsigned c, unsigned h, unsigned w, unsigned k) {
+  unsigned oh = h / k, ow = w / k;
+  if (k == 2) {
+    maxpool2(x, y, arg, B * c, h, w);
+    return;
+  }
+  for (size_t n = 0; n < B * c; n++) {
+    const float *xp = x + n * h * w;
+    for (unsigned i = 0; i < oh; i++)
+      for (unsigned j = 0; j < ow; j++) {
+        /* The first maximum in row-major order wins, as in PyTorch; a
+         * NaN is taken as the maximum and propagates. */
+        uint32_t best = (i * k) * w + j * k;
+        float v = xp[best];
+        for (unsigned a = 0; a < k; a++)
+          for (unsigned b = 0; b < k; b++) {
+            uint32_t at = (i * k + a) * w + j * k + b;
+            if (xp[at] > v || (xp[at] != xp[at] && v == v))
+              v = xp[at], best = at;
+          }
+        y[n * oh * ow + i * ow + j] = v;
+        arg[n * oh * ow + i * ow + j] = best;
+      }
+  }
+}
+
+void trn__maxpool_bwd(const float *dy, const uint32_t *arg, float *dx,
+                      size_t B, unsigned c, unsigned h, unsigned w,
+                      unsigned k) {
+  unsigned oh = h / k, ow = w / k;
+  memset(dx, 0, B * c * h * w * sizeof *dx);
+  for (size_t n = 0; n < B * c; n++)
+    for (size_t p = 0; p < (size_t)oh * ow; p++)
+      dx[n * h * w + arg[n * oh * ow + p]] += dy[n * oh * ow + p];
+}
+
+/* A counter-based generator: the mask of a call depends only on the seed
+ * and the call's number, so a restored run draws the same masks. */
+static uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+void trn__dropout_fwd(const float *x, float *y, float *mask, size_t n,
+                      float p, uint64_t seed, uint64_t call) {
+  float keep = 1.0f / (1.0f - p);
+  uint64_t base = mix(seed ^ mix(call + 0x64726f70ull));
+  /* 2^-32 steps: p is compared with 32 random bits per element. */
+  uint64_t cut = (uint64_t)((double)p * 4294967296.0);
+  for (size_t i = 0; i < n; i++) {
+    uint64_t r = mix(base + 0x9e3779b97f4a7c15ull * (i + 1)) >> 32;
+    mask[i] = r < cut ? 0.0f : keep;
+    y[i] = x[i] * mask[i];
+  }
+}
+
+void trn__dropout_bwd(const float *mask, const float *dy, float *dx,
+                      size_t n) {
+  for (size_t i = 0; i < n; i++)
+    dx[i] = dy[i] * mask[i];
+}
