@@ -14,7 +14,9 @@ padding 2 to 4 channels, ReLU, max-pool 2, conv 5x5 to 6, ReLU, max-pool
 random inputs and labels, and what PyTorch computes from them: the
 logits, the mean cross-entropy, its gradients, and the parameters after 3
 steps (one batch each) of SGD with Nesterov momentum and weight decay, of
-SGD with momentum and dampening, and of AdamW.  The files are small
+SGD with momentum and dampening, of AdamW, of LAMB (written below from
+the paper, trust ratio per tensor, as trainer/optim.c does it), and of
+SGD after clip_grad_norm_ to 0.05.  The files are small
 (about 70 and 40 KB) and checked in, so the suite needs no PyTorch.
 
 Format: "BEEREF1\\n", then records: u32 name length, the name, u32 count,
@@ -57,13 +59,48 @@ def flat(model, grads=False):
     return torch.cat(out)
 
 
-def after(build, model0, make_opt, xs, ys):
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al. 2019, algorithm 2) with bias correction: Adam's
+    moments, u = m_hat / (sqrt(v_hat) + eps) + wd p, and p -= lr r u with
+    r = |p| / |u| per tensor (1 when either norm is 0)."""
+
+    def __init__(self, params, lr, betas, eps, weight_decay):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps,
+                                      weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for grp in self.param_groups:
+            b1, b2 = grp["betas"]
+            for p in grp["params"]:
+                st = self.state[p]
+                if not st:
+                    st["t"] = 0
+                    st["m"] = torch.zeros_like(p)
+                    st["v"] = torch.zeros_like(p)
+                st["t"] += 1
+                m, v, g = st["m"], st["v"], p.grad
+                m.mul_(b1).add_(g, alpha=1 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                bc1 = torch.tensor(1 - b1 ** st["t"], dtype=torch.float32)
+                bc2 = torch.tensor(1 - b2 ** st["t"], dtype=torch.float32)
+                u = (m / bc1) / ((v / bc2).sqrt() + grp["eps"])
+                u = u + grp["weight_decay"] * p
+                pn = p.double().norm()
+                un = u.double().norm()
+                r = (pn / un).float() if pn > 0 and un > 0 else 1.0
+                p.sub_(grp["lr"] * r * u)
+
+
+def after(build, model0, make_opt, xs, ys, clip=0):
     model = build()
     model.load_state_dict(model0.state_dict())
     opt = make_opt(model.parameters())
     for k in range(STEPS):
         opt.zero_grad()
         F.cross_entropy(model(xs[k]), ys[k]).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
     return flat(model)
 
@@ -90,6 +127,11 @@ def write(path, build, B, shape):
         ("adamw", after(build, model, lambda p: torch.optim.AdamW(
             p, lr=3e-3, betas=(0.9, 0.99), eps=1e-7, weight_decay=0.05),
             xs, ys)),
+        ("lamb", after(build, model, lambda p: Lamb(
+            p, lr=0.02, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
+            xs, ys)),
+        ("sgd_clipped", after(build, model, lambda p: torch.optim.SGD(
+            p, lr=0.1, momentum=0.9), xs, ys, clip=0.05)),
     ]
     with open(path, "wb") as f:
         f.write(b"BEEREF1\n")

@@ -7,7 +7,8 @@
  * them.  With the same weights and inputs our logits, mean loss and
  * gradients must agree to fp32 rounding, and so must the parameters after
  * three steps of SGD (Nesterov momentum and weight decay; momentum with
- * dampening) and of AdamW.  The two files' paths are the arguments (meson
+ * dampening; momentum after clipping the gradient's norm to 0.05), AdamW
+ * and LAMB (written from the paper in the generator).  The two files' paths are the arguments (meson
  * passes them).
  */
 #include "test.h"
@@ -95,18 +96,28 @@ static double close_to(const char *what, const float *a, const float *b,
 enum { STEPS = 3 };
 static size_t B;
 
+/* STEPS steps of the optimizer oc from p0, one batch each, the gradients
+ * clipped to a global norm of clip first (0: not). */
 static void run_optim(trn_model *m, const float *p0, const float *x,
                       const int32_t *y, const trn_optim_config *oc,
-                      const char *ref) {
+                      float clip, const char *ref) {
   size_t np = trn_model_nparams(m), in = trn_model_inputs(m);
   memcpy(trn_model_params(m), p0, np * sizeof(float));
   trn_optim *o;
   ASSERT_EQ(trn_optim_new(oc, np, &o), 0);
+  size_t ends[64];
+  size_t ne = trn_model_tensors(m, ends, 64);
+  ASSERT(ne <= 64);
+  ASSERT_EQ(trn_optim_set_tensors(o, ends, ne), 0);
   for (int k = 0; k < STEPS; k++) {
     trn_model_zero_grad(m);
     ASSERT_EQ(trn_model_train_batch(m, x + (size_t)k * B * in, y + k * B, B,
                                     NULL),
               0);
+    if (clip > 0) {
+      double norm = trn_grad_clip(trn_model_grads(m), np, 1.0f / B, clip);
+      ASSERT(norm > clip); /* the case clips */
+    }
     ASSERT_EQ(trn_optim_step(o, trn_model_params(m), trn_model_grads(m),
                              1.0f / B),
               0);
@@ -155,14 +166,20 @@ static void check(const char *path, const trn_model_config *c, size_t batch,
   trn_optim_config_default(&oc, TRN_SGD);
   oc.lr = 0.05f, oc.momentum = 0.9f, oc.nesterov = true;
   oc.weight_decay = 5e-4f;
-  run_optim(m, p0, x, y, &oc, "sgd_nesterov");
+  run_optim(m, p0, x, y, &oc, 0, "sgd_nesterov");
   trn_optim_config_default(&oc, TRN_SGD);
   oc.lr = 0.1f, oc.momentum = 0.8f, oc.dampening = 0.25f;
-  run_optim(m, p0, x, y, &oc, "sgd_dampening");
+  run_optim(m, p0, x, y, &oc, 0, "sgd_dampening");
   trn_optim_config_default(&oc, TRN_ADAMW);
   oc.lr = 3e-3f, oc.beta1 = 0.9f, oc.beta2 = 0.99f, oc.eps = 1e-7f;
   oc.weight_decay = 0.05f;
-  run_optim(m, p0, x, y, &oc, "adamw");
+  run_optim(m, p0, x, y, &oc, 0, "adamw");
+  trn_optim_config_default(&oc, TRN_LAMB);
+  oc.lr = 0.02f, oc.eps = 1e-6f, oc.weight_decay = 0.01f;
+  run_optim(m, p0, x, y, &oc, 0, "lamb");
+  trn_optim_config_default(&oc, TRN_SGD);
+  oc.lr = 0.1f, oc.momentum = 0.9f;
+  run_optim(m, p0, x, y, &oc, 0.05f, "sgd_clipped");
   trn_model_free(m);
 }
 
@@ -182,6 +199,29 @@ int main(int argc, char **argv) {
   c.conv[0] = 4, c.conv[1] = 6, c.dense = 16, c.dropout = 0;
   c.max_batch = 8;
   check(argv[2], &c, 8, "cnn 1x12x12, conv 4 and 6, dense 16");
+
+  /* Schedules, at the steps whose rates are known exactly. */
+  trn_sched sc = {.kind = TRN_SCHED_COSINE, .lr = 1, .min_lr = 0,
+                  .warmup = 10, .total = 110};
+  ASSERT(fabsf(trn_sched_lr(&sc, 0) - 0.1f) < 1e-7f);
+  ASSERT(fabsf(trn_sched_lr(&sc, 4) - 0.5f) < 1e-7f);
+  ASSERT(trn_sched_lr(&sc, 10) == 1.0f);
+  ASSERT(fabsf(trn_sched_lr(&sc, 60) - 0.5f) < 1e-6f);
+  ASSERT(fabsf(trn_sched_lr(&sc, 110)) < 1e-7f);
+  ASSERT(fabsf(trn_sched_lr(&sc, 500)) < 1e-7f);
+  sc.kind = TRN_SCHED_LINEAR, sc.min_lr = 0.2f;
+  ASSERT(fabsf(trn_sched_lr(&sc, 60) - 0.6f) < 1e-6f);
+  ASSERT(fabsf(trn_sched_lr(&sc, 110) - 0.2f) < 1e-7f);
+  sc.kind = TRN_SCHED_CONST;
+  ASSERT(trn_sched_lr(&sc, 1000) == 1.0f);
+  /* Clipping: max 0 never clips; a NaN is reported and left alone. */
+  float g[3] = {3, 4, 0};
+  ASSERT(trn_grad_clip(g, 3, 1, 0) == 5 && g[0] == 3);
+  ASSERT(fabs(trn_grad_clip(g, 3, 0.5f, 1) - 2.5) < 1e-12);
+  ASSERT(fabsf(g[0] - 3 * (float)(1 / (2.5 + 1e-6))) < 1e-6f);
+  g[2] = NAN;
+  float g1 = g[1];
+  ASSERT(isnan(trn_grad_clip(g, 3, 1, 1)) && g[1] == g1);
 
   /* Settings PyTorch refuses are refused here too. */
   trn_optim *o;

@@ -299,6 +299,22 @@ float *trn_model_params(trn_model *m) { return m->params; }
 float *trn_model_grads(trn_model *m) { return m->grads; }
 size_t trn_model_classes(const trn_model *m) { return m->classes; }
 size_t trn_model_inputs(const trn_model *m) { return m->in; }
+size_t trn_model_tensors(const trn_model *m, size_t *ends, size_t max) {
+  size_t k = 0;
+  for (size_t i = 0; i < m->nl; i++) {
+    const layer *L = &m->l[i];
+    if (!L->nparams)
+      continue;
+    if (k < max)
+      ends[k] = L->b_off; /* the weight ends where the bias starts */
+    k++;
+    if (k < max)
+      ends[k] = L->w_off + L->nparams;
+    k++;
+  }
+  return k;
+}
+
 uint64_t trn_model_dropout_calls(const trn_model *m) {
   return m->dropout_calls;
 }

@@ -1,11 +1,14 @@
-/* optim.c: optimizers over flat buffers (trainer.h, "Optimizers").
+/* optim.c: optimizers over flat buffers, gradient clipping and
+ * learning-rate schedules (trainer.h, "Optimizers").
  *
  * An optimizer step is separate from backward: the daemon takes it after
  * the swarm has averaged the gradients.  Its state is one flat float
- * buffer (momentum; or AdamW's first and second moments), so it can be
- * averaged and checkpointed like the parameters.  The updates follow
- * PyTorch's torch.optim.SGD and torch.optim.AdamW operation by operation,
- * so that a reference computed there agrees to fp32 rounding.
+ * buffer (momentum; or the first and second moments of AdamW and LAMB),
+ * so it can be averaged and checkpointed like the parameters.  SGD and
+ * AdamW follow PyTorch's torch.optim.SGD and torch.optim.AdamW operation
+ * by operation, so that a reference computed there agrees to fp32
+ * rounding; LAMB follows the paper (You et al., 2019, algorithm 2, with
+ * bias correction), its trust ratio taken per parameter tensor.
  */
 #include "trainer-int.h"
 
@@ -17,15 +20,17 @@
 struct trn_optim {
   trn_optim_config cfg;
   size_t n;
-  float *state; /* SGD: momentum (n); AdamW: m (n), then v (n) */
+  float *state; /* SGD: momentum (n); AdamW, LAMB: m (n), then v (n) */
   size_t nstate;
   uint64_t steps;
+  size_t *ends;  /* LAMB: where each parameter tensor ends */
+  size_t nends;
 };
 
 void trn_optim_config_default(trn_optim_config *c, int kind) {
   memset(c, 0, sizeof *c);
   c->kind = kind;
-  if (kind == TRN_ADAMW) {
+  if (kind == TRN_ADAMW || kind == TRN_LAMB) {
     c->lr = 1e-3f;
     c->beta1 = 0.9f;
     c->beta2 = 0.999f;
@@ -49,7 +54,7 @@ int trn_optim_new(const trn_optim_config *c, size_t nparams, trn_optim **out) {
         (c->nesterov && (c->momentum <= 0 || c->dampening != 0)))
       return -EINVAL; /* PyTorch refuses Nesterov without momentum too */
     per = c->momentum > 0 ? 1 : 0;
-  } else if (c->kind == TRN_ADAMW) {
+  } else if (c->kind == TRN_ADAMW || c->kind == TRN_LAMB) {
     if (!finite_nonneg(c->beta1) || c->beta1 >= 1 ||
         !finite_nonneg(c->beta2) || c->beta2 >= 1 || !(c->eps > 0) ||
         !isfinite(c->eps))
@@ -76,7 +81,24 @@ void trn_optim_free(trn_optim *o) {
   if (!o)
     return;
   free(o->state);
+  free(o->ends);
   free(o);
+}
+
+int trn_optim_set_tensors(trn_optim *o, const size_t *ends, size_t n) {
+  if (n == 0 || ends[n - 1] != o->n)
+    return -EINVAL;
+  for (size_t i = 0; i < n; i++)
+    if (ends[i] == 0 || (i && ends[i] <= ends[i - 1]))
+      return -EINVAL;
+  size_t *e = malloc(n * sizeof *e);
+  if (!e)
+    return -ENOMEM;
+  memcpy(e, ends, n * sizeof *e);
+  free(o->ends);
+  o->ends = e;
+  o->nends = n;
+  return 0;
 }
 
 float *trn_optim_state(trn_optim *o, size_t *n) {
@@ -133,14 +155,93 @@ static void adamw(trn_optim *o, float *p, const float *g, float scale) {
   }
 }
 
+/* LAMB over the tensor [a, b): the moments as AdamW's, the update
+ * u = m / bc1 / (sqrt(v / bc2) + eps) + wd p, and p -= lr r u with the
+ * trust ratio r = |p| / |u| (1 when either is 0).  u is computed twice
+ * (for its norm, then for the step) rather than stored. */
+static void lamb_tensor(trn_optim *o, float *p, const float *g, float scale,
+                        size_t a, size_t b, float bc1, float bc2) {
+  const trn_optim_config *c = &o->cfg;
+  float *m = o->state, *v = o->state + o->n;
+  double pn = 0, un = 0;
+  for (size_t i = a; i < b; i++) {
+    float gi = g[i] * scale;
+    m[i] = m[i] * c->beta1 + (1 - c->beta1) * gi;
+    v[i] = v[i] * c->beta2 + (1 - c->beta2) * gi * gi;
+    float u = (m[i] / bc1) / (sqrtf(v[i] / bc2) + c->eps) +
+              c->weight_decay * p[i];
+    pn += (double)p[i] * p[i];
+    un += (double)u * u;
+  }
+  float trust = pn > 0 && un > 0 ? (float)(sqrt(pn) / sqrt(un)) : 1.0f;
+  float step = c->lr * trust;
+  for (size_t i = a; i < b; i++) {
+    float u = (m[i] / bc1) / (sqrtf(v[i] / bc2) + c->eps) +
+              c->weight_decay * p[i];
+    p[i] = p[i] - step * u;
+  }
+}
+
+static void lamb(trn_optim *o, float *p, const float *g, float scale) {
+  double t = (double)(o->steps + 1);
+  float bc1 = (float)(1 - pow(o->cfg.beta1, t));
+  float bc2 = (float)(1 - pow(o->cfg.beta2, t));
+  size_t a = 0;
+  if (!o->nends) { /* no tensors given: the buffer is one */
+    lamb_tensor(o, p, g, scale, 0, o->n, bc1, bc2);
+    return;
+  }
+  for (size_t i = 0; i < o->nends; i++) {
+    lamb_tensor(o, p, g, scale, a, o->ends[i], bc1, bc2);
+    a = o->ends[i];
+  }
+}
+
 int trn_optim_step(trn_optim *o, float *params, const float *grads,
                    float scale) {
   if (!isfinite(scale))
     return -EINVAL;
   if (o->cfg.kind == TRN_SGD)
     sgd(o, params, grads, scale);
-  else
+  else if (o->cfg.kind == TRN_ADAMW)
     adamw(o, params, grads, scale);
+  else
+    lamb(o, params, grads, scale);
   o->steps++;
   return 0;
+}
+
+/* ---- gradient clipping ------------------------------------------------------ */
+
+double trn_grad_clip(float *g, size_t n, float scale, float max_norm) {
+  double ss = 0;
+  for (size_t i = 0; i < n; i++) {
+    double x = (double)g[i] * scale;
+    ss += x * x;
+  }
+  double norm = sqrt(ss);
+  /* As torch.nn.utils.clip_grad_norm_: max / (norm + 1e-6), at most 1. */
+  if (max_norm > 0 && isfinite(norm)) {
+    float coef = (float)(max_norm / (norm + 1e-6));
+    if (coef < 1)
+      for (size_t i = 0; i < n; i++)
+        g[i] *= coef;
+  }
+  return norm;
+}
+
+/* ---- learning-rate schedules ------------------------------------------------ */
+
+float trn_sched_lr(const trn_sched *s, uint64_t step) {
+  if (step < s->warmup) /* linear from lr / warmup to lr */
+    return (float)((double)s->lr * (double)(step + 1) / (double)s->warmup);
+  if (s->kind == TRN_SCHED_CONST || s->total <= s->warmup)
+    return s->lr;
+  double f = (double)(step - s->warmup) / (double)(s->total - s->warmup);
+  if (f > 1)
+    f = 1;
+  double span = (double)s->lr - s->min_lr;
+  if (s->kind == TRN_SCHED_COSINE)
+    return (float)(s->min_lr + span * 0.5 * (1 + cos(M_PI * f)));
+  return (float)(s->lr - span * f); /* TRN_SCHED_LINEAR */
 }

@@ -247,6 +247,10 @@ int trn_model_eval_batch(trn_model *m, const float *x, const int32_t *y,
                          size_t B, double *loss, size_t *correct);
 /* The logits (B, classes) of the last batch. */
 const float *trn_model_logits(const trn_model *m);
+/* The end offset of each parameter tensor (weight, bias, ...) in the flat
+ * buffers, for LAMB's per-tensor trust ratio: up to max into ends;
+ * returns how many there are (more than max: call again with room). */
+size_t trn_model_tensors(const trn_model *m, size_t *ends, size_t max);
 /* Dropout masks depend on the seed and on how many have been drawn: a
  * checkpoint keeps the count, a restore sets it, and the run goes on with
  * the same masks. */
@@ -264,22 +268,23 @@ int trn_blas_better_core(char *name, size_t name_len, char *why,
 
 /* ------------------------------------------------------------------------ */
 /* Optimizers.  A step is separate from backward; the state is one flat      */
-/* buffer.  Updates as torch.optim.SGD and torch.optim.AdamW.               */
+/* buffer.  SGD and AdamW as torch.optim computes them; LAMB as the paper    */
+/* (You et al. 2019, with bias correction), trust ratio per tensor.         */
 
-enum { TRN_SGD = 1, TRN_ADAMW };
+enum { TRN_SGD = 1, TRN_ADAMW, TRN_LAMB };
 
 typedef struct trn_optim_config {
   int kind;
   float lr, weight_decay;
-  float momentum, dampening; /* SGD */
-  bool nesterov;             /* SGD, needs momentum and no dampening */
-  float beta1, beta2, eps;   /* AdamW */
+  float momentum, dampening;    /* SGD */
+  bool nesterov;                /* SGD, needs momentum and no dampening */
+  float beta1, beta2, eps;      /* AdamW, LAMB */
 } trn_optim_config;
 
 typedef struct trn_optim trn_optim;
 
-/* SGD: lr 0.01, nothing else; AdamW: lr 1e-3, betas 0.9 and 0.999, eps
- * 1e-8, weight decay 0.01 (PyTorch's defaults). */
+/* SGD: lr 0.01, nothing else; AdamW and LAMB: lr 1e-3, betas 0.9 and
+ * 0.999, eps 1e-8, weight decay 0.01 (PyTorch's AdamW defaults). */
 void trn_optim_config_default(trn_optim_config *c, int kind);
 /* Returns 0, -EINVAL for a setting out of range, -ENOMEM. */
 int trn_optim_new(const trn_optim_config *c, size_t nparams, trn_optim **out);
@@ -288,11 +293,34 @@ void trn_optim_free(trn_optim *o);
  * the gradients are sums).  -EINVAL for a scale that is not finite. */
 int trn_optim_step(trn_optim *o, float *params, const float *grads,
                    float scale);
+/* LAMB's tensors: the end offset of each parameter tensor in the flat
+ * buffer, increasing, the last the buffer's size (trn_model_tensors gives
+ * them).  Without, LAMB takes the whole buffer as one tensor.  0, -EINVAL
+ * or -ENOMEM. */
+int trn_optim_set_tensors(trn_optim *o, const size_t *ends, size_t n);
 /* The state (*n floats; NULL and 0 for plain SGD), the optimizer's own. */
 float *trn_optim_state(trn_optim *o, size_t *n);
 uint64_t trn_optim_steps(const trn_optim *o);
 void trn_optim_set_steps(trn_optim *o, uint64_t steps); /* restoring */
 void trn_optim_set_lr(trn_optim *o, float lr);          /* schedules */
+
+/* Clips the gradient g (n floats, to be multiplied by scale) to a global
+ * norm of max_norm, as torch.nn.utils.clip_grad_norm_: multiplied by
+ * max_norm / (norm + 1e-6) when that is below 1 (max_norm 0: never).
+ * Returns the norm before clipping (of g x scale; not finite when g
+ * holds a NaN or infinity, which is then left as it is). */
+double trn_grad_clip(float *g, size_t n, float scale, float max_norm);
+
+/* Learning rate by step: a linear warmup from lr / warmup to lr over
+ * `warmup` steps, then constant, or a cosine or linear decay to min_lr at
+ * step `total` (and min_lr after). */
+enum { TRN_SCHED_CONST = 0, TRN_SCHED_COSINE, TRN_SCHED_LINEAR };
+typedef struct trn_sched {
+  int kind;
+  float lr, min_lr;
+  uint64_t warmup, total;
+} trn_sched;
+float trn_sched_lr(const trn_sched *s, uint64_t step);
 
 #ifdef __cplusplus
 }
