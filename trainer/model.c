@@ -299,6 +299,22 @@ float *trn_model_params(trn_model *m) { return m->params; }
 float *trn_model_grads(trn_model *m) { return m->grads; }
 size_t trn_model_classes(const trn_model *m) { return m->classes; }
 size_t trn_model_inputs(const trn_model *m) { return m->in; }
+uint64_t trn__model_shape_hash(const trn_model *m) {
+  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a over what fixes the layout */
+  uint64_t v[12];
+  for (size_t i = 0; i < m->nl; i++) {
+    const layer *L = &m->l[i];
+    v[0] = (uint64_t)L->kind, v[1] = L->in, v[2] = L->out, v[3] = L->c;
+    v[4] = L->h, v[5] = L->w, v[6] = L->k, v[7] = L->cv.oc;
+    v[8] = L->cv.k, v[9] = L->cv.pad, v[10] = L->nparams, v[11] = L->w_off;
+    for (size_t k = 0; k < sizeof v; k++) {
+      h ^= ((const uint8_t *)v)[k];
+      h *= 0x100000001b3ull;
+    }
+  }
+  return h;
+}
+
 size_t trn_model_tensors(const trn_model *m, size_t *ends, size_t max) {
   size_t k = 0;
   for (size_t i = 0; i < m->nl; i++) {
@@ -313,6 +329,11 @@ size_t trn_model_tensors(const trn_model *m, size_t *ends, size_t max) {
     k++;
   }
   return k;
+}
+
+uint64_t trn__model_dropout_seed(const trn_model *m) { return m->cfg.seed; }
+void trn__model_set_dropout_seed(trn_model *m, uint64_t seed) {
+  m->cfg.seed = seed;
 }
 
 uint64_t trn_model_dropout_calls(const trn_model *m) {

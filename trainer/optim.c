@@ -108,6 +108,8 @@ float *trn_optim_state(trn_optim *o, size_t *n) {
 
 uint64_t trn_optim_steps(const trn_optim *o) { return o->steps; }
 
+int trn_optim_kind(const trn_optim *o) { return o->cfg.kind; }
+
 void trn_optim_set_steps(trn_optim *o, uint64_t steps) { o->steps = steps; }
 
 void trn_optim_set_lr(trn_optim *o, float lr) {

@@ -46,6 +46,16 @@ int trn__cuda_bind(int index);
 /* Returns cudnnGetVersion(), or 0 without CUDA. */
 size_t trn__cudnn_version(void);
 
+/* ---- model.c ------------------------------------------------------------- */
+
+/* A hash of the model's layer list (kinds, shapes, parameter offsets):
+ * equal for two models whose flat buffers mean the same thing. */
+uint64_t trn__model_shape_hash(const trn_model *m);
+/* The seed the dropout masks are drawn from (the config's, until a
+ * checkpoint sets the saved run's). */
+uint64_t trn__model_dropout_seed(const trn_model *m);
+void trn__model_set_dropout_seed(trn_model *m, uint64_t seed);
+
 /* ---- layers.c: the CPU layers ------------------------------------------- */
 
 /* y (B, out) = x (B, in) . W^T + b, W (out, in). */

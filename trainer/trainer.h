@@ -301,6 +301,7 @@ int trn_optim_set_tensors(trn_optim *o, const size_t *ends, size_t n);
 /* The state (*n floats; NULL and 0 for plain SGD), the optimizer's own. */
 float *trn_optim_state(trn_optim *o, size_t *n);
 uint64_t trn_optim_steps(const trn_optim *o);
+int trn_optim_kind(const trn_optim *o); /* TRN_SGD, ... */
 void trn_optim_set_steps(trn_optim *o, uint64_t steps); /* restoring */
 void trn_optim_set_lr(trn_optim *o, float lr);          /* schedules */
 
@@ -321,6 +322,27 @@ typedef struct trn_sched {
   uint64_t warmup, total;
 } trn_sched;
 float trn_sched_lr(const trn_sched *s, uint64_t step);
+
+/* ------------------------------------------------------------------------ */
+/* Checkpoints: parameters, optimizer state and steps, the data order's      */
+/* place, the dropout masks' seed and count, and four numbers of the         */
+/* caller's; enough for a run to go on with the same bits.                  */
+
+/* Writes path atomically (a temporary file beside it, flushed, renamed
+ * over it).  o, ord and user may be NULL.  Returns 0 or -errno, with err
+ * saying what failed. */
+int trn_ckpt_save(const char *path, trn_model *m, trn_optim *o,
+                  const trn_order *ord, const uint64_t user[4], char *err,
+                  size_t err_len);
+/* Reads path into m (and o, ord, user where not NULL).  The file is
+ * checked whole first (magic, version, the model's shape, the optimizer's
+ * kind and size, the order's size, its length, CRC-32); on any error
+ * nothing is changed and err names the file and what is wrong: -errno
+ * when it cannot be read, -EBADMSG when it is damaged or truncated,
+ * -EINVAL when it belongs to another model, optimizer or dataset. */
+int trn_ckpt_load(const char *path, trn_model *m, trn_optim *o,
+                  trn_order *ord, uint64_t user[4], char *err,
+                  size_t err_len);
 
 #ifdef __cplusplus
 }
