@@ -62,29 +62,15 @@ int main(void) {
       loss_sum += l, seen += BATCH;
   }
   double train_s = now_s() - t0;
-  /* The test set in order, in batches. */
-  trn_order seq;
-  ASSERT_EQ(trn_order_init(&seq, te.n, NULL, 0, 0, 0), 0);
-  for (size_t i = 0; i < te.n; i++)
-    seq.idx[i] = (uint32_t)i; /* every image once, in file order */
-  size_t right = 0;
-  double test_loss = 0;
-  for (size_t at = 0; at < te.n; at += BATCH) {
-    size_t b = te.n - at < BATCH ? te.n - at : BATCH, r;
-    double l;
-    ASSERT_EQ(trn_images_batch(&te, &seq, b, &MEAN, &STD, x, y), 0);
-    ASSERT_EQ(trn_model_eval_batch(m, x, y, b, &l, &r), 0);
-    right += r;
-    test_loss += l;
-  }
-  double acc = 100.0 * (double)right / (double)te.n;
+  double test_loss, acc;
+  ASSERT_EQ(trn_model_evaluate(m, &te, &MEAN, &STD, &test_loss, &acc), 0);
+  acc *= 100;
   printf("mlp 784-256-10, %d epochs of SGD on 1 thread: %.1f s (%.0f "
          "samples/s); last epoch's loss %.4f; test loss %.4f, accuracy "
          "%.2f%%\n",
          EPOCHS, train_s, (double)(steps * BATCH) / train_s,
-         loss_sum / (double)seen, test_loss / (double)te.n, acc);
+         loss_sum / (double)seen, test_loss, acc);
   ASSERT(acc >= 85.0);
-  trn_order_free(&seq);
   trn_order_free(&ord);
   trn_optim_free(o);
   trn_model_free(m);

@@ -237,7 +237,7 @@ static void test_conv(void) {
   double yr[NY];
   conv_ref(CX, CWt, CBs, yr, CB, CC, CH, CW, CO, CK, CP);
   close_vec("conv y", y, yr, NY, 1e-5);
-  trn__conv_bwd(&cv, x, w, dy, dx, dw, db, CB, col, tmp);
+  trn__conv_bwd(&cv, x, w, y, dy, dx, dw, db, CB, col, tmp);
   double gx[NX], gw[NW], gb[CO];
   numgrad(f_conv, CX, NX, gx);
   numgrad(f_conv, CWt, NW, gw);
@@ -256,11 +256,11 @@ static void test_conv(void) {
   for (int i = 0; i < BB * SY; i++)
     bdy[i] = (float)rnd();
   trn__conv_fwd(&cv, bx, w, b, by, BB, col, tmp);
-  trn__conv_bwd(&cv, bx, w, bdy, bdx, bdw, bdb, BB, col, tmp);
+  trn__conv_bwd(&cv, bx, w, by, bdy, bdx, bdw, bdb, BB, col, tmp);
   for (int n = 0; n < BB; n++) {
     trn__conv_fwd(&cv, bx + n * SX, w, b, one_y, 1, col, tmp);
-    trn__conv_bwd(&cv, bx + n * SX, w, bdy + n * SY, one_dx, sdw, sdb, 1,
-                  col, tmp);
+    trn__conv_bwd(&cv, bx + n * SX, w, one_y, bdy + n * SY, one_dx, sdw, sdb,
+                  1, col, tmp);
     for (int i = 0; i < SY; i++)
       ASSERT(fabsf(one_y[i] - by[n * SY + i]) <= 1e-5f * (1 + fabsf(one_y[i])));
     for (int i = 0; i < SX; i++)

@@ -103,27 +103,39 @@ void trn__conv_fwd(const trn__conv *cv, const float *x, const float *w,
       for (unsigned o = 0; o < cv->oc; o++) {
         float *yo = y + ((n0 + s) * cv->oc + o) * px;
         const float *t = tmp + o * ld + s * px;
-        for (size_t p = 0; p < px; p++)
-          yo[p] = t[p] + b[o];
+        if (cv->relu)
+          for (size_t p = 0; p < px; p++) {
+            float v = t[p] + b[o];
+            yo[p] = v > 0 ? v : 0;
+          }
+        else
+          for (size_t p = 0; p < px; p++)
+            yo[p] = t[p] + b[o];
       }
   }
 }
 
 void trn__conv_bwd(const trn__conv *cv, const float *x, const float *w,
-                   const float *dy, float *dx, float *dw, float *db, size_t B,
-                   float *col, float *tmp) {
+                   const float *y, const float *dy, float *dx, float *dw,
+                   float *db, size_t B, float *col, float *tmp) {
   size_t in = (size_t)cv->c * cv->h * cv->w, px = (size_t)cv->oh * cv->ow;
   size_t kk = (size_t)cv->c * cv->k * cv->k;
   for (size_t n0 = 0; n0 < B; n0 += TRN__CONV_CHUNK) {
     size_t nb = B - n0 < TRN__CONV_CHUNK ? B - n0 : TRN__CONV_CHUNK;
     size_t ld = chunk_cols(cv, x, n0, nb, col);
-    /* dy's rows side by side as tmp (oc, nb px); db from them. */
+    /* dy's rows side by side as tmp (oc, nb px), through the fused relu
+     * (where its output was 0, so is the gradient); db from them. */
     for (size_t s = 0; s < nb; s++)
       for (unsigned o = 0; o < cv->oc; o++) {
-        const float *d = dy + ((n0 + s) * cv->oc + o) * px;
+        size_t at = ((n0 + s) * cv->oc + o) * px;
+        const float *d = dy + at, *yo = y + at;
         float *t = tmp + o * ld + s * px, sum = 0;
-        for (size_t p = 0; p < px; p++)
-          sum += t[p] = d[p];
+        if (cv->relu)
+          for (size_t p = 0; p < px; p++)
+            sum += t[p] = yo[p] > 0 ? d[p] : 0;
+        else
+          for (size_t p = 0; p < px; p++)
+            sum += t[p] = d[p];
         db[o] += sum;
       }
     /* dW (oc, kk) += dy (oc, nb px) . col^T (nb px, kk) */

@@ -116,12 +116,14 @@ static void add_linear(trn_model *m, shape *s, unsigned out) {
   *s = (shape){out, 1, 1};
 }
 
+/* A convolution, with a relu fused in when relu is set (one pass over the
+ * output instead of three: conv.c). */
 static void add_conv(trn_model *m, shape *s, unsigned oc, unsigned k,
-                     unsigned pad) {
+                     unsigned pad, bool relu) {
   layer *L = add(m, L_CONV, s);
   trn__conv *cv = &L->cv;
   cv->c = s->c, cv->h = s->h, cv->w = s->w;
-  cv->oc = oc, cv->k = k, cv->pad = pad;
+  cv->oc = oc, cv->k = k, cv->pad = pad, cv->relu = relu;
   cv->oh = s->h + 2 * pad - k + 1;
   cv->ow = s->w + 2 * pad - k + 1;
   L->w_off = m->nparams;
@@ -187,8 +189,7 @@ static int build(trn_model *m, const trn_model_config *cfg, char *err,
                        (double)cfg->dropout);
     shape s = {cfg->in_c, cfg->in_h, cfg->in_w};
     for (int i = 0; i < 2; i++) {
-      add_conv(m, &s, cfg->conv[i], 5, 2);
-      add(m, L_RELU, &s);
+      add_conv(m, &s, cfg->conv[i], 5, 2, true);
       add_pool(m, &s, 2);
     }
     add_linear(m, &s, cfg->dense);
@@ -306,7 +307,8 @@ uint64_t trn__model_shape_hash(const trn_model *m) {
     const layer *L = &m->l[i];
     v[0] = (uint64_t)L->kind, v[1] = L->in, v[2] = L->out, v[3] = L->c;
     v[4] = L->h, v[5] = L->w, v[6] = L->k, v[7] = L->cv.oc;
-    v[8] = L->cv.k, v[9] = L->cv.pad, v[10] = L->nparams, v[11] = L->w_off;
+    v[8] = L->cv.k | (uint64_t)L->cv.relu << 32, v[9] = L->cv.pad;
+    v[10] = L->nparams, v[11] = L->w_off;
     for (size_t k = 0; k < sizeof v; k++) {
       h ^= ((const uint8_t *)v)[k];
       h *= 0x100000001b3ull;
@@ -407,7 +409,7 @@ int trn_model_train_batch(trn_model *m, const float *x, const int32_t *y,
       trn__linear_bwd(in, w, d, dx, dw, db, B, L->in, L->out);
       break;
     case L_CONV:
-      trn__conv_bwd(&L->cv, in, w, d, dx, dw, db, B, m->col, m->tmp);
+      trn__conv_bwd(&L->cv, in, w, L->y, d, dx, dw, db, B, m->col, m->tmp);
       break;
     case L_RELU:
       if (dx)
@@ -445,6 +447,39 @@ int trn_model_eval_batch(trn_model *m, const float *x, const int32_t *y,
 }
 
 const float *trn_model_logits(const trn_model *m) { return m->l[m->nl - 1].y; }
+
+int trn_model_evaluate(trn_model *m, const trn_images *d, const float *mean,
+                       const float *std, double *loss, double *accuracy) {
+  size_t B = m->cfg.max_batch;
+  if (!d->n || (size_t)d->c * d->h * d->w != m->in)
+    return -EINVAL;
+  float *x = malloc(B * m->in * sizeof *x);
+  int32_t *y = malloc(B * sizeof *y);
+  trn_order seq = {0};
+  int rc = x && y ? trn_order_init(&seq, d->n, NULL, 0, 0, 0) : -ENOMEM;
+  for (size_t i = 0; !rc && i < d->n; i++)
+    seq.idx[i] = (uint32_t)i; /* every item once, in order */
+  double sum = 0;
+  size_t right = 0;
+  for (size_t at = 0; !rc && at < d->n; at += B) {
+    size_t b = d->n - at < B ? d->n - at : B, r;
+    double l;
+    rc = trn_images_batch(d, &seq, b, mean, std, x, y);
+    if (!rc)
+      rc = trn_model_eval_batch(m, x, y, b, &l, &r);
+    sum += l, right += r;
+  }
+  if (!rc) {
+    if (loss)
+      *loss = sum / (double)d->n;
+    if (accuracy)
+      *accuracy = (double)right / (double)d->n;
+  }
+  trn_order_free(&seq);
+  free(x);
+  free(y);
+  return rc;
+}
 
 void trn_cpu_threads_set(int n) {
   if (n > 0)

@@ -81,6 +81,7 @@ double trn__softmax_ce(const float *logits, const int32_t *labels, float *dl,
  * zero padding pad; oh = h + 2 pad - k + 1. */
 typedef struct trn__conv {
   unsigned c, h, w, oc, oh, ow, k, pad;
+  bool relu; /* a relu fused in: y = max(conv, 0), and backward through it */
 } trn__conv;
 
 /* Samples whose patches go into one matrix product: large enough to keep
@@ -92,10 +93,11 @@ typedef struct trn__conv {
 void trn__conv_fwd(const trn__conv *cv, const float *x, const float *w,
                    const float *b, float *y, size_t B, float *col,
                    float *tmp);
-/* dW and db += their gradients; dx (NULL: not wanted) = the input's. */
+/* dW and db += their gradients; dx (NULL: not wanted) = the input's.  y
+ * is the forward's output (read only with a fused relu). */
 void trn__conv_bwd(const trn__conv *cv, const float *x, const float *w,
-                   const float *dy, float *dx, float *dw, float *db, size_t B,
-                   float *col, float *tmp);
+                   const float *y, const float *dy, float *dx, float *dw,
+                   float *db, size_t B, float *col, float *tmp);
 /* k x k windows, stride k: y (B, c, h / k, w / k) and where each maximum
  * was (its index in its channel's plane). */
 void trn__maxpool_fwd(const float *x, float *y, uint32_t *arg, size_t B,

@@ -245,6 +245,12 @@ int trn_model_train_batch(trn_model *m, const float *x, const int32_t *y,
  * not touched. */
 int trn_model_eval_batch(trn_model *m, const float *x, const int32_t *y,
                          size_t B, double *loss, size_t *correct);
+/* Evaluates on a whole dataset, in order, in batches of max_batch,
+ * normalized as trn_images_batch: the mean loss and the share of correct
+ * answers (either may be NULL).  Nothing of the training state changes.
+ * 0, -EINVAL (the images do not fit the model's input), -ENOMEM. */
+int trn_model_evaluate(trn_model *m, const trn_images *d, const float *mean,
+                       const float *std, double *loss, double *accuracy);
 /* The logits (B, classes) of the last batch. */
 const float *trn_model_logits(const trn_model *m);
 /* The end offset of each parameter tensor (weight, bias, ...) in the flat

@@ -1,0 +1,262 @@
+/* train.c: `train`, one machine's training run with beed's trainer and no
+ * swarm: the standalone baseline the collaborative runs are measured
+ * against, and the quality check of issue 5 (tools/train/README.md).
+ *
+ *   train [--model mlp|cnn] [--epochs E] [--batch B] [--optim sgd|adamw|lamb]
+ *         [--lr LR] [--momentum M] [--weight-decay WD] [--schedule
+ *         const|cosine|linear] [--warmup STEPS] [--clip NORM]
+ *         [--threads T] [--seed S] [--data DIR] [--checkpoint FILE]
+ *         [--resume] [--min-accuracy PCT]
+ *
+ * Trains on Fashion-MNIST's training set in this run's shuffled order,
+ * evaluates on the test set after every epoch (one line each: loss,
+ * accuracy, seconds, samples/s), optionally saves a checkpoint after every
+ * epoch and resumes from one.  Exits 0, or 1 when the last epoch's test
+ * accuracy is below --min-accuracy, or when anything fails (the message
+ * says what); 2 for a bad flag.
+ */
+#include "trainer.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const float MEAN = 0.2860f, STD = 0.3530f; /* Fashion-MNIST train */
+
+typedef struct opts {
+  const char *model, *data, *ckpt;
+  int epochs, threads;
+  size_t batch;
+  int optim, sched;
+  float lr, momentum, wd, clip, min_acc;
+  uint64_t warmup, seed;
+  bool resume;
+} opts;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: train [--model mlp|cnn] [--epochs E] [--batch B]\n"
+          "             [--optim sgd|adamw|lamb] [--lr LR] [--momentum M]\n"
+          "             [--weight-decay WD] [--schedule const|cosine|linear]\n"
+          "             [--warmup STEPS] [--clip NORM] [--threads T]\n"
+          "             [--seed S] [--data DIR] [--checkpoint FILE]\n"
+          "             [--resume] [--min-accuracy PCT]\n"
+          "  defaults: mlp, 10 epochs, batch 128, sgd with lr 0.05 and\n"
+          "  momentum 0.9, constant rate, 1 thread, seed 1, the data in\n"
+          "  " TRN_FASHION_MNIST_DIR "\n");
+}
+
+/* A number from a flag, or exit 2 naming the flag. */
+static double num(const char *flag, const char *v, double lo, double hi) {
+  char *end;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (errno || end == v || *end || !(x >= lo && x <= hi)) {
+    fprintf(stderr, "train: --%s: '%s' is not a number in [%g, %g]\n", flag,
+            v, lo, hi);
+    exit(2);
+  }
+  return x;
+}
+
+static void parse(int argc, char **argv, opts *o) {
+  static const struct option lo[] = {
+      {"model", 1, 0, 'm'},    {"epochs", 1, 0, 'e'},
+      {"batch", 1, 0, 'b'},    {"optim", 1, 0, 'o'},
+      {"lr", 1, 0, 'l'},       {"momentum", 1, 0, 'M'},
+      {"weight-decay", 1, 0, 'w'}, {"schedule", 1, 0, 's'},
+      {"warmup", 1, 0, 'W'},   {"clip", 1, 0, 'c'},
+      {"threads", 1, 0, 't'},  {"seed", 1, 0, 'S'},
+      {"data", 1, 0, 'd'},     {"checkpoint", 1, 0, 'k'},
+      {"resume", 0, 0, 'r'},   {"min-accuracy", 1, 0, 'a'},
+      {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
+  *o = (opts){.model = "mlp", .data = TRN_FASHION_MNIST_DIR, .epochs = 10,
+              .threads = 1, .batch = 128, .optim = TRN_SGD, .lr = 0.05f,
+              .momentum = 0.9f, .seed = 1};
+  int c;
+  while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    switch (c) {
+    case 'm': o->model = optarg; break;
+    case 'e': o->epochs = (int)num("epochs", optarg, 1, 10000); break;
+    case 'b': o->batch = (size_t)num("batch", optarg, 1, TRN_BATCH_MAX); break;
+    case 'o':
+      o->optim = !strcmp(optarg, "sgd")     ? TRN_SGD
+                 : !strcmp(optarg, "adamw") ? TRN_ADAMW
+                 : !strcmp(optarg, "lamb")  ? TRN_LAMB
+                                            : 0;
+      if (!o->optim) {
+        fprintf(stderr, "train: --optim: '%s' (sgd, adamw or lamb)\n", optarg);
+        exit(2);
+      }
+      break;
+    case 'l': o->lr = (float)num("lr", optarg, 0, 100); break;
+    case 'M': o->momentum = (float)num("momentum", optarg, 0, 0.9999); break;
+    case 'w': o->wd = (float)num("weight-decay", optarg, 0, 10); break;
+    case 's':
+      o->sched = !strcmp(optarg, "const")    ? TRN_SCHED_CONST
+                 : !strcmp(optarg, "cosine") ? TRN_SCHED_COSINE
+                 : !strcmp(optarg, "linear") ? TRN_SCHED_LINEAR
+                                             : -1;
+      if (o->sched < 0) {
+        fprintf(stderr, "train: --schedule: '%s' (const, cosine, linear)\n",
+                optarg);
+        exit(2);
+      }
+      break;
+    case 'W': o->warmup = (uint64_t)num("warmup", optarg, 0, 1e9); break;
+    case 'c': o->clip = (float)num("clip", optarg, 0, 1e9); break;
+    case 't': o->threads = (int)num("threads", optarg, 1, 256); break;
+    case 'S': o->seed = (uint64_t)num("seed", optarg, 0, 1e15); break;
+    case 'd': o->data = optarg; break;
+    case 'k': o->ckpt = optarg; break;
+    case 'r': o->resume = true; break;
+    case 'a': o->min_acc = (float)num("min-accuracy", optarg, 0, 100); break;
+    case 'h': usage(stdout); exit(0);
+    default: usage(stderr); exit(2);
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "train: unexpected argument '%s'\n", argv[optind]);
+    exit(2);
+  }
+  if (o->resume && !o->ckpt) {
+    fprintf(stderr, "train: --resume needs --checkpoint FILE\n");
+    exit(2);
+  }
+}
+
+int main(int argc, char **argv) {
+  opts o;
+  parse(argc, argv, &o);
+  char err[512];
+  trn_images tr, te;
+  int rc = trn_mnist_load(o.data, "train", &tr, err, sizeof err);
+  if (!rc)
+    rc = trn_mnist_load(o.data, "t10k", &te, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "train: %s\n", err);
+    return 1;
+  }
+  trn_cpu_threads_set(o.threads);
+  char core[32];
+  if (trn_blas_better_core(core, sizeof core, err, sizeof err) == 1)
+    fprintf(stderr, "train: note: %s\n", err);
+  trn_model_config mc;
+  trn_model_config_default(&mc);
+  mc.name = o.model;
+  mc.max_batch = o.batch;
+  mc.seed = o.seed;
+  trn_model *m;
+  if ((rc = trn_model_new(&mc, &m, err, sizeof err))) {
+    fprintf(stderr, "train: %s\n", err);
+    return 2;
+  }
+  trn_optim_config oc;
+  trn_optim_config_default(&oc, o.optim);
+  oc.lr = o.lr, oc.weight_decay = o.wd;
+  if (o.optim == TRN_SGD)
+    oc.momentum = o.momentum;
+  trn_optim *opt;
+  size_t ends[64], ne = trn_model_tensors(m, ends, 64);
+  if ((rc = trn_optim_new(&oc, trn_model_nparams(m), &opt)) ||
+      (rc = trn_optim_set_tensors(opt, ends, ne < 64 ? ne : 64))) {
+    fprintf(stderr, "train: optimizer: %s\n", strerror(-rc));
+    return 2;
+  }
+  char seed[32];
+  snprintf(seed, sizeof seed, "train-%llu", (unsigned long long)o.seed);
+  trn_order ord;
+  if ((rc = trn_order_init(&ord, tr.n, seed, strlen(seed), 0, 0))) {
+    fprintf(stderr, "train: %s\n", strerror(-rc));
+    return 1;
+  }
+  uint64_t done[4] = {0}; /* epochs done */
+  if (o.resume) {
+    if ((rc = trn_ckpt_load(o.ckpt, m, opt, &ord, done, err, sizeof err))) {
+      fprintf(stderr, "train: %s\n", err);
+      return 1;
+    }
+    printf("# resumed from %s after epoch %llu\n", o.ckpt,
+           (unsigned long long)done[0]);
+  }
+  size_t steps_per_epoch = tr.n / o.batch;
+  trn_sched sc = {.kind = o.sched, .lr = o.lr, .min_lr = 0,
+                  .warmup = o.warmup,
+                  .total = steps_per_epoch * (uint64_t)o.epochs};
+  float *x = malloc(o.batch * trn_model_inputs(m) * sizeof *x);
+  int32_t *y = malloc(o.batch * sizeof *y);
+  if (!x || !y) {
+    fprintf(stderr, "train: out of memory\n");
+    return 1;
+  }
+  printf("# %s, %zu parameters, %s, batch %zu, %d thread%s, %d epochs\n",
+         o.model, trn_model_nparams(m),
+         o.optim == TRN_SGD ? "sgd" : o.optim == TRN_ADAMW ? "adamw" : "lamb",
+         o.batch, o.threads, o.threads == 1 ? "" : "s", o.epochs);
+  double acc = 0, total_s = 0;
+  for (uint64_t e = done[0]; e < (uint64_t)o.epochs; e++) {
+    double t0 = now_s(), loss = 0;
+    for (size_t s = 0; s < steps_per_epoch; s++) {
+      trn_optim_set_lr(opt, trn_sched_lr(&sc, trn_optim_steps(opt)));
+      double l;
+      rc = trn_images_batch(&tr, &ord, o.batch, &MEAN, &STD, x, y);
+      trn_model_zero_grad(m);
+      if (!rc)
+        rc = trn_model_train_batch(m, x, y, o.batch, &l);
+      if (!rc && o.clip > 0)
+        trn_grad_clip(trn_model_grads(m), trn_model_nparams(m),
+                      1.0f / (float)o.batch, o.clip);
+      if (!rc)
+        rc = trn_optim_step(opt, trn_model_params(m), trn_model_grads(m),
+                            1.0f / (float)o.batch);
+      if (rc) {
+        fprintf(stderr, "train: epoch %llu, step %zu: %s\n",
+                (unsigned long long)e + 1, s, strerror(-rc));
+        return 1;
+      }
+      loss += l;
+    }
+    double dt = now_s() - t0, tl;
+    total_s += dt;
+    if ((rc = trn_model_evaluate(m, &te, &MEAN, &STD, &tl, &acc))) {
+      fprintf(stderr, "train: evaluation: %s\n", strerror(-rc));
+      return 1;
+    }
+    acc *= 100;
+    printf("epoch %llu: train loss %.4f, test loss %.4f, test accuracy "
+           "%.2f%%, %.1f s, %.0f samples/s\n",
+           (unsigned long long)e + 1,
+           loss / (double)(steps_per_epoch * o.batch), tl, acc,
+           dt, (double)(steps_per_epoch * o.batch) / dt);
+    fflush(stdout);
+    done[0] = e + 1;
+    if (o.ckpt &&
+        (rc = trn_ckpt_save(o.ckpt, m, opt, &ord, done, err, sizeof err))) {
+      fprintf(stderr, "train: %s\n", err);
+      return 1;
+    }
+  }
+  printf("# %.1f s of training; final test accuracy %.2f%%\n", total_s, acc);
+  free(x);
+  free(y);
+  trn_order_free(&ord);
+  trn_optim_free(opt);
+  trn_model_free(m);
+  trn_images_free(&tr);
+  trn_images_free(&te);
+  if (o.min_acc > 0 && acc < o.min_acc) {
+    fprintf(stderr, "train: test accuracy %.2f%% is below %.2f%%\n", acc,
+            (double)o.min_acc);
+    return 1;
+  }
+  return 0;
+}
