@@ -462,8 +462,8 @@ int trn_model_evaluate(trn_model *m, const trn_images *d, const float *mean,
   double sum = 0;
   size_t right = 0;
   for (size_t at = 0; !rc && at < d->n; at += B) {
-    size_t b = d->n - at < B ? d->n - at : B, r;
-    double l;
+    size_t b = d->n - at < B ? d->n - at : B, r = 0;
+    double l = 0;
     rc = trn_images_batch(d, &seq, b, mean, std, x, y);
     if (!rc)
       rc = trn_model_eval_batch(m, x, y, b, &l, &r);

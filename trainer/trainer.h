@@ -183,6 +183,26 @@ int trn_images_batch(const trn_images *d, trn_order *o, size_t b,
                      const float *mean, const float *std, float *x,
                      int32_t *y);
 
+/* Batches made ahead on a thread of the loader's own, in exactly the
+ * order trn_images_batch would make them from `from` (copied: the
+ * caller's order is not touched), `depth` (2 to 64) at a time. */
+typedef struct trn_loader trn_loader;
+/* Returns 0, -EINVAL (sizes, depth, a std not > 0) or -ENOMEM or the
+ * thread's error.  d must outlive the loader. */
+int trn_loader_new(const trn_images *d, const trn_order *from, size_t batch,
+                   const float *mean, const float *std, size_t depth,
+                   trn_loader **out);
+/* The next batch, waiting for it if it is not made yet: x (batch, c h w)
+ * and y (batch) stay valid until the next call (the loader's own).  0 or
+ * the error that stopped the worker. */
+int trn_loader_next(trn_loader *l, const float **x, const int32_t **y);
+/* The order as a checkpoint should record it: placed at the next batch
+ * the trainer will take (the batches made ahead do not count).  Fills a
+ * fresh *out (free with trn_order_free); 0 or -ENOMEM. */
+int trn_loader_order(trn_loader *l, trn_order *out);
+/* Stops the thread and frees the loader; NULL is fine. */
+void trn_loader_free(trn_loader *l);
+
 /* ------------------------------------------------------------------------ */
 /* Models.  One flat parameter buffer and one flat gradient buffer of the    */
 /* same layout; CPU backend (OpenBLAS).  Today: `mlp` (linear layers with    */

@@ -102,7 +102,7 @@ int main(int argc, char **argv) {
   for (long s = -warmup; s < steps; s++) {
     if (s == 0)
       t0 = now_s();
-    double l;
+    double l = 0;
     rc = trn_images_batch(&tr, &ord, (size_t)batch, &mean, &std, x, y);
     trn_model_zero_grad(m);
     if (rc == 0)

@@ -8,7 +8,8 @@
  *         [--threads T] [--seed S] [--data DIR] [--checkpoint FILE]
  *         [--resume] [--min-accuracy PCT]
  *
- * Trains on Fashion-MNIST's training set in this run's shuffled order,
+ * Trains on Fashion-MNIST's training set in this run's shuffled order
+ * (batches made ahead on a thread of their own),
  * evaluates on the test set after every epoch (one line each: loss,
  * accuracy, seconds, samples/s), optionally saves a checkpoint after every
  * epoch and resumes from one.  Exits 0, or 1 when the last epoch's test
@@ -192,10 +193,10 @@ int main(int argc, char **argv) {
   trn_sched sc = {.kind = o.sched, .lr = o.lr, .min_lr = 0,
                   .warmup = o.warmup,
                   .total = steps_per_epoch * (uint64_t)o.epochs};
-  float *x = malloc(o.batch * trn_model_inputs(m) * sizeof *x);
-  int32_t *y = malloc(o.batch * sizeof *y);
-  if (!x || !y) {
-    fprintf(stderr, "train: out of memory\n");
+  /* Batches are made ahead on the loader's thread. */
+  trn_loader *ld;
+  if ((rc = trn_loader_new(&tr, &ord, o.batch, &MEAN, &STD, 4, &ld))) {
+    fprintf(stderr, "train: data loader: %s\n", strerror(-rc));
     return 1;
   }
   printf("# %s, %zu parameters, %s, batch %zu, %d thread%s, %d epochs\n",
@@ -207,8 +208,10 @@ int main(int argc, char **argv) {
     double t0 = now_s(), loss = 0;
     for (size_t s = 0; s < steps_per_epoch; s++) {
       trn_optim_set_lr(opt, trn_sched_lr(&sc, trn_optim_steps(opt)));
-      double l;
-      rc = trn_images_batch(&tr, &ord, o.batch, &MEAN, &STD, x, y);
+      double l = 0;
+      const float *x;
+      const int32_t *y;
+      rc = trn_loader_next(ld, &x, &y);
       trn_model_zero_grad(m);
       if (!rc)
         rc = trn_model_train_batch(m, x, y, o.batch, &l);
@@ -239,15 +242,18 @@ int main(int argc, char **argv) {
            dt, (double)(steps_per_epoch * o.batch) / dt);
     fflush(stdout);
     done[0] = e + 1;
-    if (o.ckpt &&
-        (rc = trn_ckpt_save(o.ckpt, m, opt, &ord, done, err, sizeof err))) {
-      fprintf(stderr, "train: %s\n", err);
-      return 1;
+    if (o.ckpt) { /* the order at the next batch the trainer takes */
+      trn_order at;
+      if ((rc = trn_loader_order(ld, &at)) ||
+          (rc = trn_ckpt_save(o.ckpt, m, opt, &at, done, err, sizeof err))) {
+        fprintf(stderr, "train: %s\n", rc == -ENOMEM ? "out of memory" : err);
+        return 1;
+      }
+      trn_order_free(&at);
     }
   }
   printf("# %.1f s of training; final test accuracy %.2f%%\n", total_s, acc);
-  free(x);
-  free(y);
+  trn_loader_free(ld);
   trn_order_free(&ord);
   trn_optim_free(opt);
   trn_model_free(m);
