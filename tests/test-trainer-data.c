@@ -208,6 +208,51 @@ static void test_files(void) {
          "file and offset\n");
 }
 
+/* CIFAR-10's binary format: records of a label and 3 x 32 x 32 bytes. */
+static void test_cifar(void) {
+  static uint8_t b[4 * 3073];
+  char name[32];
+  for (int f = 1; f <= 5; f++) {
+    for (int r = 0; r < 4; r++) {
+      b[r * 3073] = (uint8_t)((f + r) % 10);
+      for (int j = 1; j < 3073; j++)
+        b[r * 3073 + j] = (uint8_t)(f * 31 + r * 7 + j);
+    }
+    snprintf(name, sizeof name, "data_batch_%d.bin", f);
+    put(name, b, (size_t)(f == 3 ? 2 : 4) * 3073);
+  }
+  put("test_batch.bin", b, 3073);
+  trn_images d;
+  ASSERT_EQ(trn_cifar10_load(dir, "train", &d, err, sizeof err), 0);
+  ASSERT(d.n == 18 && d.c == 3 && d.h == 32 && d.w == 32 && d.classes == 10);
+  /* Record 9 is file 3's second (file 3 holds two): label 4, pixel 0. */
+  ASSERT_EQ(d.labels[9], 4);
+  ASSERT_EQ(d.pix[9 * 3072], (uint8_t)(3 * 31 + 7 + 1));
+  ASSERT_EQ(d.pix[9 * 3072 + 2 * 1024 + 5], (uint8_t)(3 * 31 + 7 + 2049 + 5));
+  trn_images_free(&d);
+  ASSERT_EQ(trn_cifar10_load(dir, "test", &d, err, sizeof err), 0);
+  ASSERT(d.n == 1);
+  trn_images_free(&d);
+  put("data_batch_2.bin", b, 3073 + 100);
+  ASSERT_EQ(trn_cifar10_load(dir, "train", &d, err, sizeof err), -EBADMSG);
+  refused(-EBADMSG, -EBADMSG, "data_batch_2.bin",
+          "offset 3073: truncated record 1");
+  ASSERT(d.pix == NULL && d.n == 0);
+  b[3073] = 10;
+  put("data_batch_2.bin", b, 2 * 3073);
+  ASSERT_EQ(trn_cifar10_load(dir, "train", &d, err, sizeof err), -EBADMSG);
+  refused(-EBADMSG, -EBADMSG, "data_batch_2.bin",
+          "offset 3073: label 10 of record 1");
+  put("data_batch_2.bin", b, 0);
+  ASSERT_EQ(trn_cifar10_load(dir, "train", &d, err, sizeof err), -EBADMSG);
+  ASSERT(strstr(err, "empty") != NULL);
+  ASSERT_EQ(trn_cifar10_load(dir, "valid", &d, err, sizeof err), -EINVAL);
+  ASSERT_EQ(trn_cifar10_load("/nonexistent-beed", "test", &d, err, sizeof err),
+            -ENOENT);
+  printf("cifar-10: 5 training files and the test file load; truncated, "
+         "out-of-range and empty files refused with file and offset\n");
+}
+
 static bool same(const trn_order *a, const trn_order *b) {
   return a->n == b->n && memcmp(a->idx, b->idx, a->n * sizeof *a->idx) == 0;
 }
@@ -287,6 +332,7 @@ int main(void) {
   ASSERT(mkdtemp(dir) != NULL);
   test_fashion();
   test_files();
+  test_cifar();
   test_order();
   test_batch();
   char cmd[128];

@@ -218,6 +218,97 @@ out:
   return rc;
 }
 
+/* ---- CIFAR-10 ----------------------------------------------------------- */
+
+#define CIFAR_REC (1 + 3 * 32 * 32) /* a label, then R, G and B planes */
+
+/* Appends the records of one CIFAR-10 batch file to *d, whose arrays have
+ * room for *cap records and grow by doubling. */
+static int cifar_file(const char *path, trn_images *d, size_t *cap, char *err,
+                      size_t errlen) {
+  gzFile f = gzopen(path, "rb");
+  if (!f) {
+    int e = errno ? errno : ENOMEM;
+    return trn__fail(err, errlen, -e, "%s: cannot open: %s", path,
+                     strerror(e));
+  }
+  int rc = 0;
+  uint8_t rec[CIFAR_REC];
+  const char *msg = NULL;
+  for (size_t i = 0;; i++) {
+    long got = read_full(f, rec, sizeof rec, &msg);
+    if (got < 0) {
+      rc = trn__fail(err, errlen, -EIO, "%s: cannot read: %s", path, msg);
+      break;
+    }
+    if (got == 0) {
+      if (i == 0)
+        rc = trn__fail(err, errlen, -EBADMSG, "%s: empty", path);
+      break;
+    }
+    if ((size_t)got < sizeof rec) {
+      rc = trn__fail(err, errlen, -EBADMSG,
+                     "%s: offset %zu: truncated record %zu (%ld of %d bytes)",
+                     path, i * CIFAR_REC, i, got, CIFAR_REC);
+      break;
+    }
+    if (rec[0] >= 10) {
+      rc = trn__fail(err, errlen, -EBADMSG,
+                     "%s: offset %zu: label %u of record %zu is out of range "
+                     "0..9",
+                     path, i * CIFAR_REC, rec[0], i);
+      break;
+    }
+    if (d->n == TRN_IDX_BYTES_MAX / CIFAR_REC) {
+      rc = trn__fail(err, errlen, -EFBIG, "%s: too many records", path);
+      break;
+    }
+    if (d->n == *cap) {
+      size_t want = *cap ? 2 * *cap : 1024;
+      uint8_t *px = realloc(d->pix, want * (CIFAR_REC - 1));
+      if (px)
+        d->pix = px;
+      uint8_t *lb = realloc(d->labels, want);
+      if (lb)
+        d->labels = lb;
+      if (!px || !lb) {
+        rc = trn__fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+        break;
+      }
+      *cap = want;
+    }
+    memcpy(d->pix + d->n * (CIFAR_REC - 1), rec + 1, CIFAR_REC - 1);
+    d->labels[d->n++] = rec[0];
+  }
+  gzclose(f);
+  return rc;
+}
+
+int trn_cifar10_load(const char *dir, const char *split, trn_images *out,
+                     char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  bool train = split && strcmp(split, "train") == 0;
+  if (!dir || !split || (!train && strcmp(split, "test")))
+    return trn__fail(err, errlen, -EINVAL,
+                     "CIFAR-10 split must be \"train\" or \"test\", not "
+                     "\"%s\"",
+                     split ? split : "(null)");
+  out->c = 3, out->h = out->w = 32, out->classes = 10;
+  char path[4096];
+  int rc = 0;
+  size_t cap = 0;
+  for (int i = 1; i <= (train ? 5 : 1) && !rc; i++) {
+    if (train)
+      snprintf(path, sizeof path, "%s/data_batch_%d.bin", dir, i);
+    else
+      snprintf(path, sizeof path, "%s/test_batch.bin", dir);
+    rc = cifar_file(path, out, &cap, err, errlen);
+  }
+  if (rc)
+    trn_images_free(out);
+  return rc;
+}
+
 void trn_images_free(trn_images *d) {
   free(d->pix);
   free(d->labels);

@@ -155,6 +155,13 @@ typedef struct trn_images {
 #define TRN_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
 int trn_mnist_load(const char *dir, const char *split, trn_images *out,
                    char *err, size_t err_len);
+/* Loads CIFAR-10's binary batches from dir: "data_batch_1.bin" to
+ * "data_batch_5.bin" for split "train", "test_batch.bin" for "test" (plain
+ * or gzip).  Records of a label byte and 32x32 R, G and B planes: images
+ * (n, 3, 32, 32).  A truncated record or a label over 9 is -EBADMSG named
+ * with its file and offset; errors as trn_mnist_load otherwise. */
+int trn_cifar10_load(const char *dir, const char *split, trn_images *out,
+                     char *err, size_t err_len);
 void trn_images_free(trn_images *d);
 
 /* One peer's passes over a dataset of n items: each epoch a permutation
