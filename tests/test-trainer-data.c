@@ -326,6 +326,85 @@ static void test_batch(void) {
   printf("batch: the order's items, normalized as torchvision does\n");
 }
 
+/* Augmentation: crops with black padding and mirror images, the same for
+ * the same (seed, epoch, place), and none at all without. */
+static void test_aug(void) {
+  enum { N = 50, H = 6, W = 5 };
+  static uint8_t pix[N * H * W], lab[N];
+  for (int i = 0; i < N * H * W; i++)
+    pix[i] = (uint8_t)(1 + i % 251); /* never 0: padding shows as 0 */
+  trn_images d = {.pix = pix, .labels = lab, .n = N, .c = 1, .h = H, .w = W,
+                  .classes = 10};
+  trn_order o, r;
+  static float x[N * H * W], ref[N * H * W], again[N * H * W];
+  int32_t y[N];
+  trn_aug none = {0, false}, flip = {0, true}, crop = {2, true};
+  ASSERT_EQ(trn_order_init(&o, N, "a", 1, 0, 0), 0);
+  ASSERT_EQ(trn_order_init(&r, N, "a", 1, 0, 0), 0);
+  ASSERT_EQ(trn_images_batch_aug(&d, &o, N, NULL, NULL, &none, x, y), 0);
+  ASSERT_EQ(trn_images_batch(&d, &r, N, NULL, NULL, ref, y), 0);
+  ASSERT(memcmp(x, ref, sizeof x) == 0);
+  /* Flips only: each image as it was or mirrored, about half of each. */
+  ASSERT_EQ(trn_images_batch_aug(&d, &o, N, NULL, NULL, &flip, x, y), 0);
+  ASSERT_EQ(trn_images_batch(&d, &r, N, NULL, NULL, ref, y), 0);
+  int flipped = 0;
+  for (int i = 0; i < N; i++) {
+    bool same_ = true, mirror = true;
+    for (int a = 0; a < H; a++)
+      for (int b2 = 0; b2 < W; b2++) {
+        same_ &= x[i * H * W + a * W + b2] == ref[i * H * W + a * W + b2];
+        mirror &= x[i * H * W + a * W + b2] ==
+                  ref[i * H * W + a * W + (W - 1 - b2)];
+      }
+    ASSERT(same_ || mirror);
+    flipped += !same_;
+  }
+  ASSERT(flipped > 10 && flipped < 40);
+  /* Crops: every pixel is black (padding) or the image's pixel at one
+   * shift per image, within 2; resumed from (seed, epoch, pos), the same. */
+  uint64_t ep = o.epoch;
+  size_t pos = o.pos;
+  ASSERT_EQ(trn_images_batch_aug(&d, &o, N, NULL, NULL, &crop, x, y), 0);
+  trn_order_free(&r);
+  ASSERT_EQ(trn_order_init(&r, N, "a", 1, ep, pos), 0);
+  ASSERT_EQ(trn_images_batch_aug(&d, &r, N, NULL, NULL, &crop, again, y), 0);
+  ASSERT(memcmp(x, again, sizeof x) == 0);
+  int black = 0;
+  for (int i = 0; i < N * H * W; i++)
+    black += x[i] == 0;
+  ASSERT(black > 0);
+  trn_order k;
+  ASSERT_EQ(trn_order_init(&k, N, "a", 1, ep, pos), 0);
+  for (int i = 0; i < N; i++) {
+    const uint8_t *src = pix + trn_order_next(&k) * H * W;
+    const float *img = x + i * H * W;
+    bool found = false;
+    for (int sy = -2; sy <= 2 && !found; sy++)
+      for (int sx = -2; sx <= 2 && !found; sx++)
+        for (int f = 0; f < 2 && !found; f++) {
+          bool ok = true;
+          for (int a = 0; a < H && ok; a++)
+            for (int b2 = 0; b2 < W && ok; b2++) {
+              int c = f ? W - 1 - b2 : b2, yy = a + sy, xx = c + sx;
+              float want = yy < 0 || yy >= H || xx < 0 || xx >= W
+                               ? 0.0f
+                               : (float)src[yy * W + xx] / 255.0f;
+              ok = img[a * W + b2] == want;
+            }
+          found = ok;
+        }
+    ASSERT(found); /* a crop within 2, mirrored or not */
+  }
+  trn_order_free(&k);
+  trn_aug big = {7, false};
+  ASSERT_EQ(trn_images_batch_aug(&d, &o, 1, NULL, NULL, &big, x, y), -EINVAL);
+  trn_order_free(&o);
+  trn_order_free(&r);
+  printf("augmentation: %d of %d mirrored; crops pad with black; the same "
+         "when resumed\n",
+         flipped, N);
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "%s/beed-data.XXXXXX",
            getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -335,6 +414,7 @@ int main(void) {
   test_cifar();
   test_order();
   test_batch();
+  test_aug();
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ASSERT_EQ(system(cmd), 0);

@@ -30,7 +30,7 @@ int main(void) {
   ASSERT_EQ(trn_order_init(&start, N, "peer", 4, 2, 37), 0);
   ASSERT_EQ(trn_order_init(&ref, N, "peer", 4, 2, 37), 0);
   trn_loader *l;
-  ASSERT_EQ(trn_loader_new(&d, &start, B, mean, sd, 3, &l), 0);
+  ASSERT_EQ(trn_loader_new(&d, &start, B, mean, sd, NULL, 3, &l), 0);
   static float want_x[B * ONE];
   int32_t want_y[B];
   for (int k = 0; k < BATCHES; k++) {
@@ -57,7 +57,7 @@ int main(void) {
   ASSERT(start.epoch == 2 && start.pos == 37); /* the caller's, untouched */
   trn_loader_free(l);
   /* Freed while its thread waits for room. */
-  ASSERT_EQ(trn_loader_new(&d, &start, B, NULL, NULL, 2, &l), 0);
+  ASSERT_EQ(trn_loader_new(&d, &start, B, NULL, NULL, NULL, 2, &l), 0);
   const float *x;
   const int32_t *y;
   ASSERT_EQ(trn_loader_next(l, &x, &y), 0);
@@ -65,12 +65,12 @@ int main(void) {
   trn_loader_free(NULL);
   /* Bad arguments. */
   float zero[2] = {0, 1};
-  ASSERT_EQ(trn_loader_new(&d, &start, B, mean, zero, 3, &l), -EINVAL);
-  ASSERT_EQ(trn_loader_new(&d, &start, 0, mean, sd, 3, &l), -EINVAL);
-  ASSERT_EQ(trn_loader_new(&d, &start, B, mean, sd, 1, &l), -EINVAL);
+  ASSERT_EQ(trn_loader_new(&d, &start, B, mean, zero, NULL, 3, &l), -EINVAL);
+  ASSERT_EQ(trn_loader_new(&d, &start, 0, mean, sd, NULL, 3, &l), -EINVAL);
+  ASSERT_EQ(trn_loader_new(&d, &start, B, mean, sd, NULL, 1, &l), -EINVAL);
   trn_order other;
   ASSERT_EQ(trn_order_init(&other, N - 1, "x", 1, 0, 0), 0);
-  ASSERT_EQ(trn_loader_new(&d, &other, B, mean, sd, 3, &l), -EINVAL);
+  ASSERT_EQ(trn_loader_new(&d, &other, B, mean, sd, NULL, 3, &l), -EINVAL);
   printf("loader: %d batches of %d over %d items (4 epochs) as made one by "
          "one; the checkpoint's order is the next batch's place\n",
          BATCHES, B, N);

@@ -365,20 +365,37 @@ void trn_order_free(trn_order *o) {
   memset(o, 0, sizeof *o);
 }
 
-size_t trn_order_next(trn_order *o) {
-  if (o->pos == o->n) { /* the pass is over: the next epoch's order */
+/* After the last item of an epoch, the next epoch's order. */
+static void order_wrap(trn_order *o) {
+  if (o->pos == o->n) {
     o->epoch++;
     o->pos = 0;
     shuffle(o);
   }
+}
+
+size_t trn_order_next(trn_order *o) {
+  order_wrap(o);
   return o->idx[o->pos++];
 }
 
-int trn_images_batch(const trn_images *d, trn_order *o, size_t b,
-                     const float *mean, const float *std, float *x,
-                     int32_t *y) {
+/* The augmentation's random bits for the item at (epoch, pos) of o: the
+ * same wherever a run is resumed. */
+static uint64_t aug_bits(const trn_order *o, uint64_t epoch, size_t pos) {
+  uint64_t x = 0x6175676d656e7421ull ^ epoch * 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i < sizeof o->seed; i++) {
+    x ^= o->seed[i];
+    splitmix64(&x);
+  }
+  x ^= (uint64_t)pos;
+  return splitmix64(&x);
+}
+
+int trn_images_batch_aug(const trn_images *d, trn_order *o, size_t b,
+                         const float *mean, const float *std,
+                         const trn_aug *aug, float *x, int32_t *y) {
   if (!d->n || o->n != d->n || b == 0 || !x || !y || d->c == 0 ||
-      d->c > TRN_CHANNELS_MAX)
+      d->c > TRN_CHANNELS_MAX || (aug && (aug->pad > d->h || aug->pad > d->w)))
     return -EINVAL;
   float m[TRN_CHANNELS_MAX], s[TRN_CHANNELS_MAX];
   for (unsigned c = 0; c < d->c; c++) {
@@ -387,17 +404,52 @@ int trn_images_batch(const trn_images *d, trn_order *o, size_t b,
     if (!(s[c] > 0) || !isfinite(m[c]) || isinf(s[c]))
       return -EINVAL;
   }
-  size_t plane = (size_t)d->h * d->w, one = d->c * plane;
+  unsigned h = d->h, w = d->w, pad = aug ? aug->pad : 0;
+  size_t plane = (size_t)h * w, one = d->c * plane;
   for (size_t i = 0; i < b; i++) {
-    size_t k = trn_order_next(o);
+    order_wrap(o); /* the item's epoch and place, before taking it */
+    uint64_t epoch = o->epoch;
+    size_t at = o->pos, k = trn_order_next(o);
     const uint8_t *p = d->pix + k * one;
     float *q = x + i * one;
-    /* In torchvision's order (ToTensor, then Normalize), so that a
-     * reference computed there sees the same bits. */
-    for (unsigned c = 0; c < d->c; c++)
-      for (size_t j = 0; j < plane; j++)
-        q[c * plane + j] = ((float)p[c * plane + j] / 255.0f - m[c]) / s[c];
     y[i] = d->labels[k];
+    if (!aug || (!pad && !aug->flip)) {
+      /* In torchvision's order (ToTensor, then Normalize), so that a
+       * reference computed there sees the same bits. */
+      for (unsigned c = 0; c < d->c; c++)
+        for (size_t j = 0; j < plane; j++)
+          q[c * plane + j] = ((float)p[c * plane + j] / 255.0f - m[c]) / s[c];
+      continue;
+    }
+    /* RandomCrop(padding = pad) with zero (black) padding, then
+     * RandomHorizontalFlip, as torchvision composes them. */
+    uint64_t r = aug_bits(o, epoch, at);
+    unsigned dy = pad ? (unsigned)(r % (2 * pad + 1)) : 0;
+    unsigned dx = pad ? (unsigned)(r / 65537 % (2 * pad + 1)) : 0;
+    bool flip = aug->flip && (r >> 63);
+    for (unsigned c = 0; c < d->c; c++) {
+      float zero = (0.0f - m[c]) / s[c];
+      for (unsigned yi = 0; yi < h; yi++) {
+        int sy = (int)(yi + dy) - (int)pad;
+        for (unsigned xj = 0; xj < w; xj++) {
+          unsigned oj = flip ? w - 1 - xj : xj;
+          int sx = (int)(xj + dx) - (int)pad;
+          float v = sy < 0 || sy >= (int)h || sx < 0 || sx >= (int)w
+                        ? zero
+                        : ((float)p[c * plane + (size_t)sy * w + (unsigned)sx] /
+                               255.0f -
+                           m[c]) /
+                              s[c];
+          q[c * plane + (size_t)yi * w + oj] = v;
+        }
+      }
+    }
   }
   return 0;
+}
+
+int trn_images_batch(const trn_images *d, trn_order *o, size_t b,
+                     const float *mean, const float *std, float *x,
+                     int32_t *y) {
+  return trn_images_batch_aug(d, o, b, mean, std, NULL, x, y);
 }

@@ -30,6 +30,8 @@ struct trn_loader {
   uint64_t ntaken; /* batches the trainer has taken (the held one too) */
   size_t batch;
   float mean[TRN_CHANNELS_MAX], std[TRN_CHANNELS_MAX];
+  trn_aug aug;
+  bool has_aug;
   slot *ring;
   size_t depth;
   size_t head, count; /* the oldest made batch, batches made */
@@ -52,8 +54,8 @@ static void *worker(void *arg) {
       break;
     slot *s = &l->ring[(l->head + l->count) % l->depth];
     pthread_mutex_unlock(&l->mu);
-    int rc = trn_images_batch(l->d, &l->order, l->batch, l->mean, l->std,
-                              s->x, s->y);
+    int rc = trn_images_batch_aug(l->d, &l->order, l->batch, l->mean, l->std,
+                                  l->has_aug ? &l->aug : NULL, s->x, s->y);
     pthread_mutex_lock(&l->mu);
     if (rc) {
       l->error = rc;
@@ -68,11 +70,12 @@ static void *worker(void *arg) {
 }
 
 int trn_loader_new(const trn_images *d, const trn_order *from, size_t batch,
-                   const float *mean, const float *std, size_t depth,
-                   trn_loader **out) {
+                   const float *mean, const float *std, const trn_aug *aug,
+                   size_t depth, trn_loader **out) {
   *out = NULL;
   if (!d->n || from->n != d->n || batch == 0 || batch > TRN_BATCH_MAX ||
-      depth < 2 || depth > 64 || d->c == 0 || d->c > TRN_CHANNELS_MAX)
+      depth < 2 || depth > 64 || d->c == 0 || d->c > TRN_CHANNELS_MAX ||
+      (aug && (aug->pad > d->h || aug->pad > d->w)))
     return -EINVAL;
   for (unsigned c = 0; c < d->c; c++)
     if (std && !(std[c] > 0))
@@ -83,6 +86,8 @@ int trn_loader_new(const trn_images *d, const trn_order *from, size_t batch,
   int rc = -ENOMEM;
   l->d = d;
   l->batch = batch;
+  if (aug)
+    l->aug = *aug, l->has_aug = true;
   l->depth = depth;
   for (unsigned c = 0; c < d->c; c++) {
     l->mean[c] = mean ? mean[c] : 0;

@@ -189,16 +189,29 @@ size_t trn_order_next(trn_order *o);
 int trn_images_batch(const trn_images *d, trn_order *o, size_t b,
                      const float *mean, const float *std, float *x,
                      int32_t *y);
+/* Augmentation for training images, as torchvision's RandomCrop(size,
+ * padding = pad) (black padding) followed by RandomHorizontalFlip. */
+typedef struct trn_aug {
+  unsigned pad; /* 0: no crop */
+  bool flip;
+} trn_aug;
+/* trn_images_batch with augmentation (aug NULL: none).  Each item's
+ * random choices come from (the order's seed, epoch, the item's place in
+ * the epoch), so a resumed run sees the same ones.  -EINVAL also for a pad
+ * larger than the image. */
+int trn_images_batch_aug(const trn_images *d, trn_order *o, size_t b,
+                         const float *mean, const float *std,
+                         const trn_aug *aug, float *x, int32_t *y);
 
 /* Batches made ahead on a thread of the loader's own, in exactly the
- * order trn_images_batch would make them from `from` (copied: the
+ * order trn_images_batch_aug would make them from `from` (copied: the
  * caller's order is not touched), `depth` (2 to 64) at a time. */
 typedef struct trn_loader trn_loader;
 /* Returns 0, -EINVAL (sizes, depth, a std not > 0) or -ENOMEM or the
  * thread's error.  d must outlive the loader. */
 int trn_loader_new(const trn_images *d, const trn_order *from, size_t batch,
-                   const float *mean, const float *std, size_t depth,
-                   trn_loader **out);
+                   const float *mean, const float *std, const trn_aug *aug,
+                   size_t depth, trn_loader **out);
 /* The next batch, waiting for it if it is not made yet: x (batch, c h w)
  * and y (batch) stay valid until the next call (the loader's own).  0 or
  * the error that stopped the worker. */

@@ -195,7 +195,7 @@ int main(int argc, char **argv) {
                   .total = steps_per_epoch * (uint64_t)o.epochs};
   /* Batches are made ahead on the loader's thread. */
   trn_loader *ld;
-  if ((rc = trn_loader_new(&tr, &ord, o.batch, &MEAN, &STD, 4, &ld))) {
+  if ((rc = trn_loader_new(&tr, &ord, o.batch, &MEAN, &STD, NULL, 4, &ld))) {
     fprintf(stderr, "train: data loader: %s\n", strerror(-rc));
     return 1;
   }
