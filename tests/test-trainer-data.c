@@ -326,6 +326,58 @@ static void test_batch(void) {
   printf("batch: the order's items, normalized as torchvision does\n");
 }
 
+/* Token files: llm.c's header, uint16 tokens, windows for a model. */
+static void test_tokens(void) {
+  static uint8_t b[1024 + 2 * 101];
+  memset(b, 0, sizeof b);
+  uint32_t h[3] = {20240520u, 1, 101};
+  for (int i = 0; i < 3; i++)
+    for (int k = 0; k < 4; k++)
+      b[4 * i + k] = (uint8_t)(h[i] >> 8 * k);
+  for (int i = 0; i < 101; i++)
+    b[1024 + 2 * i] = (uint8_t)(i * 3 % 50), b[1024 + 2 * i + 1] = 0;
+  put("tok.bin", b, sizeof b);
+  put("tok.bin.gz", b, sizeof b);
+  char p[128];
+  snprintf(p, sizeof p, "%s/tok.bin.gz", dir);
+  trn_tokens t;
+  ASSERT_EQ(trn_tokens_load(p, 50, &t, err, sizeof err), 0);
+  ASSERT(t.n == 101 && t.tok[7] == 21 && t.vocab == 50);
+  ASSERT_UEQ(trn_tokens_windows(&t, 10), 10);
+  trn_order o;
+  ASSERT_EQ(trn_order_init(&o, 10, "t", 1, 0, 0), 0);
+  int32_t x[2 * 10], y[2 * 10];
+  ASSERT_EQ(trn_tokens_batch(&t, &o, 2, 10, x, y), 0);
+  trn_order r;
+  ASSERT_EQ(trn_order_init(&r, 10, "t", 1, 0, 0), 0);
+  for (int w = 0; w < 2; w++) {
+    size_t start = trn_order_next(&r) * 10;
+    for (int i = 0; i < 10; i++) {
+      ASSERT_EQ(x[w * 10 + i], t.tok[start + (size_t)i]);
+      ASSERT_EQ(y[w * 10 + i], t.tok[start + (size_t)i + 1]);
+    }
+  }
+  trn_order_free(&r);
+  ASSERT_EQ(trn_tokens_batch(&t, &o, 2, 9, x, y), -EINVAL);
+  trn_order_free(&o);
+  trn_tokens_free(&t);
+  snprintf(p, sizeof p, "%s/tok.bin", dir);
+  ASSERT_EQ(trn_tokens_load(p, 49, &t, err, sizeof err), -EBADMSG);
+  refused(-EBADMSG, -EBADMSG, "tok.bin", "is not below the vocabulary's 49");
+  put("tok-cut.bin", b, sizeof b - 1);
+  snprintf(p, sizeof p, "%s/tok-cut.bin", dir);
+  ASSERT_EQ(trn_tokens_load(p, 50, &t, err, sizeof err), -EBADMSG);
+  refused(-EBADMSG, -EBADMSG, "tok-cut.bin", "truncated");
+  b[0] ^= 1;
+  put("tok-magic.bin", b, sizeof b);
+  snprintf(p, sizeof p, "%s/tok-magic.bin", dir);
+  ASSERT_EQ(trn_tokens_load(p, 50, &t, err, sizeof err), -EBADMSG);
+  refused(-EBADMSG, -EBADMSG, "tok-magic.bin", "offset 0: magic");
+  ASSERT(t.tok == NULL);
+  printf("tokens: llm.c's format loads (gzip or plain), windows and their "
+         "next tokens; 3 bad files refused\n");
+}
+
 /* Augmentation: crops with black padding and mirror images, the same for
  * the same (seed, epoch, place), and none at all without. */
 static void test_aug(void) {
@@ -415,6 +467,7 @@ int main(void) {
   test_order();
   test_batch();
   test_aug();
+  test_tokens();
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ASSERT_EQ(system(cmd), 0);

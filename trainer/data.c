@@ -315,6 +315,120 @@ void trn_images_free(trn_images *d) {
   memset(d, 0, sizeof *d);
 }
 
+/* ---- token files ------------------------------------------------------------ */
+
+#define TOK_MAGIC 20240520u
+#define TOK_HEAD 1024 /* 256 little-endian int32s */
+
+static uint32_t le32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+         (uint32_t)p[3] << 24;
+}
+
+int trn_tokens_load(const char *path, uint32_t vocab, trn_tokens *out,
+                    char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  if (vocab == 0 || vocab > 65536)
+    return trn__fail(err, errlen, -EINVAL, "%s: vocabulary of %u; 1 to 65536",
+                     path, vocab);
+  gzFile f = gzopen(path, "rb");
+  if (!f) {
+    int e = errno ? errno : ENOMEM;
+    return trn__fail(err, errlen, -e, "%s: cannot open: %s", path,
+                     strerror(e));
+  }
+  int rc = 0;
+  const char *msg = NULL;
+  uint8_t head[TOK_HEAD], *raw = NULL;
+  long got = read_full(f, head, sizeof head, &msg);
+  if (got < 0) {
+    rc = trn__fail(err, errlen, -EIO, "%s: cannot read: %s", path, msg);
+    goto out;
+  }
+  if (got < TOK_HEAD) {
+    rc = trn__fail(err, errlen, -EBADMSG,
+                   "%s: offset %ld: truncated in the %d-byte header", path, got,
+                   TOK_HEAD);
+    goto out;
+  }
+  uint32_t magic = le32(head), ver = le32(head + 4), n = le32(head + 8);
+  if (magic != TOK_MAGIC || ver != 1) {
+    rc = trn__fail(err, errlen, -EBADMSG,
+                   "%s: offset 0: magic %u version %u; a token file has %u "
+                   "and 1",
+                   path, magic, ver, TOK_MAGIC);
+    goto out;
+  }
+  if (n < 2) {
+    rc = trn__fail(err, errlen, -EBADMSG, "%s: offset 8: %u tokens", path, n);
+    goto out;
+  }
+  size_t bytes = 2 * (size_t)n;
+  if (!(raw = malloc(bytes)) || !(out->tok = malloc(n * sizeof *out->tok))) {
+    rc = trn__fail(err, errlen, -ENOMEM, "%s: out of memory for %u tokens",
+                   path, n);
+    goto out;
+  }
+  got = read_full(f, raw, bytes, &msg);
+  if (got < 0 || (size_t)got < bytes) {
+    rc = got < 0 ? trn__fail(err, errlen, -EIO, "%s: cannot read: %s", path,
+                             msg)
+                 : trn__fail(err, errlen, -EBADMSG,
+                             "%s: offset %ld: truncated: the header promises "
+                             "%u tokens",
+                             path, TOK_HEAD + got, n);
+    goto out;
+  }
+  uint8_t extra;
+  if ((got = read_full(f, &extra, 1, &msg)) != 0) {
+    rc = trn__fail(err, errlen, got < 0 ? -EIO : -EBADMSG,
+                   "%s: offset %zu: data after the %u tokens", path,
+                   TOK_HEAD + bytes, n);
+    goto out;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    out->tok[i] = (uint16_t)(raw[2 * i] | raw[2 * i + 1] << 8);
+    if (out->tok[i] >= vocab) {
+      rc = trn__fail(err, errlen, -EBADMSG,
+                     "%s: offset %zu: token %u at %u is not below the "
+                     "vocabulary's %u",
+                     path, TOK_HEAD + 2 * (size_t)i, out->tok[i], i, vocab);
+      goto out;
+    }
+  }
+  out->n = n;
+  out->vocab = vocab;
+out:
+  gzclose(f);
+  free(raw);
+  if (rc)
+    trn_tokens_free(out);
+  return rc;
+}
+
+void trn_tokens_free(trn_tokens *t) {
+  free(t->tok);
+  memset(t, 0, sizeof *t);
+}
+
+size_t trn_tokens_windows(const trn_tokens *t, size_t T) {
+  return T && t->n > T ? (t->n - 1) / T : 0;
+}
+
+int trn_tokens_batch(const trn_tokens *t, trn_order *o, size_t B, size_t T,
+                     int32_t *x, int32_t *y) {
+  if (B == 0 || !x || !y || trn_tokens_windows(t, T) != o->n)
+    return -EINVAL;
+  for (size_t b = 0; b < B; b++) {
+    const uint16_t *w = t->tok + trn_order_next(o) * T;
+    for (size_t i = 0; i < T; i++) {
+      x[b * T + i] = w[i];
+      y[b * T + i] = w[i + 1];
+    }
+  }
+  return 0;
+}
+
 /* ---- a peer's pass over the data ----------------------------------------- */
 
 static uint64_t splitmix64(uint64_t *x) {

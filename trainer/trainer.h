@@ -182,6 +182,30 @@ void trn_order_free(trn_order *o);
 /* The next item; after the last of an epoch, the first of the next. */
 size_t trn_order_next(trn_order *o);
 
+/* Token files for language models: the header llm.c writes (256
+ * little-endian int32s: magic 20240520, version 1, the token count, the
+ * rest 0), then the tokens as little-endian uint16. */
+typedef struct trn_tokens {
+  uint16_t *tok; /* (n) */
+  size_t n;
+  uint32_t vocab;
+} trn_tokens;
+/* Reads path (plain or gzip), every token checked below vocab (at most
+ * 65536).  Errors as trn_idx_read: -EBADMSG for a wrong magic or version,
+ * a truncated file, data after the tokens or a token out of range, named
+ * with its offset. */
+int trn_tokens_load(const char *path, uint32_t vocab, trn_tokens *out,
+                    char *err, size_t err_len);
+void trn_tokens_free(trn_tokens *t);
+/* Training windows of T tokens (and the T that follow each by one): the
+ * items an order over the file runs through. */
+size_t trn_tokens_windows(const trn_tokens *t, size_t T);
+/* The next B windows of o: x (B, T) the window, y (B, T) the next token of
+ * each position.  -EINVAL for an order not over trn_tokens_windows(t, T)
+ * items. */
+int trn_tokens_batch(const trn_tokens *t, trn_order *o, size_t B, size_t T,
+                     int32_t *x, int32_t *y);
+
 /* The next b items of o as a batch: x (b, c, h, w) with pixel / 255
  * normalized per channel, (p / 255 - mean[c]) / std[c] in torchvision's
  * order (mean NULL: 0, std NULL: 1), and y (b) their labels.  Returns 0,
