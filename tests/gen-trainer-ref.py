@@ -10,7 +10,11 @@ Two small models as trainer/model.c builds them, with PyTorch's own
 initial weights: an mlp 64-32-16-10 (torch.nn.Linear layers with ReLU
 between them; trainer-mlp.ref) and a cnn on 1x12x12 inputs (conv 5x5
 padding 2 to 4 channels, ReLU, max-pool 2, conv 5x5 to 6, ReLU, max-pool
-2, dense 16, ReLU, dense 10; trainer-cnn.ref).  For each, batches of
+2, dense 16, ReLU, dense 10; trainer-cnn.ref), and the same with batch
+norm after each convolution, whose bias it makes useless and which has
+none (trainer-cnnbn.ref: also the running
+statistics after the Nesterov steps and the logits in eval mode then).
+For each, batches of
 random inputs and labels, and what PyTorch computes from them: the
 logits, the mean cross-entropy, its gradients, and the parameters after 3
 steps (one batch each) of SGD with Nesterov momentum and weight decay, of
@@ -23,6 +27,7 @@ Format: "BEEREF1\\n", then records: u32 name length, the name, u32 count,
 count little-endian float32 values.  Parameters are flat in trainer.h's
 layout: per layer W (out, in) row-major, then b.
 """
+import copy
 import struct
 import sys
 
@@ -50,12 +55,31 @@ def cnn():
         nn.Flatten(), nn.Linear(6 * 3 * 3, 16), nn.ReLU(), nn.Linear(16, 10))
 
 
+def cnnbn():
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 5, padding=2, bias=False), nn.BatchNorm2d(4),
+        nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(4, 6, 5, padding=2, bias=False), nn.BatchNorm2d(6),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(6 * 3 * 3, 16), nn.ReLU(), nn.Linear(16, 10))
+
+
 def flat(model, grads=False):
     out = []
     for mod in model:
-        if isinstance(mod, (nn.Linear, nn.Conv2d)):
+        if isinstance(mod, (nn.Linear, nn.Conv2d, nn.BatchNorm2d)):
             for p in (mod.weight, mod.bias):
-                out.append((p.grad if grads else p).detach().reshape(-1))
+                if p is not None:  # convolutions before a batch norm
+                    out.append((p.grad if grads else p).detach().reshape(-1))
+    return torch.cat(out)
+
+
+def buffers(model):
+    out = [torch.zeros(0)]
+    for mod in model:
+        if isinstance(mod, nn.BatchNorm2d):
+            out += [mod.running_mean.reshape(-1), mod.running_var.reshape(-1)]
     return torch.cat(out)
 
 
@@ -92,7 +116,7 @@ class Lamb(torch.optim.Optimizer):
                 p.sub_(grp["lr"] * r * u)
 
 
-def after(build, model0, make_opt, xs, ys, clip=0):
+def after(build, model0, make_opt, xs, ys, clip=0, out=None):
     model = build()
     model.load_state_dict(model0.state_dict())
     opt = make_opt(model.parameters())
@@ -102,6 +126,10 @@ def after(build, model0, make_opt, xs, ys, clip=0):
         if clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
+    if out is not None:  # the running statistics, and the model in eval
+        out["buffers"] = buffers(model)
+        model.eval()
+        out["eval_logits"] = model(xs[0]).detach().reshape(-1)
     return flat(model)
 
 
@@ -109,9 +137,12 @@ def write(path, build, B, shape):
     model = build()
     xs = torch.randn(STEPS, B, *shape)
     ys = torch.randint(0, 10, (STEPS, B))
+    fresh = copy.deepcopy(model)  # before any forward in train mode
     logits = model(xs[0])
     loss = F.cross_entropy(logits, ys[0])
     loss.backward()
+    model.load_state_dict(fresh.state_dict())  # running stats as they were
+    extra = {}
     recs = [
         ("params", flat(model)),
         ("x", xs.reshape(-1)),
@@ -121,7 +152,7 @@ def write(path, build, B, shape):
         ("grads", flat(model, grads=True)),
         ("sgd_nesterov", after(build, model, lambda p: torch.optim.SGD(
             p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4),
-            xs, ys)),
+            xs, ys, out=extra)),
         ("sgd_dampening", after(build, model, lambda p: torch.optim.SGD(
             p, lr=0.1, momentum=0.8, dampening=0.25), xs, ys)),
         ("adamw", after(build, model, lambda p: torch.optim.AdamW(
@@ -133,6 +164,9 @@ def write(path, build, B, shape):
         ("sgd_clipped", after(build, model, lambda p: torch.optim.SGD(
             p, lr=0.1, momentum=0.9), xs, ys, clip=0.05)),
     ]
+    if extra["buffers"].numel():
+        recs += [("sgd_nesterov_buffers", extra["buffers"]),
+                 ("sgd_nesterov_eval_logits", extra["eval_logits"])]
     with open(path, "wb") as f:
         f.write(b"BEEREF1\n")
         for name, t in recs:
@@ -148,6 +182,7 @@ def main():
     torch.set_num_threads(1)
     write(f"{sys.argv[1]}/trainer-mlp.ref", mlp, 16, (64,))
     write(f"{sys.argv[1]}/trainer-cnn.ref", cnn, 8, (1, 12, 12))
+    write(f"{sys.argv[1]}/trainer-cnnbn.ref", cnnbn, 8, (1, 12, 12))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 /* test-trainer-ckpt.c: save and restore reproduce a run bit for bit.
  *
- * A small cnn with dropout learns random 1x12x12 images for 6 steps,
+ * A small cnn with batch norm and dropout learns random 1x12x12 images
+ * for 6 steps,
  * saves, and goes on for 6 more, recording its losses.  A second run with
  * another seed, another data order and a fresh optimizer loads the
  * checkpoint and takes the same 6 steps: every loss and every parameter
- * must be the same bits (for SGD with momentum, AdamW and LAMB).  Then
+ * must be the same bits, the batch norms' running statistics too (for SGD
+ * with momentum, AdamW and LAMB).  Then
  * bad checkpoints: another model, another optimizer, another dataset's
  * order, a damaged byte, a truncated file, trailing bytes, a missing file
  * and a file that is not a checkpoint are each refused with a message and
@@ -38,6 +40,7 @@ static trn_model *new_model(uint64_t seed, unsigned dense) {
   c.name = "cnn";
   c.in_h = c.in_w = 12;
   c.conv[0] = 4, c.conv[1] = 6, c.dense = dense, c.dropout = 0.3f;
+  c.batchnorm = true; /* running statistics to save too */
   c.max_batch = B;
   c.seed = seed;
   trn_model *m;
@@ -95,6 +98,9 @@ static void round_trip(int kind, const char *name) {
   float *sta = trn_optim_state(oa, &sa), *stb = trn_optim_state(ob, &sb);
   ASSERT(sa == sb && (sa == 0 || memcmp(sta, stb, sa * 4) == 0));
   ASSERT_UEQ(trn_optim_steps(ob), 2 * STEPS);
+  size_t nba, nbb;
+  float *ba = trn_model_buffers(a, &nba), *bb = trn_model_buffers(b, &nbb);
+  ASSERT(nba == nbb && nba > 0 && memcmp(ba, bb, nba * 4) == 0);
   ASSERT_UEQ(trn_model_dropout_calls(b), trn_model_dropout_calls(a));
   printf("%-5s: %d steps after the restore, the same losses (last %.9f) and "
          "parameters to the bit\n",

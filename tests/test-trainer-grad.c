@@ -70,6 +70,25 @@ static void numgrad(double (*f)(void), double *v, size_t n, double *out) {
   }
 }
 
+/* A layer's three gradients (input, weight, bias: ours in float) against
+ * central differences of f over the double copies x, w and b. */
+static void check3(const char *what, double (*f)(void), const float *dx,
+                   double *x, size_t nx, const float *dw, double *w, size_t nw,
+                   const float *db, double *b, size_t nb) {
+  static double g[4096];
+  char name[48];
+  ASSERT(nx <= 4096 && nw <= 4096 && nb <= 4096);
+  numgrad(f, x, nx, g);
+  snprintf(name, sizeof name, "%s dx", what);
+  close_vec(name, dx, g, nx, 1e-4);
+  numgrad(f, w, nw, g);
+  snprintf(name, sizeof name, "%s dW", what);
+  close_vec(name, dw, g, nw, 1e-4);
+  numgrad(f, b, nb, g);
+  snprintf(name, sizeof name, "%s db", what);
+  close_vec(name, db, g, nb, 1e-4);
+}
+
 static double X[B * IN], W[OUT * IN], Bb[OUT], R[B * OUT];
 static double f_lin(void) { return lin_obj(X, W, Bb, R); }
 
@@ -98,13 +117,7 @@ static void test_linear(void) {
     dw[i] -= 1;
   for (int i = 0; i < OUT; i++)
     db[i] -= 1;
-  double gx[B * IN], gw[OUT * IN], gb[OUT];
-  numgrad(f_lin, X, B * IN, gx);
-  numgrad(f_lin, W, OUT * IN, gw);
-  numgrad(f_lin, Bb, OUT, gb);
-  close_vec("linear dx", dx, gx, B * IN, 1e-4);
-  close_vec("linear dW", dw, gw, OUT * IN, 1e-4);
-  close_vec("linear db", db, gb, OUT, 1e-4);
+  check3("linear", f_lin, dx, X, B * IN, dw, W, OUT * IN, db, Bb, OUT);
   printf("linear: y, dx, dW, db agree with finite differences\n");
 }
 
@@ -238,13 +251,7 @@ static void test_conv(void) {
   conv_ref(CX, CWt, CBs, yr, CB, CC, CH, CW, CO, CK, CP);
   close_vec("conv y", y, yr, NY, 1e-5);
   trn__conv_bwd(&cv, x, w, y, dy, dx, dw, db, CB, col, tmp);
-  double gx[NX], gw[NW], gb[CO];
-  numgrad(f_conv, CX, NX, gx);
-  numgrad(f_conv, CWt, NW, gw);
-  numgrad(f_conv, CBs, CO, gb);
-  close_vec("conv dx", dx, gx, NX, 1e-4);
-  close_vec("conv dW", dw, gw, NW, 1e-4);
-  close_vec("conv db", db, gb, CO, 1e-4);
+  check3("conv", f_conv, dx, CX, NX, dw, CWt, NW, db, CBs, CO);
   /* A batch of several chunks (and a partial one): the same as sample by
    * sample. */
   enum { BB = 2 * TRN__CONV_CHUNK + 5, SX = CC * CH * CW, SY = CO * COH * COW };
@@ -341,6 +348,81 @@ static void test_pool_dropout(void) {
   printf("max-pool 2: y and dx agree with finite differences; dropout: "
          "%zu of %d zeroed at p = 0.3, masks fixed by (seed, call)\n",
          zeros, DN);
+}
+
+/* ---- batch normalization ---------------------------------------------------- */
+
+/* Channel ch's mean over (b, hw) and the sum of squared deviations. */
+static double moments(const double *x, int b, int c, int hw, int ch,
+                      double *ss) {
+  double mu = 0;
+  for (int n = 0; n < b; n++)
+    for (int i = 0; i < hw; i++)
+      mu += x[(n * c + ch) * hw + i];
+  mu /= b * hw;
+  *ss = 0;
+  for (int n = 0; n < b; n++)
+    for (int i = 0; i < hw; i++)
+      *ss += pow(x[(n * c + ch) * hw + i] - mu, 2);
+  return mu;
+}
+
+/* Training-mode batch norm in double: per channel over (b, hw). */
+static void bn_ref(const double *x, const double *g, const double *be,
+                   double *y, int b, int c, int hw) {
+  for (int ch = 0; ch < c; ch++) {
+    double var, mu = moments(x, b, c, hw, ch, &var);
+    var /= b * hw;
+    for (int n = 0; n < b; n++)
+      for (int i = 0; i < hw; i++) {
+        size_t at = (size_t)(n * c + ch) * hw + i;
+        y[at] = g[ch] * (x[at] - mu) / sqrt(var + 1e-5) + be[ch];
+      }
+  }
+}
+
+enum { BB2 = 3, BC2 = 2, BHW = 5, BN_N = BB2 * BC2 * BHW };
+static double BX[BN_N], BG[BC2], BBe[BC2], BR[BN_N];
+static double f_bn(void) {
+  double y[BN_N], s = 0;
+  bn_ref(BX, BG, BBe, y, BB2, BC2, BHW);
+  for (int i = 0; i < BN_N; i++)
+    s += y[i] * BR[i];
+  return s;
+}
+
+static void test_bn(void) {
+  float x[BN_N], g[BC2], be[BC2], y[BN_N], dy[BN_N], dx[BN_N], xhat[BN_N];
+  float inv[BC2], rm[BC2] = {0.5f, -1}, rv[BC2] = {2, 3};
+  float dg[BC2] = {0}, db[BC2] = {0};
+  fill(x, BX, BN_N);
+  fill(g, BG, BC2);
+  fill(be, BBe, BC2);
+  fill(dy, BR, BN_N);
+  trn__bn bn = {.c = BC2, .hw = BHW, .eps = 1e-5f, .momentum = 0.1f};
+  trn__bn_fwd(&bn, x, g, be, y, xhat, inv, rm, rv, BB2, true);
+  double yr[BN_N];
+  bn_ref(BX, BG, BBe, yr, BB2, BC2, BHW);
+  close_vec("bn y", y, yr, BN_N, 1e-5);
+  trn__bn_bwd(&bn, xhat, inv, g, dy, dx, dg, db, BB2);
+  check3("bn", f_bn, dx, BX, BN_N, dg, BG, BC2, db, BBe, BC2);
+  /* Running statistics: 0.9 old + 0.1 the batch's (variance unbiased);
+   * evaluation normalizes with them. */
+  for (int c = 0; c < BC2; c++) {
+    double v, mu = moments(BX, BB2, BC2, BHW, c, &v);
+    v /= BB2 * BHW - 1;
+    double want_m = 0.9 * (c ? -1 : 0.5) + 0.1 * mu;
+    double want_v = 0.9 * (c ? 3 : 2) + 0.1 * v;
+    ASSERT(fabs(rm[c] - want_m) < 1e-6 && fabs(rv[c] - want_v) < 1e-5);
+  }
+  trn__bn_fwd(&bn, x, g, be, y, NULL, inv, rm, rv, BB2, false);
+  for (int i = 0; i < BN_N; i++) {
+    int c = i / BHW % BC2;
+    double want = BG[c] * (BX[i] - rm[c]) / sqrt(rv[c] + 1e-5) + BBe[c];
+    ASSERT(fabs(y[i] - want) < 1e-5 * (1 + fabs(want)));
+  }
+  printf("batch norm: y, dx, dgamma, dbeta agree with finite differences; "
+         "running statistics and evaluation as BatchNorm2d\n");
 }
 
 /* ---- whole models --------------------------------------------------------- */
@@ -475,17 +557,34 @@ static const double *dense_ref(const double *x, const double *p, double *y,
   return p + in * out + out;
 }
 
-/* The cnn of trainer.h in double: conv 5x5 pad 2, relu, pool 2, twice;
- * dense, relu, dense (no dropout), cross-entropy summed. */
+static bool with_bn; /* the batch-norm variant */
+
+/* Batch norm (training mode) in place when with_bn, its gamma and beta
+ * at p; returns where the next parameters are. */
+static const double *maybe_bn(double *a, const double *p, int c, int hw) {
+  static double t[NB * N1 * NI * NI];
+  if (!with_bn)
+    return p;
+  bn_ref(a, p, p + c, t, NB, c, hw);
+  memcpy(a, t, (size_t)NB * c * hw * sizeof *a);
+  return p + 2 * c;
+}
+
+/* The cnn of trainer.h in double: conv 5x5 pad 2, (batch norm,) relu,
+ * pool 2, twice; dense, relu, dense (no dropout), cross-entropy summed. */
 static double f_cnn(void) {
   static double a[NB * N1 * NI * NI], t[NB * N1 * NI * NI];
+  static const double zero[N1]; /* the convolutions before batch norm */
   const double *p = NP;
-  conv_ref(NX, p, p + N0 * 25, a, NB, 1, NI, NI, N0, 5, 2);
-  p += N0 * 25 + N0;
+  conv_ref(NX, p, with_bn ? zero : p + N0 * 25, a, NB, 1, NI, NI, N0, 5, 2);
+  p += N0 * 25 + (with_bn ? 0 : N0);
+  p = maybe_bn(a, p, N0, NI * NI);
   relu_d(a, NB * N0 * NI * NI);
   pool_ref(a, t, NB * N0, NI, NI, 2);
-  conv_ref(t, p, p + N1 * N0 * 25, a, NB, N0, NI / 2, NI / 2, N1, 5, 2);
-  p += N1 * N0 * 25 + N1;
+  conv_ref(t, p, with_bn ? zero : p + N1 * N0 * 25, a, NB, N0, NI / 2, NI / 2,
+           N1, 5, 2);
+  p += N1 * N0 * 25 + (with_bn ? 0 : N1);
+  p = maybe_bn(a, p, N1, (NI / 2) * (NI / 2));
   relu_d(a, NB * N1 * (NI / 2) * (NI / 2));
   pool_ref(a, t, NB * N1, NI / 2, NI / 2, 2);
   p = dense_ref(t, p, a, NB, N1 * (NI / 4) * (NI / 4), ND);
@@ -511,6 +610,17 @@ static void test_cnn(void) {
   float x[NB * NI * NI];
   model_vs_fd("cnn", m, x, NX, NB * NI * NI, NYL, NB, f_cnn, NP);
   trn_model_free(m);
+  /* The batch-norm variant. */
+  c.batchnorm = true;
+  ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), 0);
+  ASSERT_UEQ(trn_model_nparams(m), np + (N0 + N1)); /* +gamma, beta, -bias */
+  size_t nb;
+  ASSERT(trn_model_buffers(m, &nb) != NULL && nb == 2 * (N0 + N1));
+  with_bn = true;
+  model_vs_fd("cnn-bn", m, x, NX, NB * NI * NI, NYL, NB, f_cnn, NP);
+  with_bn = false;
+  trn_model_free(m);
+  c.batchnorm = false;
   /* The default cnn has the 3.3M parameters. */
   trn_model_config_default(&c);
   c.name = "cnn";
@@ -520,9 +630,10 @@ static void test_cnn(void) {
   c.dropout = 1;
   ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), -EINVAL);
   ASSERT(strstr(err, "dropout") != NULL);
-  printf("cnn 1x%dx%d-%d-%d-%d-%d: loss and all %zu gradients agree with "
-         "finite differences; the default has 3,274,634 parameters\n",
-         NI, NI, N0, N1, ND, NC, np);
+  printf("cnn 1x%dx%d-%d-%d-%d-%d, and with batch norm: loss and all %zu "
+         "(%zu) gradients agree with finite differences; the default has "
+         "3,274,634 parameters\n",
+         NI, NI, N0, N1, ND, NC, np, np + N0 + N1);
 }
 
 int main(void) {
@@ -532,6 +643,7 @@ int main(void) {
   test_ce();
   test_conv();
   test_pool_dropout();
+  test_bn();
   test_mlp();
   test_cnn();
   return 0;

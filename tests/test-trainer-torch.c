@@ -8,7 +8,8 @@
  * gradients must agree to fp32 rounding, and so must the parameters after
  * three steps of SGD (Nesterov momentum and weight decay; momentum with
  * dampening; momentum after clipping the gradient's norm to 0.05), AdamW
- * and LAMB (written from the paper in the generator).  The two files' paths are the arguments (meson
+ * and LAMB (written from the paper in the generator).  The cnn with batch
+ * norm also checks the running statistics and the logits in evaluation.  The two files' paths are the arguments (meson
  * passes them).
  */
 #include "test.h"
@@ -95,14 +96,19 @@ static double close_to(const char *what, const float *a, const float *b,
 
 enum { STEPS = 3 };
 static size_t B;
+static float buf0[256]; /* the model's batch-norm statistics as created */
+static size_t nbuf0;
 
 /* STEPS steps of the optimizer oc from p0, one batch each, the gradients
  * clipped to a global norm of clip first (0: not). */
 static void run_optim(trn_model *m, const float *p0, const float *x,
                       const int32_t *y, const trn_optim_config *oc,
                       float clip, const char *ref) {
-  size_t np = trn_model_nparams(m), in = trn_model_inputs(m);
+  size_t np = trn_model_nparams(m), in = trn_model_inputs(m), nb;
   memcpy(trn_model_params(m), p0, np * sizeof(float));
+  float *buf = trn_model_buffers(m, &nb);
+  if (nb)
+    memcpy(buf, buf0, nb * sizeof *buf);
   trn_optim *o;
   ASSERT_EQ(trn_optim_new(oc, np, &o), 0);
   size_t ends[64];
@@ -127,6 +133,18 @@ static void run_optim(trn_model *m, const float *p0, const float *x,
   printf("  %-14s parameters after %d steps: worst error %.2g of their "
          "scale\n",
          ref, STEPS, e);
+  if (nb && strcmp(ref, "sgd_nesterov") == 0) {
+    /* Batch norm's running statistics, and the model in evaluation. */
+    double eb = close_to("buffers", buf, get("sgd_nesterov_buffers", nb), nb,
+                         1, 2e-6);
+    ASSERT_EQ(trn_model_eval_batch(m, x, y, B, NULL, NULL), 0);
+    double ee = close_to("eval logits", trn_model_logits(m),
+                         get("sgd_nesterov_eval_logits", B * 10), B * 10, 1,
+                         2e-6);
+    printf("  %-14s running statistics within %.2g, logits in evaluation "
+           "within %.2g\n",
+           "", eb, ee);
+  }
   trn_optim_free(o);
 }
 
@@ -139,6 +157,10 @@ static void check(const char *path, const trn_model_config *c, size_t batch,
   char err[128];
   ASSERT_EQ(trn_model_new(c, &m, err, sizeof err), 0);
   size_t np = trn_model_nparams(m), in = trn_model_inputs(m);
+  float *buf = trn_model_buffers(m, &nbuf0);
+  ASSERT(nbuf0 <= 256);
+  if (nbuf0)
+    memcpy(buf0, buf, nbuf0 * sizeof *buf);
   const float *p0 = get("params", np);
   const float *x = get("x", STEPS * B * in);
   const float *yf = get("y", STEPS * B);
@@ -184,7 +206,7 @@ static void check(const char *path, const trn_model_config *c, size_t batch,
 }
 
 int main(int argc, char **argv) {
-  ASSERT(argc == 3);
+  ASSERT(argc == 4);
   trn_cpu_threads_set(1);
   trn_model_config c;
   trn_model_config_default(&c);
@@ -199,6 +221,8 @@ int main(int argc, char **argv) {
   c.conv[0] = 4, c.conv[1] = 6, c.dense = 16, c.dropout = 0;
   c.max_batch = 8;
   check(argv[2], &c, 8, "cnn 1x12x12, conv 4 and 6, dense 16");
+  c.batchnorm = true;
+  check(argv[3], &c, 8, "the same with batch norm");
 
   /* Schedules, at the steps whose rates are known exactly. */
   trn_sched sc = {.kind = TRN_SCHED_COSINE, .lr = 1, .min_lr = 0,

@@ -1,9 +1,10 @@
 /* ckpt.c: checkpoints of a training run (trainer.h, "Checkpoints").
  *
  * One file holds everything a run needs to go on with the same bits: the
- * parameters, the optimizer's state and step count, the data order's
- * (seed, epoch, position), the dropout masks' seed and how many were
- * drawn, and four numbers of the caller's (the daemon's epoch and step).  Written to a
+ * parameters, the batch norms' running statistics, the optimizer's state
+ * and step count, the data order's (seed, epoch, position), the dropout
+ * masks' seed and how many were drawn, and four numbers of the caller's
+ * (the daemon's epoch and step).  Written to a
  * temporary file beside the target, flushed to disk and renamed over it,
  * so a crash leaves the old checkpoint or the new one, never half of one.
  * Read whole and checked (magic, version, the model's shape, sizes, CRC)
@@ -13,8 +14,8 @@
  *   "BEECKPT1"  u32 version (1)  u32 optimizer kind
  *   u64 shape hash  u64 nparams  u64 nstate  u64 optimizer steps
  *   u64 dropout masks drawn  u64 order n, epoch, pos  32 bytes order seed
- *   u64 user[4]  u64 the dropout masks' seed
- *   float params[nparams]  float state[nstate]
+ *   u64 user[4]  u64 the dropout masks' seed  u64 nbuffers
+ *   float params[nparams]  float state[nstate]  float buffers[nbuffers]
  *   u32 CRC-32 (zlib) of everything before it
  */
 #include "trainer-int.h"
@@ -29,7 +30,7 @@
 
 #define MAGIC "BEECKPT1"
 #define VERSION 1u
-#define HEAD (8 + 4 + 4 + 8 * 8 + 32 + 8 * 4 + 8)
+#define HEAD (8 + 4 + 4 + 8 * 8 + 32 + 8 * 4 + 8 + 8)
 
 static void put32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++)
@@ -80,9 +81,10 @@ static uint32_t crc(const uint8_t *p, size_t n) {
 int trn_ckpt_save(const char *path, trn_model *m, trn_optim *o,
                   const trn_order *ord, const uint64_t user[4], char *err,
                   size_t errlen) {
-  size_t np = trn_model_nparams(m), ns = 0;
+  size_t np = trn_model_nparams(m), ns = 0, nb;
   const float *st = o ? trn_optim_state(o, &ns) : NULL;
-  size_t len = HEAD + 4 * (np + ns) + 4;
+  const float *buf = trn_model_buffers(m, &nb);
+  size_t len = HEAD + 4 * (np + ns + nb) + 4;
   uint8_t *b = malloc(len);
   if (!b)
     return trn__fail(err, errlen, -ENOMEM, "%s: out of memory for %zu bytes",
@@ -107,9 +109,12 @@ int trn_ckpt_save(const char *path, trn_model *m, trn_optim *o,
   for (int i = 0; i < 4; i++, p += 8)
     put64(p, user ? user[i] : 0);
   put64(p, trn__model_dropout_seed(m)), p += 8;
+  put64(p, nb), p += 8;
   put_floats(p, trn_model_params(m), np), p += 4 * np;
   if (ns)
     put_floats(p, st, ns), p += 4 * ns;
+  if (nb)
+    put_floats(p, buf, nb), p += 4 * nb;
   put32(p, crc(b, len - 4));
 
   /* Beside the target, then renamed over it: all or nothing. */
@@ -158,9 +163,10 @@ int trn_ckpt_load(const char *path, trn_model *m, trn_optim *o,
   if (!f)
     return trn__fail(err, errlen, -errno, "%s: cannot open: %s", path,
                      strerror(errno));
-  size_t np = trn_model_nparams(m), ns = 0;
+  size_t np = trn_model_nparams(m), ns = 0, nb;
   if (o)
     trn_optim_state(o, &ns);
+  float *buf = trn_model_buffers(m, &nb);
   /* The header first, so that a checkpoint of another model or optimizer
    * is named as that rather than as a size mismatch. */
   uint8_t h[HEAD];
@@ -203,7 +209,14 @@ int trn_ckpt_load(const char *path, trn_model *m, trn_optim *o,
                    path, (unsigned long long)fns);
     goto out;
   }
-  size_t len = HEAD + 4 * (np + (size_t)fns) + 4;
+  if (get64(p + 136) != nb) { /* the shape hash covers it; a damaged file */
+    rc = trn__fail(err, errlen, -EBADMSG,
+                   "%s: offset 152: %llu batch-norm statistics, the model "
+                   "has %zu",
+                   path, (unsigned long long)get64(p + 136), nb);
+    goto out;
+  }
+  size_t len = HEAD + 4 * (np + (size_t)fns + nb) + 4;
   if (!(b = malloc(len))) {
     rc = trn__fail(err, errlen, -ENOMEM, "%s: out of memory for %zu bytes",
                    path, len);
@@ -256,6 +269,8 @@ int trn_ckpt_load(const char *path, trn_model *m, trn_optim *o,
     get_floats(st, b + HEAD + 4 * np, ns);
     trn_optim_set_steps(o, get64(p + 24));
   }
+  if (nb)
+    get_floats(buf, b + HEAD + 4 * (np + (size_t)fns), nb);
   trn_model_set_dropout_calls(m, get64(p + 32));
   trn__model_set_dropout_seed(m, get64(p + 128));
   get_floats(trn_model_params(m), b + HEAD, np);

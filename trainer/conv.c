@@ -1,5 +1,5 @@
 /* conv.c: the CPU layers for images (trainer-int.h): 2-D convolution by
- * im2col and OpenBLAS, max pooling, dropout.
+ * im2col and OpenBLAS, max pooling, dropout, batch normalization.
  *
  * Tensors are NCHW, row-major, as PyTorch's default layout, so weights
  * (out channels, in channels, kh, kw) move between the two as they are.
@@ -11,6 +11,7 @@
 
 #include <cblas.h>
 #include <float.h>
+#include <math.h>
 #include <string.h>
 
 /* The output columns j whose input column j + kj - pad lies inside the
@@ -103,14 +104,15 @@ void trn__conv_fwd(const trn__conv *cv, const float *x, const float *w,
       for (unsigned o = 0; o < cv->oc; o++) {
         float *yo = y + ((n0 + s) * cv->oc + o) * px;
         const float *t = tmp + o * ld + s * px;
+        float bo = b ? b[o] : 0;
         if (cv->relu)
           for (size_t p = 0; p < px; p++) {
-            float v = t[p] + b[o];
+            float v = t[p] + bo;
             yo[p] = v > 0 ? v : 0;
           }
         else
           for (size_t p = 0; p < px; p++)
-            yo[p] = t[p] + b[o];
+            yo[p] = t[p] + bo;
       }
   }
 }
@@ -136,7 +138,8 @@ void trn__conv_bwd(const trn__conv *cv, const float *x, const float *w,
         else
           for (size_t p = 0; p < px; p++)
             sum += t[p] = d[p];
-        db[o] += sum;
+        if (db)
+          db[o] += sum;
       }
     /* dW (oc, kk) += dy (oc, nb px) . col^T (nb px, kk) */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)cv->oc, (int)kk,
@@ -243,4 +246,79 @@ void trn__dropout_bwd(const float *mask, const float *dy, float *dx,
                       size_t n) {
   for (size_t i = 0; i < n; i++)
     dx[i] = dy[i] * mask[i];
+}
+
+/* ---- batch normalization --------------------------------------------------- */
+
+void trn__bn_fwd(const trn__bn *bn, const float *x, const float *gamma,
+                 const float *beta, float *y, float *xhat, float *inv,
+                 float *run_mean, float *run_var, size_t B, bool train) {
+  size_t hw = bn->hw, n = B * hw;
+  for (unsigned c = 0; c < bn->c; c++) {
+    float mean, var;
+    if (train) {
+      /* The batch's statistics over (n, h, w), in double. */
+      double s = 0, ss = 0;
+      for (size_t b = 0; b < B; b++) {
+        const float *p = x + (b * bn->c + c) * hw;
+        for (size_t i = 0; i < hw; i++)
+          s += p[i];
+      }
+      double mu = s / (double)n;
+      for (size_t b = 0; b < B; b++) {
+        const float *p = x + (b * bn->c + c) * hw;
+        for (size_t i = 0; i < hw; i++)
+          ss += ((double)p[i] - mu) * ((double)p[i] - mu);
+      }
+      mean = (float)mu;
+      var = (float)(ss / (double)n); /* biased, for normalizing */
+      /* Running statistics as torch.nn.BatchNorm2d keeps them: the
+       * variance unbiased. */
+      float unbiased = n > 1 ? (float)(ss / (double)(n - 1)) : var;
+      run_mean[c] = (1 - bn->momentum) * run_mean[c] + bn->momentum * mean;
+      run_var[c] = (1 - bn->momentum) * run_var[c] + bn->momentum * unbiased;
+    } else {
+      mean = run_mean[c], var = run_var[c];
+    }
+    float is = 1.0f / sqrtf(var + bn->eps);
+    if (inv)
+      inv[c] = is;
+    for (size_t b = 0; b < B; b++) {
+      size_t at = (b * bn->c + c) * hw;
+      for (size_t i = 0; i < hw; i++) {
+        float h = (x[at + i] - mean) * is;
+        if (xhat)
+          xhat[at + i] = h;
+        y[at + i] = gamma[c] * h + beta[c];
+      }
+    }
+  }
+}
+
+void trn__bn_bwd(const trn__bn *bn, const float *xhat, const float *inv,
+                 const float *gamma, const float *dy, float *dx,
+                 float *dgamma, float *dbeta, size_t B) {
+  size_t hw = bn->hw, n = B * hw;
+  for (unsigned c = 0; c < bn->c; c++) {
+    double sg = 0, sb = 0; /* sum dy xhat, sum dy */
+    for (size_t b = 0; b < B; b++) {
+      size_t at = (b * bn->c + c) * hw;
+      for (size_t i = 0; i < hw; i++) {
+        sg += (double)dy[at + i] * xhat[at + i];
+        sb += dy[at + i];
+      }
+    }
+    dgamma[c] += (float)sg;
+    dbeta[c] += (float)sb;
+    if (!dx)
+      continue;
+    /* dx = gamma inv / n (n dy - sum dy - xhat sum dy xhat) */
+    float k = gamma[c] * inv[c] / (float)n;
+    float mb = (float)sb, mg = (float)sg;
+    for (size_t b = 0; b < B; b++) {
+      size_t at = (b * bn->c + c) * hw;
+      for (size_t i = 0; i < hw; i++)
+        dx[at + i] = k * ((float)n * dy[at + i] - mb - xhat[at + i] * mg);
+    }
+  }
 }

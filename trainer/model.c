@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { L_LINEAR, L_RELU, L_CONV, L_POOL, L_DROPOUT };
+enum { L_LINEAR, L_RELU, L_CONV, L_POOL, L_DROPOUT, L_BN };
 
 typedef struct layer {
   int kind;
@@ -27,11 +27,15 @@ typedef struct layer {
   trn__conv cv;          /* L_CONV */
   unsigned k;            /* L_POOL: window (and stride) */
   float p;               /* L_DROPOUT: the probability of a zero */
-  size_t w_off, b_off;   /* parameters, for L_LINEAR and L_CONV */
+  trn__bn bn;            /* L_BN */
+  size_t w_off, b_off;   /* parameters: weight (BN: gamma), bias (beta) */
   size_t nparams;
+  bool bias;             /* L_LINEAR, L_CONV: has one (b_off valid) */
   float *y;              /* (max_batch, out) the layer's output */
   float *mask;           /* L_DROPOUT: (max_batch, out) 0 or 1 / (1 - p) */
   uint32_t *arg;         /* L_POOL: (max_batch, out) where each max was */
+  float *xhat, *inv;     /* L_BN: (max_batch, out) normalized x; (c) */
+  size_t buf_off;        /* L_BN: running mean (c), then variance (c) */
 } layer;
 
 #define LAYERS_MAX 32
@@ -43,6 +47,8 @@ struct trn_model {
   size_t nl;
   size_t nparams;
   float *params, *grads; /* (nparams) each */
+  float *buffers;        /* (nbuffers) batch norm's running statistics */
+  size_t nbuffers;
   float *ws;             /* activations */
   float *d0, *d1;        /* (max_batch, widest) gradients flowing down */
   float *col, *tmp;      /* the convolutions' workspaces (conv.c) */
@@ -61,6 +67,7 @@ void trn_model_config_default(trn_model_config *c) {
   c->conv[0] = 32, c->conv[1] = 64;
   c->dense = 1024;
   c->dropout = 0.5f;
+  c->batchnorm = false;
 }
 
 /* splitmix64, for the initial weights: uniform in [-bound, bound). */
@@ -77,13 +84,21 @@ void trn_model_init(trn_model *m, uint64_t seed) {
   uint64_t s = seed ^ 0x7472616e20696e69ull;
   for (size_t i = 0; i < m->nl; i++) {
     layer *L = &m->l[i];
+    if (L->kind == L_BN) { /* as torch: gamma 1, beta 0; mean 0, var 1 */
+      for (unsigned c = 0; c < L->bn.c; c++) {
+        m->params[L->w_off + c] = 1, m->params[L->b_off + c] = 0;
+        m->buffers[L->buf_off + c] = 0;
+        m->buffers[L->buf_off + L->bn.c + c] = 1;
+      }
+      continue;
+    }
     if (!L->nparams)
       continue;
     /* torch.nn.Linear's and Conv2d's default: kaiming_uniform_(a =
      * sqrt(5)) for the weights and the same bound for the bias,
      * 1 / sqrt(fan_in). */
-    size_t nb = L->kind == L_CONV ? L->cv.oc : L->out;
-    size_t fan_in = (L->nparams - nb) / nb;
+    size_t fan_in = L->kind == L_CONV ? (size_t)L->cv.c * L->cv.k * L->cv.k
+                                      : L->in;
     float bound = 1.0f / sqrtf((float)fan_in);
     for (size_t k = 0; k < L->nparams; k++)
       m->params[L->w_off + k] = uniform(&s, bound);
@@ -112,14 +127,16 @@ static void add_linear(trn_model *m, shape *s, unsigned out) {
   L->w_off = m->nparams;
   L->b_off = L->w_off + L->in * out;
   L->nparams = L->in * out + out;
+  L->bias = true;
   m->nparams += L->nparams;
   *s = (shape){out, 1, 1};
 }
 
 /* A convolution, with a relu fused in when relu is set (one pass over the
- * output instead of three: conv.c). */
+ * output instead of three: conv.c), and without a bias when bias is not
+ * (before a batch norm, which would cancel it). */
 static void add_conv(trn_model *m, shape *s, unsigned oc, unsigned k,
-                     unsigned pad, bool relu) {
+                     unsigned pad, bool relu, bool bias) {
   layer *L = add(m, L_CONV, s);
   trn__conv *cv = &L->cv;
   cv->c = s->c, cv->h = s->h, cv->w = s->w;
@@ -128,7 +145,8 @@ static void add_conv(trn_model *m, shape *s, unsigned oc, unsigned k,
   cv->ow = s->w + 2 * pad - k + 1;
   L->w_off = m->nparams;
   L->b_off = L->w_off + (size_t)oc * s->c * k * k;
-  L->nparams = (size_t)oc * s->c * k * k + oc;
+  L->nparams = (size_t)oc * s->c * k * k + (bias ? oc : 0);
+  L->bias = bias;
   m->nparams += L->nparams;
   *s = (shape){oc, cv->oh, cv->ow};
   L->out = numel(*s);
@@ -139,6 +157,19 @@ static void add_pool(trn_model *m, shape *s, unsigned k) {
   L->k = k;
   *s = (shape){s->c, s->h / k, s->w / k};
   L->out = numel(*s);
+}
+
+/* Batch normalization (eps 1e-5, momentum 0.1, as BatchNorm2d's). */
+static void add_bn(trn_model *m, shape *s) {
+  layer *L = add(m, L_BN, s);
+  L->bn = (trn__bn){.c = s->c, .hw = (size_t)s->h * s->w, .eps = 1e-5f,
+                    .momentum = 0.1f};
+  L->w_off = m->nparams;
+  L->b_off = L->w_off + s->c;
+  L->nparams = 2 * (size_t)s->c;
+  m->nparams += L->nparams;
+  L->buf_off = m->nbuffers;
+  m->nbuffers += 2 * (size_t)s->c;
 }
 
 static void add_dropout(trn_model *m, shape *s, float p) {
@@ -189,7 +220,13 @@ static int build(trn_model *m, const trn_model_config *cfg, char *err,
                        (double)cfg->dropout);
     shape s = {cfg->in_c, cfg->in_h, cfg->in_w};
     for (int i = 0; i < 2; i++) {
-      add_conv(m, &s, cfg->conv[i], 5, 2, true);
+      if (cfg->batchnorm) { /* conv, batch norm, relu */
+        add_conv(m, &s, cfg->conv[i], 5, 2, false, false);
+        add_bn(m, &s);
+        add(m, L_RELU, &s);
+      } else {
+        add_conv(m, &s, cfg->conv[i], 5, 2, true, true);
+      }
       add_pool(m, &s, 2);
     }
     add_linear(m, &s, cfg->dense);
@@ -234,7 +271,8 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
   size_t B = cfg->max_batch, acts = 0, widest = m->in, col = 0, tmp = 0;
   for (size_t i = 0; i < m->nl; i++) {
     layer *L = &m->l[i];
-    acts += L->out * (L->kind == L_DROPOUT ? 2 : 1);
+    acts += L->out * (L->kind == L_DROPOUT || L->kind == L_BN ? 2 : 1) +
+            (L->kind == L_BN ? L->bn.c : 0);
     if (L->out > widest)
       widest = L->out;
     if (L->kind == L_CONV) {
@@ -247,13 +285,14 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
   rc = -ENOMEM;
   m->params = calloc(m->nparams, sizeof *m->params);
   m->grads = calloc(m->nparams, sizeof *m->grads);
+  m->buffers = m->nbuffers ? calloc(m->nbuffers, sizeof *m->buffers) : NULL;
   m->ws = malloc(acts * B * sizeof *m->ws);
   m->d0 = malloc(widest * B * sizeof *m->d0);
   m->d1 = malloc(widest * B * sizeof *m->d1);
   m->col = col ? malloc(col * sizeof *m->col) : NULL;
   m->tmp = tmp ? malloc(tmp * sizeof *m->tmp) : NULL;
   if (!m->params || !m->grads || !m->ws || !m->d0 || !m->d1 ||
-      (col && (!m->col || !m->tmp))) {
+      (col && (!m->col || !m->tmp)) || (m->nbuffers && !m->buffers)) {
     trn__fail(err, errlen, rc, "%s: out of memory for %zu parameters and "
               "the activations of %zu samples", m->name, m->nparams, B);
     goto fail;
@@ -266,6 +305,12 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
     if (L->kind == L_DROPOUT) {
       L->mask = p;
       p += L->out * B;
+    }
+    if (L->kind == L_BN) {
+      L->xhat = p;
+      p += L->out * B;
+      L->inv = p;
+      p += L->bn.c;
     }
     if (L->kind == L_POOL && !(L->arg = malloc(L->out * B * sizeof *L->arg)))
       goto fail;
@@ -287,6 +332,7 @@ void trn_model_free(trn_model *m) {
     free(m->l[i].arg);
   free(m->params);
   free(m->grads);
+  free(m->buffers);
   free(m->ws);
   free(m->d0);
   free(m->d1);
@@ -296,6 +342,10 @@ void trn_model_free(trn_model *m) {
 }
 
 size_t trn_model_nparams(const trn_model *m) { return m->nparams; }
+float *trn_model_buffers(trn_model *m, size_t *n) {
+  *n = m->nbuffers;
+  return m->buffers;
+}
 float *trn_model_params(trn_model *m) { return m->params; }
 float *trn_model_grads(trn_model *m) { return m->grads; }
 size_t trn_model_classes(const trn_model *m) { return m->classes; }
@@ -307,8 +357,9 @@ uint64_t trn__model_shape_hash(const trn_model *m) {
     const layer *L = &m->l[i];
     v[0] = (uint64_t)L->kind, v[1] = L->in, v[2] = L->out, v[3] = L->c;
     v[4] = L->h, v[5] = L->w, v[6] = L->k, v[7] = L->cv.oc;
-    v[8] = L->cv.k | (uint64_t)L->cv.relu << 32, v[9] = L->cv.pad;
-    v[10] = L->nparams, v[11] = L->w_off;
+    v[8] = L->cv.k | (uint64_t)L->cv.relu << 32;
+    v[9] = L->cv.pad | (uint64_t)L->buf_off << 16;
+    v[10] = L->nparams | (uint64_t)L->bias << 48, v[11] = L->w_off;
     for (size_t k = 0; k < sizeof v; k++) {
       h ^= ((const uint8_t *)v)[k];
       h *= 0x100000001b3ull;
@@ -323,6 +374,12 @@ size_t trn_model_tensors(const trn_model *m, size_t *ends, size_t max) {
     const layer *L = &m->l[i];
     if (!L->nparams)
       continue;
+    if (L->nparams == L->b_off - L->w_off) { /* a weight alone */
+      if (k < max)
+        ends[k] = L->b_off;
+      k++;
+      continue;
+    }
     if (k < max)
       ends[k] = L->b_off; /* the weight ends where the bias starts */
     k++;
@@ -357,7 +414,8 @@ static void forward(trn_model *m, const float *x, size_t B, bool train) {
   const float *in = x;
   for (size_t i = 0; i < m->nl; i++) {
     layer *L = &m->l[i];
-    const float *w = m->params + L->w_off, *b = m->params + L->b_off;
+    const float *w = m->params + L->w_off;
+    const float *b = L->bias || L->kind == L_BN ? m->params + L->b_off : NULL;
     switch (L->kind) {
     case L_LINEAR: trn__linear_fwd(in, w, b, L->y, B, L->in, L->out); break;
     case L_RELU: trn__relu_fwd(in, L->y, B * L->out); break;
@@ -373,6 +431,11 @@ static void forward(trn_model *m, const float *x, size_t B, bool train) {
                          m->dropout_calls++);
       else
         memcpy(L->y, in, B * L->out * sizeof *L->y);
+      break;
+    case L_BN:
+      trn__bn_fwd(&L->bn, in, w, b, L->y, train ? L->xhat : NULL, L->inv,
+                  m->buffers + L->buf_off, m->buffers + L->buf_off + L->bn.c,
+                  B, train);
       break;
     }
     in = L->y;
@@ -402,7 +465,8 @@ int trn_model_train_batch(trn_model *m, const float *x, const int32_t *y,
     layer *L = &m->l[i];
     const float *in = i ? m->l[i - 1].y : x;
     const float *w = m->params + L->w_off;
-    float *dw = m->grads + L->w_off, *db = m->grads + L->b_off;
+    float *dw = m->grads + L->w_off;
+    float *db = L->bias || L->kind == L_BN ? m->grads + L->b_off : NULL;
     float *dx = i ? dn : NULL;
     switch (L->kind) {
     case L_LINEAR:
@@ -422,6 +486,9 @@ int trn_model_train_batch(trn_model *m, const float *x, const int32_t *y,
     case L_DROPOUT:
       if (dx)
         trn__dropout_bwd(L->mask, d, dx, B * L->out);
+      break;
+    case L_BN:
+      trn__bn_bwd(&L->bn, L->xhat, L->inv, w, d, dx, dw, db, B);
       break;
     }
     float *t = d;

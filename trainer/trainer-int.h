@@ -87,7 +87,8 @@ typedef struct trn__conv {
 /* Samples whose patches go into one matrix product: large enough to keep
  * OpenBLAS's kernels busy, small enough for the workspace. */
 #define TRN__CONV_CHUNK 16
-/* y (B, oc, oh, ow) from x (B, c, h, w), W (oc, c, k, k), b (oc); col and
+/* y (B, oc, oh, ow) from x (B, c, h, w), W (oc, c, k, k), b (oc; NULL:
+ * no bias, and no db in backward); col and
  * tmp are workspaces of c k k and oc floats per output pixel of
  * TRN__CONV_CHUNK samples. */
 void trn__conv_fwd(const trn__conv *cv, const float *x, const float *w,
@@ -111,6 +112,26 @@ void trn__dropout_fwd(const float *x, float *y, float *mask, size_t n,
                       float p, uint64_t seed, uint64_t call);
 void trn__dropout_bwd(const float *mask, const float *dy, float *dx,
                       size_t n);
+
+/* Batch normalization over (n, h, w) per channel, as torch.nn.BatchNorm2d:
+ * in training the batch's mean and biased variance normalize, and the
+ * running statistics move by `momentum` toward the mean and the unbiased
+ * variance; in evaluation the running statistics normalize. */
+typedef struct trn__bn {
+  unsigned c;
+  size_t hw;
+  float eps, momentum;
+} trn__bn;
+/* y = gamma xhat + beta, xhat = (x - mean) / sqrt(var + eps); xhat (B, c,
+ * hw) and inv (c) = 1 / sqrt(var + eps) are kept for backward (either may
+ * be NULL in evaluation). */
+void trn__bn_fwd(const trn__bn *bn, const float *x, const float *gamma,
+                 const float *beta, float *y, float *xhat, float *inv,
+                 float *run_mean, float *run_var, size_t B, bool train);
+/* dgamma, dbeta += their gradients; dx (NULL: not wanted) the input's. */
+void trn__bn_bwd(const trn__bn *bn, const float *xhat, const float *inv,
+                 const float *gamma, const float *dy, float *dx,
+                 float *dgamma, float *dbeta, size_t B);
 
 #ifdef __cplusplus
 }

@@ -268,6 +268,7 @@ typedef struct trn_model_config {
   unsigned in_c, in_h, in_w, classes;
   unsigned conv[2], dense;
   float dropout;
+  bool batchnorm; /* cnn: conv, batch norm, relu (the batch-norm variant) */
   size_t max_batch; /* the largest batch a call may pass */
   uint64_t seed;    /* the initial weights, and the dropout masks */
 } trn_model_config;
@@ -296,6 +297,10 @@ size_t trn_model_classes(const trn_model *m);
 float *trn_model_params(trn_model *m);
 float *trn_model_grads(trn_model *m);
 void trn_model_zero_grad(trn_model *m);
+/* Batch norm's running means and variances (*n floats; NULL and 0 for a
+ * model without): state, not parameters, but part of a checkpoint and of
+ * what a swarm averages with the parameters. */
+float *trn_model_buffers(trn_model *m, size_t *n);
 /* Forward and backward on x (B, inputs: C x H x W for cnn, NCHW) with
  * labels y (B), in training mode (dropout on): the gradient of
  * the batch's summed loss is ADDED to the gradients (so batches
@@ -394,9 +399,10 @@ typedef struct trn_sched {
 float trn_sched_lr(const trn_sched *s, uint64_t step);
 
 /* ------------------------------------------------------------------------ */
-/* Checkpoints: parameters, optimizer state and steps, the data order's      */
-/* place, the dropout masks' seed and count, and four numbers of the         */
-/* caller's; enough for a run to go on with the same bits.                  */
+/* Checkpoints: parameters, batch-norm statistics, optimizer state and      */
+/* steps, the data order's place, the dropout masks' seed and count, and    */
+/* four numbers of the caller's; enough for a run to go on with the same    */
+/* bits.                                                                    */
 
 /* Writes path atomically (a temporary file beside it, flushed, renamed
  * over it).  o, ord and user may be NULL.  Returns 0 or -errno, with err

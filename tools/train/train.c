@@ -2,7 +2,8 @@
  * swarm: the standalone baseline the collaborative runs are measured
  * against, and the quality check of issue 5 (tools/train/README.md).
  *
- *   train [--model mlp|cnn] [--epochs E] [--batch B] [--optim sgd|adamw|lamb]
+ *   train [--model mlp|cnn] [--batchnorm] [--epochs E] [--batch B]
+ *         [--optim sgd|adamw|lamb]
  *         [--lr LR] [--momentum M] [--weight-decay WD] [--schedule
  *         const|cosine|linear] [--warmup STEPS] [--clip NORM]
  *         [--threads T] [--seed S] [--data DIR] [--checkpoint FILE]
@@ -34,7 +35,7 @@ typedef struct opts {
   int optim, sched;
   float lr, momentum, wd, clip, min_acc;
   uint64_t warmup, seed;
-  bool resume;
+  bool resume, batchnorm;
 } opts;
 
 static double now_s(void) {
@@ -45,7 +46,7 @@ static double now_s(void) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: train [--model mlp|cnn] [--epochs E] [--batch B]\n"
+          "usage: train [--model mlp|cnn] [--batchnorm] [--epochs E] [--batch B]\n"
           "             [--optim sgd|adamw|lamb] [--lr LR] [--momentum M]\n"
           "             [--weight-decay WD] [--schedule const|cosine|linear]\n"
           "             [--warmup STEPS] [--clip NORM] [--threads T]\n"
@@ -79,7 +80,7 @@ static void parse(int argc, char **argv, opts *o) {
       {"threads", 1, 0, 't'},  {"seed", 1, 0, 'S'},
       {"data", 1, 0, 'd'},     {"checkpoint", 1, 0, 'k'},
       {"resume", 0, 0, 'r'},   {"min-accuracy", 1, 0, 'a'},
-      {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
+      {"batchnorm", 0, 0, 'n'}, {"help", 0, 0, 'h'},  {0, 0, 0, 0}};
   *o = (opts){.model = "mlp", .data = TRN_FASHION_MNIST_DIR, .epochs = 10,
               .threads = 1, .batch = 128, .optim = TRN_SGD, .lr = 0.05f,
               .momentum = 0.9f, .seed = 1};
@@ -120,6 +121,7 @@ static void parse(int argc, char **argv, opts *o) {
     case 'd': o->data = optarg; break;
     case 'k': o->ckpt = optarg; break;
     case 'r': o->resume = true; break;
+    case 'n': o->batchnorm = true; break;
     case 'a': o->min_acc = (float)num("min-accuracy", optarg, 0, 100); break;
     case 'h': usage(stdout); exit(0);
     default: usage(stderr); exit(2);
@@ -156,6 +158,7 @@ int main(int argc, char **argv) {
   mc.name = o.model;
   mc.max_batch = o.batch;
   mc.seed = o.seed;
+  mc.batchnorm = o.batchnorm;
   trn_model *m;
   if ((rc = trn_model_new(&mc, &m, err, sizeof err))) {
     fprintf(stderr, "train: %s\n", err);
