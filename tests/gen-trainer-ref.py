@@ -13,7 +13,11 @@ padding 2 to 4 channels, ReLU, max-pool 2, conv 5x5 to 6, ReLU, max-pool
 2, dense 16, ReLU, dense 10; trainer-cnn.ref), and the same with batch
 norm after each convolution, whose bias it makes useless and which has
 none (trainer-cnnbn.ref: also the running
-statistics after the Nesterov steps and the logits in eval mode then).
+statistics after the Nesterov steps and the logits in eval mode then),
+and a gpt of 2 layers, 2 heads, 16 channels, a vocabulary of 37 and a
+context of 8 on 3 sequences of 6 tokens (trainer-gpt.ref; its weights
+random rather than GPT-2's small initial ones, so that every path
+carries a gradient worth comparing).
 For each, batches of
 random inputs and labels, and what PyTorch computes from them: the
 logits, the mean cross-entropy, its gradients, and the parameters after 3
@@ -65,7 +69,51 @@ def cnnbn():
         nn.Flatten(), nn.Linear(6 * 3 * 3, 16), nn.ReLU(), nn.Linear(16, 10))
 
 
+class Gpt(nn.Module):
+    """The gpt of trainer/gpt.c, its parameters in the same order: token
+    and position embeddings, per-layer tensors stacked, the final layer
+    norm; pre-norm blocks, GELU (tanh), the head tied to the embedding."""
+
+    V, CTX, L, NH, C = 37, 8, 2, 2, 16
+
+    def __init__(self):
+        super().__init__()
+        V, CTX, L, C = self.V, self.CTX, self.L, self.C
+        r = lambda *s: nn.Parameter(torch.randn(*s) * 0.2)
+        one = lambda *s: nn.Parameter(1 + torch.randn(*s) * 0.1)
+        self.wte, self.wpe = r(V, C), r(CTX, C)
+        self.ln1w, self.ln1b = one(L, C), r(L, C)
+        self.qkvw, self.qkvb = r(L, 3 * C, C), r(L, 3 * C)
+        self.projw, self.projb = r(L, C, C), r(L, C)
+        self.ln2w, self.ln2b = one(L, C), r(L, C)
+        self.fcw, self.fcb = r(L, 4 * C, C), r(L, 4 * C)
+        self.fcpw, self.fcpb = r(L, C, 4 * C), r(L, C)
+        self.lnfw, self.lnfb = one(C), r(C)
+
+    def forward(self, idx):
+        B, T = idx.shape
+        C, NH, hs = self.C, self.NH, self.C // self.NH
+        x = self.wte[idx] + self.wpe[:T]
+        mask = torch.ones(T, T).tril().bool()
+        for l in range(self.L):
+            h = F.layer_norm(x, (C,), self.ln1w[l], self.ln1b[l], 1e-5)
+            q, k, v = (h @ self.qkvw[l].T + self.qkvb[l]).split(C, dim=2)
+            q, k, v = (t.view(B, T, NH, hs).transpose(1, 2) for t in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) / hs ** 0.5
+            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            y = (att @ v).transpose(1, 2).reshape(B, T, C)
+            x = x + y @ self.projw[l].T + self.projb[l]
+            h = F.layer_norm(x, (C,), self.ln2w[l], self.ln2b[l], 1e-5)
+            h = F.gelu(h @ self.fcw[l].T + self.fcb[l], approximate="tanh")
+            x = x + h @ self.fcpw[l].T + self.fcpb[l]
+        x = F.layer_norm(x, (C,), self.lnfw, self.lnfb, 1e-5)
+        return (x @ self.wte.T).reshape(B * T, self.V)
+
+
 def flat(model, grads=False):
+    if isinstance(model, Gpt):
+        return torch.cat([(p.grad if grads else p).detach().reshape(-1)
+                          for p in model.parameters()])
     out = []
     for mod in model:
         if isinstance(mod, (nn.Linear, nn.Conv2d, nn.BatchNorm2d)):
@@ -77,7 +125,7 @@ def flat(model, grads=False):
 
 def buffers(model):
     out = [torch.zeros(0)]
-    for mod in model:
+    for mod in (model if isinstance(model, nn.Sequential) else []):
         if isinstance(mod, nn.BatchNorm2d):
             out += [mod.running_mean.reshape(-1), mod.running_var.reshape(-1)]
     return torch.cat(out)
@@ -122,7 +170,7 @@ def after(build, model0, make_opt, xs, ys, clip=0, out=None):
     opt = make_opt(model.parameters())
     for k in range(STEPS):
         opt.zero_grad()
-        F.cross_entropy(model(xs[k]), ys[k]).backward()
+        F.cross_entropy(model(xs[k]), ys[k].reshape(-1)).backward()
         if clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
@@ -135,11 +183,15 @@ def after(build, model0, make_opt, xs, ys, clip=0, out=None):
 
 def write(path, build, B, shape):
     model = build()
-    xs = torch.randn(STEPS, B, *shape)
-    ys = torch.randint(0, 10, (STEPS, B))
+    if build is Gpt:  # tokens, and the next tokens as targets
+        xs = torch.randint(0, Gpt.V, (STEPS, B, *shape))
+        ys = torch.randint(0, Gpt.V, (STEPS, B, *shape))
+    else:
+        xs = torch.randn(STEPS, B, *shape)
+        ys = torch.randint(0, 10, (STEPS, B))
     fresh = copy.deepcopy(model)  # before any forward in train mode
     logits = model(xs[0])
-    loss = F.cross_entropy(logits, ys[0])
+    loss = F.cross_entropy(logits, ys[0].reshape(-1))
     loss.backward()
     model.load_state_dict(fresh.state_dict())  # running stats as they were
     extra = {}
@@ -183,6 +235,7 @@ def main():
     write(f"{sys.argv[1]}/trainer-mlp.ref", mlp, 16, (64,))
     write(f"{sys.argv[1]}/trainer-cnn.ref", cnn, 8, (1, 12, 12))
     write(f"{sys.argv[1]}/trainer-cnnbn.ref", cnnbn, 8, (1, 12, 12))
+    write(f"{sys.argv[1]}/trainer-gpt.ref", Gpt, 3, (6,))
 
 
 if __name__ == "__main__":

@@ -636,6 +636,147 @@ static void test_cnn(void) {
          NI, NI, N0, N1, ND, NC, np, np + N0 + N1);
 }
 
+/* ---- gpt ------------------------------------------------------------------ */
+
+enum { GV = 7, GCTX = 4, GL = 2, GH = 2, GC = 4, GB = 2, GT = 3 };
+static double GP[1024];
+static const int32_t GX[GB * GT] = {1, 6, 3, 0, 2, 2};
+static const int32_t GY[GB * GT] = {6, 3, 5, 2, 2, 4};
+
+static void ln_ref(const double *x, const double *w, const double *b,
+                   double *y) {
+  double m = 0, v = 0;
+  for (int i = 0; i < GC; i++)
+    m += x[i];
+  m /= GC;
+  for (int i = 0; i < GC; i++)
+    v += (x[i] - m) * (x[i] - m);
+  v /= GC;
+  for (int i = 0; i < GC; i++)
+    y[i] = (x[i] - m) / sqrt(v + 1e-5) * w[i] + b[i];
+}
+
+/* y (n) = W (n, k) x (k) + b */
+static void mv(const double *w, const double *b, const double *x, double *y,
+               int n, int k) {
+  for (int o = 0; o < n; o++) {
+    y[o] = b ? b[o] : 0;
+    for (int i = 0; i < k; i++)
+      y[o] += w[o * k + i] * x[i];
+  }
+}
+
+/* trainer/gpt.c's model in double, from the definitions, over GP. */
+static double f_gpt(void) {
+  const double *wte = GP, *wpe = wte + GV * GC, *ln1w = wpe + GCTX * GC,
+               *ln1b = ln1w + GL * GC, *qkvw = ln1b + GL * GC,
+               *qkvb = qkvw + GL * 3 * GC * GC, *pw = qkvb + GL * 3 * GC,
+               *pb = pw + GL * GC * GC, *ln2w = pb + GL * GC,
+               *ln2b = ln2w + GL * GC, *fw = ln2b + GL * GC,
+               *fb = fw + GL * 4 * GC * GC, *fpw = fb + GL * 4 * GC,
+               *fpb = fpw + GL * GC * 4 * GC, *lnfw = fpb + GL * GC,
+               *lnfb = lnfw + GC;
+  double loss = 0;
+  int hs = GC / GH;
+  for (int b = 0; b < GB; b++) {
+    double x[GT][GC], h[GT][GC], qkv[GT][3 * GC], y[GT][GC], t4[4 * GC],
+        t1[GC];
+    for (int t = 0; t < GT; t++)
+      for (int i = 0; i < GC; i++)
+        x[t][i] = wte[GX[b * GT + t] * GC + i] + wpe[t * GC + i];
+    for (int l = 0; l < GL; l++) {
+      for (int t = 0; t < GT; t++) {
+        ln_ref(x[t], ln1w + l * GC, ln1b + l * GC, h[t]);
+        mv(qkvw + l * 3 * GC * GC, qkvb + l * 3 * GC, h[t], qkv[t], 3 * GC,
+           GC);
+      }
+      for (int t = 0; t < GT; t++)
+        for (int hh = 0; hh < GH; hh++) {
+          double sc[GT], mx = -INFINITY, sum = 0;
+          for (int u = 0; u <= t; u++) {
+            sc[u] = 0;
+            for (int i = 0; i < hs; i++)
+              sc[u] += qkv[t][hh * hs + i] * qkv[u][GC + hh * hs + i];
+            sc[u] /= sqrt(hs);
+            mx = fmax(mx, sc[u]);
+          }
+          for (int u = 0; u <= t; u++)
+            sum += sc[u] = exp(sc[u] - mx);
+          for (int i = 0; i < hs; i++) {
+            y[t][hh * hs + i] = 0;
+            for (int u = 0; u <= t; u++)
+              y[t][hh * hs + i] += sc[u] / sum * qkv[u][2 * GC + hh * hs + i];
+          }
+        }
+      for (int t = 0; t < GT; t++) {
+        mv(pw + l * GC * GC, pb + l * GC, y[t], t1, GC, GC);
+        for (int i = 0; i < GC; i++)
+          x[t][i] += t1[i];
+        ln_ref(x[t], ln2w + l * GC, ln2b + l * GC, h[t]);
+        mv(fw + l * 4 * GC * GC, fb + l * 4 * GC, h[t], t4, 4 * GC, GC);
+        for (int i = 0; i < 4 * GC; i++) {
+          double z = t4[i];
+          t4[i] = 0.5 * z * (1 + tanh(sqrt(2 / M_PI) * (z + 0.044715 * z * z * z)));
+        }
+        mv(fpw + l * GC * 4 * GC, fpb + l * GC, t4, t1, GC, 4 * GC);
+        for (int i = 0; i < GC; i++)
+          x[t][i] += t1[i];
+      }
+    }
+    for (int t = 0; t < GT; t++) {
+      double logits[GV];
+      ln_ref(x[t], lnfw, lnfb, h[t]);
+      mv(wte, NULL, h[t], logits, GV, GC);
+      loss += ce_ref(logits, &GY[b * GT + t], 1, GV);
+    }
+  }
+  return loss;
+}
+
+static void test_gpt(void) {
+  trn_model_config c;
+  trn_model_config_default(&c);
+  c.name = "gpt";
+  c.vocab = GV, c.ctx = GCTX, c.layers = GL, c.heads = GH, c.embd = GC;
+  c.max_batch = GB;
+  trn_model *m;
+  char err[160];
+  ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), 0);
+  size_t np = trn_model_nparams(m);
+  ASSERT(np <= 1024);
+  /* Random weights (GPT-2's start is too uniform to reach every path). */
+  float *p = trn_model_params(m);
+  for (size_t i = 0; i < np; i++)
+    p[i] = (float)(0.5 * rnd()), GP[i] = p[i];
+  double loss;
+  trn_model_zero_grad(m);
+  ASSERT_EQ(trn_model_train_tokens(m, GX, GY, GB, GT, &loss), 0);
+  ASSERT(fabs(loss - f_gpt()) <= 1e-5 * fabs(loss));
+  static double g[1024];
+  numgrad(f_gpt, GP, np, g);
+  close_vec("gpt grads", trn_model_grads(m), g, np, 1e-4);
+  /* Evaluation matches; bad tokens and sizes are refused. */
+  double el;
+  size_t right;
+  ASSERT_EQ(trn_model_eval_tokens(m, GX, GY, GB, GT, &el, &right), 0);
+  ASSERT(el == loss);
+  int32_t bad[GB * GT];
+  memcpy(bad, GX, sizeof bad);
+  bad[4] = GV;
+  ASSERT_EQ(trn_model_train_tokens(m, bad, GY, GB, GT, NULL), -EINVAL);
+  ASSERT_EQ(trn_model_train_tokens(m, GX, GY, GB, GCTX + 1, NULL), -EINVAL);
+  float fx[GB * 16];
+  ASSERT_EQ(trn_model_train_batch(m, fx, GY, GB, NULL), -EINVAL);
+  trn_model_free(m);
+  c.embd = 5; /* not a multiple of the heads */
+  ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), -EINVAL);
+  ASSERT(strstr(err, "multiple of heads") != NULL);
+  printf("gpt %d layers, %d heads, %d wide: loss and all %zu gradients "
+         "(embeddings, layer norms, attention, GELU, the tied head) agree "
+         "with finite differences\n",
+         GL, GH, GC, np);
+}
+
 int main(void) {
   trn_cpu_threads_set(1);
   test_linear();
@@ -646,5 +787,6 @@ int main(void) {
   test_bn();
   test_mlp();
   test_cnn();
+  test_gpt();
   return 0;
 }

@@ -54,6 +54,7 @@ struct trn_model {
   float *col, *tmp;      /* the convolutions' workspaces (conv.c) */
   size_t in, classes;
   uint64_t dropout_calls; /* the dropout masks drawn so far */
+  trn__gpt *gpt;          /* gpt: the transformer (no layer list) */
 };
 
 void trn_model_config_default(trn_model_config *c) {
@@ -68,6 +69,7 @@ void trn_model_config_default(trn_model_config *c) {
   c->dense = 1024;
   c->dropout = 0.5f;
   c->batchnorm = false;
+  c->vocab = 256, c->ctx = 64, c->layers = 4, c->heads = 4, c->embd = 128;
 }
 
 /* splitmix64, for the initial weights: uniform in [-bound, bound). */
@@ -82,6 +84,10 @@ static float uniform(uint64_t *s, float bound) {
 
 void trn_model_init(trn_model *m, uint64_t seed) {
   uint64_t s = seed ^ 0x7472616e20696e69ull;
+  if (m->gpt) {
+    trn__gpt_init(m->gpt, m->params, &s, uniform);
+    return;
+  }
   for (size_t i = 0; i < m->nl; i++) {
     layer *L = &m->l[i];
     if (L->kind == L_BN) { /* as torch: gamma 1, beta 0; mean 0, var 1 */
@@ -235,8 +241,34 @@ static int build(trn_model *m, const trn_model_config *cfg, char *err,
     add_linear(m, &s, cfg->classes);
     return 0;
   }
-  return trn__fail(err, errlen, -EINVAL, "unknown model \"%s\" (known: mlp, cnn)",
-                   cfg->name);
+  return trn__fail(err, errlen, -EINVAL,
+                   "unknown model \"%s\" (known: mlp, cnn, gpt)", cfg->name);
+}
+
+/* gpt has no layer list: its parameters and activations are gpt.c's. */
+static int build_gpt(trn_model *m, const trn_model_config *c, char *err,
+                     size_t errlen) {
+  if (c->vocab < 2 || c->vocab > 65536 || c->ctx == 0 || c->ctx > 8192 ||
+      c->layers == 0 || c->layers > 64 || c->heads == 0 || c->embd == 0 ||
+      c->embd > 16384 || c->embd % c->heads)
+    return trn__fail(err, errlen, -EINVAL,
+                     "gpt: vocab %u (2 to 65536), ctx %u (1 to 8192), layers "
+                     "%u (1 to 64), heads %u, embd %u (a multiple of heads, "
+                     "at most 16384)",
+                     c->vocab, c->ctx, c->layers, c->heads, c->embd);
+  m->nparams = trn__gpt_nparams(c);
+  m->in = c->ctx;
+  m->classes = c->vocab;
+  int rc = trn__gpt_new(c, &m->gpt);
+  m->params = calloc(m->nparams, sizeof *m->params);
+  m->grads = calloc(m->nparams, sizeof *m->grads);
+  if (rc || !m->params || !m->grads)
+    return trn__fail(err, errlen, -ENOMEM,
+                     "gpt: out of memory for %zu parameters and the "
+                     "activations of %zu x %u positions",
+                     m->nparams, c->max_batch, c->ctx);
+  trn_model_init(m, c->seed);
+  return 0;
 }
 
 int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
@@ -255,7 +287,14 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
   m->cfg = *cfg;
   snprintf(m->name, sizeof m->name, "%s", cfg->name);
   m->cfg.name = m->name;
-  int rc = build(m, cfg, err, errlen);
+  int rc;
+  if (strcmp(cfg->name, "gpt") == 0) {
+    if ((rc = build_gpt(m, cfg, err, errlen)))
+      goto fail;
+    *out = m;
+    return 0;
+  }
+  rc = build(m, cfg, err, errlen);
   if (rc)
     goto fail;
   layer *last = &m->l[m->nl - 1];
@@ -338,6 +377,7 @@ void trn_model_free(trn_model *m) {
   free(m->d1);
   free(m->col);
   free(m->tmp);
+  trn__gpt_free(m->gpt);
   free(m);
 }
 
@@ -353,6 +393,16 @@ size_t trn_model_inputs(const trn_model *m) { return m->in; }
 uint64_t trn__model_shape_hash(const trn_model *m) {
   uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a over what fixes the layout */
   uint64_t v[12];
+  if (m->gpt) {
+    const trn_model_config *c = &m->cfg;
+    uint64_t gv[6] = {0x677074, c->vocab, c->ctx, c->layers, c->heads,
+                      c->embd};
+    for (size_t k = 0; k < sizeof gv; k++) {
+      h ^= ((const uint8_t *)gv)[k];
+      h *= 0x100000001b3ull;
+    }
+    return h;
+  }
   for (size_t i = 0; i < m->nl; i++) {
     const layer *L = &m->l[i];
     v[0] = (uint64_t)L->kind, v[1] = L->in, v[2] = L->out, v[3] = L->c;
@@ -370,6 +420,8 @@ uint64_t trn__model_shape_hash(const trn_model *m) {
 
 size_t trn_model_tensors(const trn_model *m, size_t *ends, size_t max) {
   size_t k = 0;
+  if (m->gpt)
+    return trn__gpt_tensors(m->gpt, ends, max);
   for (size_t i = 0; i < m->nl; i++) {
     const layer *L = &m->l[i];
     if (!L->nparams)
@@ -443,7 +495,7 @@ static void forward(trn_model *m, const float *x, size_t B, bool train) {
 }
 
 static int check_batch(const trn_model *m, const int32_t *y, size_t B) {
-  if (B == 0 || B > m->cfg.max_batch)
+  if (B == 0 || B > m->cfg.max_batch || m->gpt)
     return -EINVAL;
   for (size_t i = 0; i < B; i++)
     if (y[i] < 0 || (size_t)y[i] >= m->classes)
@@ -513,7 +565,44 @@ int trn_model_eval_batch(trn_model *m, const float *x, const int32_t *y,
   return 0;
 }
 
-const float *trn_model_logits(const trn_model *m) { return m->l[m->nl - 1].y; }
+const float *trn_model_logits(const trn_model *m) {
+  return m->gpt ? trn__gpt_logits(m->gpt) : m->l[m->nl - 1].y;
+}
+
+static int check_tokens(const trn_model *m, const int32_t *x, const int32_t *y,
+                        size_t B, size_t T) {
+  if (!m->gpt || B == 0 || B > m->cfg.max_batch || T == 0 || T > m->cfg.ctx)
+    return -EINVAL;
+  for (size_t i = 0; i < B * T; i++)
+    if (x[i] < 0 || (size_t)x[i] >= m->classes || y[i] < 0 ||
+        (size_t)y[i] >= m->classes)
+      return -EINVAL;
+  return 0;
+}
+
+int trn_model_train_tokens(trn_model *m, const int32_t *x, const int32_t *y,
+                           size_t B, size_t T, double *loss) {
+  int rc = check_tokens(m, x, y, B, T);
+  if (rc)
+    return rc;
+  double l = trn__gpt_forward(m->gpt, m->params, x, y, B, T,
+                              trn__gpt_dlogits(m->gpt), NULL);
+  trn__gpt_backward(m->gpt, m->params, m->grads, x, B);
+  if (loss)
+    *loss = l;
+  return 0;
+}
+
+int trn_model_eval_tokens(trn_model *m, const int32_t *x, const int32_t *y,
+                          size_t B, size_t T, double *loss, size_t *correct) {
+  int rc = check_tokens(m, x, y, B, T);
+  if (rc)
+    return rc;
+  double l = trn__gpt_forward(m->gpt, m->params, x, y, B, T, NULL, correct);
+  if (loss)
+    *loss = l;
+  return 0;
+}
 
 int trn_model_evaluate(trn_model *m, const trn_images *d, const float *mean,
                        const float *std, double *loss, double *accuracy) {

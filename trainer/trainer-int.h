@@ -56,6 +56,31 @@ uint64_t trn__model_shape_hash(const trn_model *m);
 uint64_t trn__model_dropout_seed(const trn_model *m);
 void trn__model_set_dropout_seed(trn_model *m, uint64_t seed);
 
+/* ---- gpt.c: the transformer ------------------------------------------------ */
+
+typedef struct trn__gpt trn__gpt;
+/* Parameters of cfg's gpt (its vocab, ctx, layers, heads, embd). */
+size_t trn__gpt_nparams(const trn_model_config *cfg);
+/* Activation buffers for cfg's largest batch.  0 or -ENOMEM. */
+int trn__gpt_new(const trn_model_config *cfg, trn__gpt **out);
+void trn__gpt_free(trn__gpt *g);
+/* GPT-2's initialization into p, drawing from uniform(s, bound). */
+void trn__gpt_init(const trn__gpt *g, float *p, uint64_t *s,
+                   float (*uniform)(uint64_t *s, float bound));
+size_t trn__gpt_tensors(const trn__gpt *g, size_t *ends, size_t max);
+/* Forward on tokens inp (B, T), the summed cross-entropy against tgt (B,
+ * T); the loss's gradient into dlogits (NULL: evaluation), the argmax
+ * hits into *correct (may be NULL). */
+double trn__gpt_forward(trn__gpt *g, const float *params, const int32_t *inp,
+                        const int32_t *tgt, size_t B, size_t T, float *dlogits,
+                        size_t *correct);
+/* Backward after a forward with dlogits: the parameters' gradients are
+ * added to grads. */
+void trn__gpt_backward(trn__gpt *g, const float *params, float *grads,
+                       const int32_t *inp, size_t B);
+float *trn__gpt_dlogits(trn__gpt *g);
+const float *trn__gpt_logits(const trn__gpt *g);
+
 /* ---- layers.c: the CPU layers ------------------------------------------- */
 
 /* y (B, out) = x (B, in) . W^T + b, W (out, in). */

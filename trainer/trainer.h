@@ -269,6 +269,9 @@ typedef struct trn_model_config {
   unsigned conv[2], dense;
   float dropout;
   bool batchnorm; /* cnn: conv, batch norm, relu (the batch-norm variant) */
+  /* gpt: vocabulary, context (the most positions), layers, heads and
+   * embedding width (a multiple of heads). */
+  unsigned vocab, ctx, layers, heads, embd;
   size_t max_batch; /* the largest batch a call may pass */
   uint64_t seed;    /* the initial weights, and the dropout masks */
 } trn_model_config;
@@ -309,6 +312,14 @@ float *trn_model_buffers(trn_model *m, size_t *n);
  * B = 0 or over max_batch, or a label out of range. */
 int trn_model_train_batch(trn_model *m, const float *x, const int32_t *y,
                           size_t B, double *loss);
+/* gpt's: tokens x (B, T) and the next tokens y (B, T), T at most ctx; the
+ * summed loss over the B T positions (the gradient of that is added).
+ * -EINVAL for another model, B or T out of range, a token out of the
+ * vocabulary. */
+int trn_model_train_tokens(trn_model *m, const int32_t *x, const int32_t *y,
+                           size_t B, size_t T, double *loss);
+int trn_model_eval_tokens(trn_model *m, const int32_t *x, const int32_t *y,
+                          size_t B, size_t T, double *loss, size_t *correct);
 /* Forward only, in evaluation mode (no dropout): the summed loss and the
  * correct predictions; the parameters, gradients and dropout count are
  * not touched. */
