@@ -2,25 +2,29 @@
  * swarm: the standalone baseline the collaborative runs are measured
  * against, and the quality check of issue 5 (tools/train/README.md).
  *
- *   train [--model mlp|cnn] [--batchnorm] [--epochs E] [--batch B]
+ *   train [--model mlp|cnn|gpt] [--batchnorm] [--epochs E] [--batch B]
  *         [--optim sgd|adamw|lamb]
  *         [--lr LR] [--momentum M] [--weight-decay WD] [--schedule
  *         const|cosine|linear] [--warmup STEPS] [--clip NORM]
  *         [--threads T] [--seed S] [--data DIR] [--checkpoint FILE]
  *         [--resume] [--min-accuracy PCT]
+ *         gpt: --tokens FILE --val-tokens FILE [--vocab V] [--ctx T]
+ *         [--layers L] [--heads H] [--embd C]
  *
  * Trains on Fashion-MNIST's training set in this run's shuffled order
- * (batches made ahead on a thread of their own),
- * evaluates on the test set after every epoch (one line each: loss,
- * accuracy, seconds, samples/s), optionally saves a checkpoint after every
- * epoch and resumes from one.  Exits 0, or 1 when the last epoch's test
- * accuracy is below --min-accuracy, or when anything fails (the message
- * says what); 2 for a bad flag.
+ * (batches made ahead on a thread of their own), or gpt on windows of a
+ * token file; evaluates on the held-out data after every epoch (one line
+ * each: loss, accuracy or perplexity, seconds, samples/s), optionally
+ * saves a checkpoint after every epoch and resumes from one.  Exits 0, or
+ * 1 when the last epoch's accuracy is below --min-accuracy, or when
+ * anything fails (the message says what); 2 for a bad flag.
  */
 #include "trainer.h"
 
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +33,9 @@
 static const float MEAN = 0.2860f, STD = 0.3530f; /* Fashion-MNIST train */
 
 typedef struct opts {
-  const char *model, *data, *ckpt;
+  const char *model, *data, *ckpt, *tokens, *val_tokens;
+  size_t ctx;
+  unsigned vocab, layers, heads, embd;
   int epochs, threads;
   size_t batch;
   int optim, sched;
@@ -46,12 +52,14 @@ static double now_s(void) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: train [--model mlp|cnn] [--batchnorm] [--epochs E] [--batch B]\n"
+          "usage: train [--model mlp|cnn|gpt] [--batchnorm] [--epochs E] [--batch B]\n"
           "             [--optim sgd|adamw|lamb] [--lr LR] [--momentum M]\n"
           "             [--weight-decay WD] [--schedule const|cosine|linear]\n"
           "             [--warmup STEPS] [--clip NORM] [--threads T]\n"
           "             [--seed S] [--data DIR] [--checkpoint FILE]\n"
           "             [--resume] [--min-accuracy PCT]\n"
+          "             gpt: --tokens FILE --val-tokens FILE [--vocab V]\n"
+          "             [--ctx T] [--layers L] [--heads H] [--embd C]\n"
           "  defaults: mlp, 10 epochs, batch 128, sgd with lr 0.05 and\n"
           "  momentum 0.9, constant rate, 1 thread, seed 1, the data in\n"
           "  " TRN_FASHION_MNIST_DIR "\n");
@@ -70,6 +78,21 @@ static double num(const char *flag, const char *v, double lo, double hi) {
   return x;
 }
 
+/* An error line into err (len bytes), returning rc. */
+static int trn__fail_hint(char *err, size_t len, int rc, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+static int trn__fail_hint(char *err, size_t len, int rc, const char *fmt,
+                          ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, len, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
 static void parse(int argc, char **argv, opts *o) {
   static const struct option lo[] = {
       {"model", 1, 0, 'm'},    {"epochs", 1, 0, 'e'},
@@ -80,10 +103,15 @@ static void parse(int argc, char **argv, opts *o) {
       {"threads", 1, 0, 't'},  {"seed", 1, 0, 'S'},
       {"data", 1, 0, 'd'},     {"checkpoint", 1, 0, 'k'},
       {"resume", 0, 0, 'r'},   {"min-accuracy", 1, 0, 'a'},
-      {"batchnorm", 0, 0, 'n'}, {"help", 0, 0, 'h'},  {0, 0, 0, 0}};
+      {"batchnorm", 0, 0, 'n'}, {"tokens", 1, 0, 'T'},
+      {"val-tokens", 1, 0, 'V'}, {"vocab", 1, 0, 'v'},
+      {"ctx", 1, 0, 'x'},      {"layers", 1, 0, 'L'},
+      {"heads", 1, 0, 'H'},    {"embd", 1, 0, 'E'},
+      {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
   *o = (opts){.model = "mlp", .data = TRN_FASHION_MNIST_DIR, .epochs = 10,
               .threads = 1, .batch = 128, .optim = TRN_SGD, .lr = 0.05f,
-              .momentum = 0.9f, .seed = 1};
+              .momentum = 0.9f, .seed = 1, .vocab = 256, .ctx = 64,
+              .layers = 4, .heads = 4, .embd = 128};
   int c;
   while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (c) {
@@ -122,6 +150,13 @@ static void parse(int argc, char **argv, opts *o) {
     case 'k': o->ckpt = optarg; break;
     case 'r': o->resume = true; break;
     case 'n': o->batchnorm = true; break;
+    case 'T': o->tokens = optarg; break;
+    case 'V': o->val_tokens = optarg; break;
+    case 'v': o->vocab = (unsigned)num("vocab", optarg, 2, 65536); break;
+    case 'x': o->ctx = (size_t)num("ctx", optarg, 1, 8192); break;
+    case 'L': o->layers = (unsigned)num("layers", optarg, 1, 64); break;
+    case 'H': o->heads = (unsigned)num("heads", optarg, 1, 1024); break;
+    case 'E': o->embd = (unsigned)num("embd", optarg, 1, 16384); break;
     case 'a': o->min_acc = (float)num("min-accuracy", optarg, 0, 100); break;
     case 'h': usage(stdout); exit(0);
     default: usage(stderr); exit(2);
@@ -137,17 +172,126 @@ static void parse(int argc, char **argv, opts *o) {
   }
 }
 
+/* ---- the data: images (mlp, cnn) or token windows (gpt) -------------- */
+
+typedef struct source {
+  bool tokens;
+  trn_images tr, te;     /* images */
+  trn_tokens ttr, tte;   /* tokens */
+  size_t T;              /* gpt: the window */
+  trn_order ord;         /* the training pass */
+  trn_loader *ld;        /* images: batches made ahead */
+  int32_t *x, *y;        /* tokens: one batch */
+} source;
+
+static int source_open(source *src, const opts *o, char *err, size_t len) {
+  int rc;
+  memset(src, 0, sizeof *src);
+  src->tokens = strcmp(o->model, "gpt") == 0;
+  if (src->tokens) {
+    if (!o->tokens || !o->val_tokens)
+      return trn__fail_hint(err, len, -EINVAL,
+                            "gpt needs --tokens FILE and --val-tokens FILE "
+                            "(tools/train/tokenize makes them)");
+    src->T = o->ctx;
+    if ((rc = trn_tokens_load(o->tokens, o->vocab, &src->ttr, err, len)) ||
+        (rc = trn_tokens_load(o->val_tokens, o->vocab, &src->tte, err, len)))
+      return rc;
+    if (!trn_tokens_windows(&src->ttr, src->T) ||
+        !trn_tokens_windows(&src->tte, src->T))
+      return trn__fail_hint(err, len, -EINVAL,
+                            "the token files hold fewer than %zu + 1 tokens",
+                            src->T);
+    src->x = malloc(o->batch * src->T * sizeof *src->x);
+    src->y = malloc(o->batch * src->T * sizeof *src->y);
+    if (!src->x || !src->y)
+      return trn__fail_hint(err, len, -ENOMEM, "out of memory");
+    return 0;
+  }
+  if ((rc = trn_mnist_load(o->data, "train", &src->tr, err, len)))
+    return rc;
+  return trn_mnist_load(o->data, "t10k", &src->te, err, len);
+}
+
+static size_t source_items(const source *src) {
+  return src->tokens ? trn_tokens_windows(&src->ttr, src->T) : src->tr.n;
+}
+
+/* After the order is set (fresh or from a checkpoint). */
+static int source_start(source *src, size_t batch) {
+  if (src->tokens)
+    return 0;
+  return trn_loader_new(&src->tr, &src->ord, batch, &MEAN, &STD, NULL, 4,
+                        &src->ld);
+}
+
+/* One training batch: the summed loss over its positions. */
+static int source_train(source *src, trn_model *m, size_t B, double *l) {
+  if (src->tokens) {
+    int rc = trn_tokens_batch(&src->ttr, &src->ord, B, src->T, src->x,
+                              src->y);
+    return rc ? rc
+              : trn_model_train_tokens(m, src->x, src->y, B, src->T, l);
+  }
+  const float *x;
+  const int32_t *y;
+  int rc = trn_loader_next(src->ld, &x, &y);
+  return rc ? rc : trn_model_train_batch(m, x, y, B, l);
+}
+
+/* The held-out data: the mean loss per prediction and the accuracy. */
+static int source_eval(source *src, trn_model *m, size_t B, double *loss,
+                       double *acc) {
+  if (!src->tokens)
+    return trn_model_evaluate(m, &src->te, &MEAN, &STD, loss, acc);
+  size_t n = trn_tokens_windows(&src->tte, src->T), right = 0;
+  trn_order seq;
+  int rc = trn_order_init(&seq, n, NULL, 0, 0, 0);
+  for (size_t i = 0; !rc && i < n; i++)
+    seq.idx[i] = (uint32_t)i;
+  double sum = 0;
+  for (size_t at = 0; !rc && at < n; at += B) {
+    size_t b = n - at < B ? n - at : B, r = 0;
+    double l = 0;
+    rc = trn_tokens_batch(&src->tte, &seq, b, src->T, src->x, src->y);
+    if (!rc)
+      rc = trn_model_eval_tokens(m, src->x, src->y, b, src->T, &l, &r);
+    sum += l, right += r;
+  }
+  trn_order_free(&seq);
+  *loss = sum / (double)(n * src->T);
+  *acc = (double)right / (double)(n * src->T);
+  return rc;
+}
+
+/* The order a checkpoint records: the next batch the trainer takes. */
+static int source_order(source *src, trn_order *out) {
+  if (src->ld)
+    return trn_loader_order(src->ld, out);
+  return trn_order_init(out, src->ord.n, src->ord.seed, sizeof src->ord.seed,
+                        src->ord.epoch, src->ord.pos);
+}
+
+static void source_close(source *src) {
+  trn_loader_free(src->ld);
+  trn_order_free(&src->ord);
+  trn_images_free(&src->tr);
+  trn_images_free(&src->te);
+  trn_tokens_free(&src->ttr);
+  trn_tokens_free(&src->tte);
+  free(src->x);
+  free(src->y);
+}
+
 int main(int argc, char **argv) {
   opts o;
   parse(argc, argv, &o);
   char err[512];
-  trn_images tr, te;
-  int rc = trn_mnist_load(o.data, "train", &tr, err, sizeof err);
-  if (!rc)
-    rc = trn_mnist_load(o.data, "t10k", &te, err, sizeof err);
+  source src;
+  int rc = source_open(&src, &o, err, sizeof err);
   if (rc) {
     fprintf(stderr, "train: %s\n", err);
-    return 1;
+    return rc == -EINVAL ? 2 : 1;
   }
   trn_cpu_threads_set(o.threads);
   char core[32];
@@ -159,6 +303,8 @@ int main(int argc, char **argv) {
   mc.max_batch = o.batch;
   mc.seed = o.seed;
   mc.batchnorm = o.batchnorm;
+  mc.vocab = o.vocab, mc.ctx = (unsigned)o.ctx, mc.layers = o.layers;
+  mc.heads = o.heads, mc.embd = o.embd;
   trn_model *m;
   if ((rc = trn_model_new(&mc, &m, err, sizeof err))) {
     fprintf(stderr, "train: %s\n", err);
@@ -178,30 +324,36 @@ int main(int argc, char **argv) {
   }
   char seed[32];
   snprintf(seed, sizeof seed, "train-%llu", (unsigned long long)o.seed);
-  trn_order ord;
-  if ((rc = trn_order_init(&ord, tr.n, seed, strlen(seed), 0, 0))) {
+  if ((rc = trn_order_init(&src.ord, source_items(&src), seed, strlen(seed),
+                           0, 0))) {
     fprintf(stderr, "train: %s\n", strerror(-rc));
     return 1;
   }
   uint64_t done[4] = {0}; /* epochs done */
   if (o.resume) {
-    if ((rc = trn_ckpt_load(o.ckpt, m, opt, &ord, done, err, sizeof err))) {
+    if ((rc = trn_ckpt_load(o.ckpt, m, opt, &src.ord, done, err,
+                            sizeof err))) {
       fprintf(stderr, "train: %s\n", err);
       return 1;
     }
     printf("# resumed from %s after epoch %llu\n", o.ckpt,
            (unsigned long long)done[0]);
   }
-  size_t steps_per_epoch = tr.n / o.batch;
-  trn_sched sc = {.kind = o.sched, .lr = o.lr, .min_lr = 0,
-                  .warmup = o.warmup,
-                  .total = steps_per_epoch * (uint64_t)o.epochs};
-  /* Batches are made ahead on the loader's thread. */
-  trn_loader *ld;
-  if ((rc = trn_loader_new(&tr, &ord, o.batch, &MEAN, &STD, NULL, 4, &ld))) {
+  if ((rc = source_start(&src, o.batch))) {
     fprintf(stderr, "train: data loader: %s\n", strerror(-rc));
     return 1;
   }
+  size_t steps_per_epoch = source_items(&src) / o.batch;
+  size_t per = src.tokens ? src.T : 1; /* predictions per sample */
+  float scale = 1.0f / (float)(o.batch * per);
+  if (steps_per_epoch == 0) {
+    fprintf(stderr, "train: fewer items (%zu) than one batch (%zu)\n",
+            source_items(&src), o.batch);
+    return 2;
+  }
+  trn_sched sc = {.kind = o.sched, .lr = o.lr, .min_lr = 0,
+                  .warmup = o.warmup,
+                  .total = steps_per_epoch * (uint64_t)o.epochs};
   printf("# %s, %zu parameters, %s, batch %zu, %d thread%s, %d epochs\n",
          o.model, trn_model_nparams(m),
          o.optim == TRN_SGD ? "sgd" : o.optim == TRN_ADAMW ? "adamw" : "lamb",
@@ -212,18 +364,14 @@ int main(int argc, char **argv) {
     for (size_t s = 0; s < steps_per_epoch; s++) {
       trn_optim_set_lr(opt, trn_sched_lr(&sc, trn_optim_steps(opt)));
       double l = 0;
-      const float *x;
-      const int32_t *y;
-      rc = trn_loader_next(ld, &x, &y);
       trn_model_zero_grad(m);
-      if (!rc)
-        rc = trn_model_train_batch(m, x, y, o.batch, &l);
+      rc = source_train(&src, m, o.batch, &l);
       if (!rc && o.clip > 0)
-        trn_grad_clip(trn_model_grads(m), trn_model_nparams(m),
-                      1.0f / (float)o.batch, o.clip);
+        trn_grad_clip(trn_model_grads(m), trn_model_nparams(m), scale,
+                      o.clip);
       if (!rc)
         rc = trn_optim_step(opt, trn_model_params(m), trn_model_grads(m),
-                            1.0f / (float)o.batch);
+                            scale);
       if (rc) {
         fprintf(stderr, "train: epoch %llu, step %zu: %s\n",
                 (unsigned long long)e + 1, s, strerror(-rc));
@@ -233,21 +381,26 @@ int main(int argc, char **argv) {
     }
     double dt = now_s() - t0, tl;
     total_s += dt;
-    if ((rc = trn_model_evaluate(m, &te, &MEAN, &STD, &tl, &acc))) {
+    if ((rc = source_eval(&src, m, o.batch, &tl, &acc))) {
       fprintf(stderr, "train: evaluation: %s\n", strerror(-rc));
       return 1;
     }
     acc *= 100;
-    printf("epoch %llu: train loss %.4f, test loss %.4f, test accuracy "
-           "%.2f%%, %.1f s, %.0f samples/s\n",
-           (unsigned long long)e + 1,
-           loss / (double)(steps_per_epoch * o.batch), tl, acc,
-           dt, (double)(steps_per_epoch * o.batch) / dt);
+    double n = (double)(steps_per_epoch * o.batch);
+    if (src.tokens)
+      printf("epoch %llu: train loss %.4f, validation loss %.4f, perplexity "
+             "%.2f, next-token accuracy %.2f%%, %.1f s, %.0f tokens/s\n",
+             (unsigned long long)e + 1, loss / (n * (double)per), tl, exp(tl),
+             acc, dt, n * (double)per / dt);
+    else
+      printf("epoch %llu: train loss %.4f, test loss %.4f, test accuracy "
+             "%.2f%%, %.1f s, %.0f samples/s\n",
+             (unsigned long long)e + 1, loss / n, tl, acc, dt, n / dt);
     fflush(stdout);
     done[0] = e + 1;
     if (o.ckpt) { /* the order at the next batch the trainer takes */
       trn_order at;
-      if ((rc = trn_loader_order(ld, &at)) ||
+      if ((rc = source_order(&src, &at)) ||
           (rc = trn_ckpt_save(o.ckpt, m, opt, &at, done, err, sizeof err))) {
         fprintf(stderr, "train: %s\n", rc == -ENOMEM ? "out of memory" : err);
         return 1;
@@ -255,15 +408,13 @@ int main(int argc, char **argv) {
       trn_order_free(&at);
     }
   }
-  printf("# %.1f s of training; final test accuracy %.2f%%\n", total_s, acc);
-  trn_loader_free(ld);
-  trn_order_free(&ord);
+  printf("# %.1f s of training; final %s accuracy %.2f%%\n", total_s,
+         src.tokens ? "next-token" : "test", acc);
+  source_close(&src);
   trn_optim_free(opt);
   trn_model_free(m);
-  trn_images_free(&tr);
-  trn_images_free(&te);
   if (o.min_acc > 0 && acc < o.min_acc) {
-    fprintf(stderr, "train: test accuracy %.2f%% is below %.2f%%\n", acc,
+    fprintf(stderr, "train: accuracy %.2f%% is below %.2f%%\n", acc,
             (double)o.min_acc);
     return 1;
   }
