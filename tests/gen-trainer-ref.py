@@ -17,7 +17,14 @@ statistics after the Nesterov steps and the logits in eval mode then),
 and a gpt of 2 layers, 2 heads, 16 channels, a vocabulary of 37 and a
 context of 8 on 3 sequences of 6 tokens (trainer-gpt.ref; its weights
 random rather than GPT-2's small initial ones, so that every path
-carries a gradient worth comparing).
+carries a gradient worth comparing), and two resnets: a CIFAR-style one of
+depth 8 and width 2 on 3x8x8 (trainer-resnet8.ref) and ResNet-18's shape
+at width 2 on 3x48x48 (trainer-resnet18.ref: its last stage 2x2, so
+that no batch norm averages just 2 values, whose gradient is 0 and the
+computed one noise; and width 2, so that no 1x1 shortcut convolution has
+a single input channel, whose weights a batch norm makes irrelevant),
+with their batch norms
+running statistics and logits in eval mode.
 For each, batches of
 random inputs and labels, and what PyTorch computes from them: the
 logits, the mean cross-entropy, its gradients, and the parameters after 3
@@ -110,8 +117,66 @@ class Gpt(nn.Module):
         return (x @ self.wte.T).reshape(B * T, self.V)
 
 
+class Block(nn.Module):
+    """A basic block as trainer/resnet.c builds it, modules in its order."""
+
+    def __init__(self, c, oc, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, oc, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(oc)
+        self.conv2 = nn.Conv2d(oc, oc, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(oc)
+        self.short = None
+        if stride != 1 or c != oc:
+            self.short = nn.Sequential(nn.Conv2d(c, oc, 1, stride, bias=False),
+                                       nn.BatchNorm2d(oc))
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = self.bn2(self.conv2(h))
+        return F.relu(h + (self.short(x) if self.short else x))
+
+
+class ResNet(nn.Module):
+    """trainer/resnet.c's resnet: depth 18 (ImageNet's) or 6n + 2."""
+
+    def __init__(self, depth, width, in_c, classes):
+        super().__init__()
+        layers = []
+        if depth == 18:
+            layers += [nn.Conv2d(in_c, width, 7, 2, 3, bias=False),
+                       nn.BatchNorm2d(width), nn.ReLU(),
+                       nn.MaxPool2d(3, 2, 1)]
+            c = width
+            for s in range(4):
+                for b in range(2):
+                    layers.append(Block(c, width << s, 2 if s and not b else 1))
+                    c = width << s
+        else:
+            layers += [nn.Conv2d(in_c, width, 3, 1, 1, bias=False),
+                       nn.BatchNorm2d(width), nn.ReLU()]
+            c = width
+            for s in range(3):
+                for b in range((depth - 2) // 6):
+                    layers.append(Block(c, width << s, 2 if s and not b else 1))
+                    c = width << s
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, classes)]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def resnet8():
+    return ResNet(8, 2, 3, 10)
+
+
+def resnet18():
+    return ResNet(18, 2, 3, 10)
+
+
 def flat(model, grads=False):
-    if isinstance(model, Gpt):
+    if isinstance(model, (Gpt, ResNet)):
         return torch.cat([(p.grad if grads else p).detach().reshape(-1)
                           for p in model.parameters()])
     out = []
@@ -125,7 +190,7 @@ def flat(model, grads=False):
 
 def buffers(model):
     out = [torch.zeros(0)]
-    for mod in (model if isinstance(model, nn.Sequential) else []):
+    for mod in model.modules():
         if isinstance(mod, nn.BatchNorm2d):
             out += [mod.running_mean.reshape(-1), mod.running_var.reshape(-1)]
     return torch.cat(out)
@@ -236,6 +301,8 @@ def main():
     write(f"{sys.argv[1]}/trainer-cnn.ref", cnn, 8, (1, 12, 12))
     write(f"{sys.argv[1]}/trainer-cnnbn.ref", cnnbn, 8, (1, 12, 12))
     write(f"{sys.argv[1]}/trainer-gpt.ref", Gpt, 3, (6,))
+    write(f"{sys.argv[1]}/trainer-resnet8.ref", resnet8, 4, (3, 8, 8))
+    write(f"{sys.argv[1]}/trainer-resnet18.ref", resnet18, 2, (3, 48, 48))
 
 
 if __name__ == "__main__":

@@ -199,8 +199,8 @@ static void test_ce(void) {
 /* y (b, oc, oh, ow) from x (b, c, h, w), W (oc, c, k, k), bias, padding. */
 static void conv_ref(const double *x, const double *w, const double *bias,
                      double *y, int b, int c, int h, int wd, int oc, int k,
-                     int pad) {
-  int oh = h + 2 * pad - k + 1, ow = wd + 2 * pad - k + 1;
+                     int pad, int st) {
+  int oh = (h + 2 * pad - k) / st + 1, ow = (wd + 2 * pad - k) / st + 1;
   for (int n = 0; n < b; n++)
     for (int o = 0; o < oc; o++)
       for (int i = 0; i < oh; i++)
@@ -209,7 +209,7 @@ static void conv_ref(const double *x, const double *w, const double *bias,
           for (int ci = 0; ci < c; ci++)
             for (int a = 0; a < k; a++)
               for (int e = 0; e < k; e++) {
-                int yi = i + a - pad, xj = j + e - pad;
+                int yi = i * st + a - pad, xj = j * st + e - pad;
                 if (yi >= 0 && yi < h && xj >= 0 && xj < wd)
                   s += x[((n * c + ci) * h + yi) * wd + xj] *
                        w[((o * c + ci) * k + a) * k + e];
@@ -219,13 +219,15 @@ static void conv_ref(const double *x, const double *w, const double *bias,
 }
 
 enum { CB = 2, CC = 2, CH = 5, CW = 4, CO = 3, CK = 3, CP = 1 };
+/* The output's largest size (stride 1); CS, the stride under test. */
 enum { COH = CH + 2 * CP - CK + 1, COW = CW + 2 * CP - CK + 1 };
+static int CS = 1, coh, cow;
 static double CX[CB * CC * CH * CW], CWt[CO * CC * CK * CK], CBs[CO],
     CR[CB * CO * COH * COW];
 static double f_conv(void) {
   double y[CB * CO * COH * COW], s = 0;
-  conv_ref(CX, CWt, CBs, y, CB, CC, CH, CW, CO, CK, CP);
-  for (size_t i = 0; i < sizeof y / sizeof y[0]; i++)
+  conv_ref(CX, CWt, CBs, y, CB, CC, CH, CW, CO, CK, CP, CS);
+  for (int i = 0; i < CB * CO * coh * cow; i++)
     s += y[i] * CR[i];
   return s;
 }
@@ -235,28 +237,36 @@ static void fill(float *f, double *d, size_t n) {
     f[i] = (float)rnd(), d[i] = f[i];
 }
 
-static void test_conv(void) {
-  enum { NX = CB * CC * CH * CW, NW = CO * CC * CK * CK, NY = CB * CO * COH * COW };
-  float x[NX], w[NW], b[CO], y[NY], dy[NY], dx[NX], dw[NW] = {0}, db[CO] = {0};
+static void test_conv(int stride) {
+  enum { NX = CB * CC * CH * CW, NW = CO * CC * CK * CK };
+  enum { NYMAX = CB * CO * COH * COW };
+  CS = stride;
+  coh = (CH + 2 * CP - CK) / CS + 1, cow = (CW + 2 * CP - CK) / CS + 1;
+  int NY = CB * CO * coh * cow;
+  float x[NX], w[NW], b[CO], y[NYMAX], dy[NYMAX], dx[NX], dw[NW] = {0},
+      db[CO] = {0};
   static float col[CC * CK * CK * COH * COW * TRN__CONV_CHUNK],
       tmp[CO * COH * COW * TRN__CONV_CHUNK];
   fill(x, CX, NX);
   fill(w, CWt, NW);
   fill(b, CBs, CO);
-  fill(dy, CR, NY);
-  trn__conv cv = {.c = CC, .h = CH, .w = CW, .oc = CO, .oh = COH, .ow = COW,
-                  .k = CK, .pad = CP};
+  fill(dy, CR, (size_t)NY);
+  trn__conv cv = {.c = CC, .h = CH, .w = CW, .oc = CO, .oh = (unsigned)coh,
+                  .ow = (unsigned)cow, .k = CK, .pad = CP,
+                  .stride = (unsigned)CS};
   trn__conv_fwd(&cv, x, w, b, y, CB, col, tmp);
-  double yr[NY];
-  conv_ref(CX, CWt, CBs, yr, CB, CC, CH, CW, CO, CK, CP);
-  close_vec("conv y", y, yr, NY, 1e-5);
+  double yr[NYMAX];
+  conv_ref(CX, CWt, CBs, yr, CB, CC, CH, CW, CO, CK, CP, CS);
+  close_vec("conv y", y, yr, (size_t)NY, 1e-5);
   trn__conv_bwd(&cv, x, w, y, dy, dx, dw, db, CB, col, tmp);
   check3("conv", f_conv, dx, CX, NX, dw, CWt, NW, db, CBs, CO);
   /* A batch of several chunks (and a partial one): the same as sample by
    * sample. */
-  enum { BB = 2 * TRN__CONV_CHUNK + 5, SX = CC * CH * CW, SY = CO * COH * COW };
-  static float bx[BB * SX], by[BB * SY], bdy[BB * SY], bdx[BB * SX];
-  static float one_y[SY], one_dx[SX];
+  enum { BB = 2 * TRN__CONV_CHUNK + 5, SX = CC * CH * CW };
+  enum { SYMAX = CO * COH * COW };
+  int SY = CO * coh * cow;
+  static float bx[BB * SX], by[BB * SYMAX], bdy[BB * SYMAX], bdx[BB * SX];
+  static float one_y[SYMAX], one_dx[SX];
   float bdw[NW] = {0}, bdb[CO] = {0}, sdw[NW] = {0}, sdb[CO] = {0};
   for (int i = 0; i < BB * SX; i++)
     bx[i] = (float)rnd();
@@ -278,9 +288,9 @@ static void test_conv(void) {
     ASSERT(fabsf(sdw[i] - bdw[i]) <= 1e-4f * (1 + fabsf(sdw[i])));
   for (int i = 0; i < CO; i++)
     ASSERT(fabsf(sdb[i] - bdb[i]) <= 1e-4f * (1 + fabsf(sdb[i])));
-  printf("conv2d 3x3, padding 1: y, dx, dW, db agree with finite "
+  printf("conv2d 3x3, padding 1, stride %d: y, dx, dW, db agree with finite "
          "differences; a batch of %d (chunks of %d) as sample by sample\n",
-         BB, TRN__CONV_CHUNK);
+         CS, BB, TRN__CONV_CHUNK);
 }
 
 /* ---- max pooling and dropout -------------------------------------------------- */
@@ -434,9 +444,9 @@ static void test_bn(void) {
 static double model_vs_fd(const char *what, trn_model *m, float *x,
                           double *xd, size_t n, const int32_t *y,
                           size_t batch, double (*f)(void), double *pd) {
-  static double g[1024];
+  static double g[4096];
   size_t np = trn_model_nparams(m);
-  ASSERT(np <= 1024);
+  ASSERT(np <= 4096);
   fill(x, xd, n);
   for (size_t i = 0; i < np; i++)
     pd[i] = trn_model_params(m)[i];
@@ -576,13 +586,13 @@ static double f_cnn(void) {
   static double a[NB * N1 * NI * NI], t[NB * N1 * NI * NI];
   static const double zero[N1]; /* the convolutions before batch norm */
   const double *p = NP;
-  conv_ref(NX, p, with_bn ? zero : p + N0 * 25, a, NB, 1, NI, NI, N0, 5, 2);
+  conv_ref(NX, p, with_bn ? zero : p + N0 * 25, a, NB, 1, NI, NI, N0, 5, 2, 1);
   p += N0 * 25 + (with_bn ? 0 : N0);
   p = maybe_bn(a, p, N0, NI * NI);
   relu_d(a, NB * N0 * NI * NI);
   pool_ref(a, t, NB * N0, NI, NI, 2);
   conv_ref(t, p, with_bn ? zero : p + N1 * N0 * 25, a, NB, N0, NI / 2, NI / 2,
-           N1, 5, 2);
+           N1, 5, 2, 1);
   p += N1 * N0 * 25 + (with_bn ? 0 : N1);
   p = maybe_bn(a, p, N1, (NI / 2) * (NI / 2));
   relu_d(a, NB * N1 * (NI / 2) * (NI / 2));
@@ -777,16 +787,111 @@ static void test_gpt(void) {
          GL, GH, GC, np);
 }
 
+/* ---- resnet ------------------------------------------------------------------ */
+
+enum { RB = 2, RC = 3, RS = 8, RW = 2, RK = 3 }; /* depth 8: one block a stage */
+static double RX[RB * RC * RS * RS], RP[2048];
+static const int32_t RY[RB] = {2, 0};
+static const double *rp; /* the next parameters of RP */
+static double rbuf[6][RB * 8 * RS * RS];
+
+/* conv (no bias), batch norm, and relu when relu: a (c, s, s) -> out. */
+static int rcbr(const double *a, double *out, int c, int s, int oc, int k,
+                int st, int pad, bool relu) {
+  static const double zero[64];
+  static double t[RB * 8 * RS * RS];
+  conv_ref(a, rp, zero, t, RB, c, s, s, oc, k, pad, st);
+  rp += oc * c * k * k;
+  int os = (s + 2 * pad - k) / st + 1;
+  bn_ref(t, rp, rp + oc, out, RB, oc, os * os);
+  rp += 2 * oc;
+  if (relu)
+    relu_d(out, (size_t)RB * oc * os * os);
+  return os;
+}
+
+/* A basic block in place on x (c, s, s) -> (oc, s / st, s / st). */
+static int rblock(double *x, int c, int s, int oc, int st) {
+  double *h = rbuf[2], *o = rbuf[3], *sc = rbuf[4];
+  int os = rcbr(x, h, c, s, oc, 3, st, 1, true);
+  rcbr(h, o, oc, os, oc, 3, 1, 1, false);
+  size_t n = (size_t)RB * oc * os * os;
+  if (st != 1 || c != oc)
+    rcbr(x, sc, c, s, oc, 1, st, 0, false);
+  else
+    memcpy(sc, x, n * sizeof *sc);
+  for (size_t i = 0; i < n; i++)
+    x[i] = o[i] + sc[i] > 0 ? o[i] + sc[i] : 0;
+  return os;
+}
+
+/* resnet-8 of trainer/resnet.c in double, from the definitions. */
+static double f_resnet(void) {
+  double *x = rbuf[0], *t = rbuf[1];
+  rp = RP;
+  rcbr(RX, x, RC, RS, RW, 3, 1, 1, true);
+  int s = RS, c = RW;
+  for (int st = 0; st < 3; st++) {
+    s = rblock(x, c, s, RW << st, st ? 2 : 1);
+    c = RW << st;
+  }
+  for (int n = 0; n < RB * c; n++) { /* average pool */
+    double sum = 0;
+    for (int i = 0; i < s * s; i++)
+      sum += x[n * s * s + i];
+    t[n] = sum / (s * s);
+  }
+  double logits[RB * RK];
+  for (int n = 0; n < RB; n++)
+    for (int o = 0; o < RK; o++) {
+      logits[n * RK + o] = rp[c * RK + o];
+      for (int i = 0; i < c; i++)
+        logits[n * RK + o] += t[n * c + i] * rp[o * c + i];
+    }
+  return ce_ref(logits, RY, RB, RK);
+}
+
+static void test_resnet(void) {
+  trn_model_config c;
+  trn_model_config_default(&c);
+  c.name = "resnet";
+  c.depth = 8, c.width = RW, c.in_c = RC, c.in_h = c.in_w = RS;
+  c.classes = RK, c.max_batch = RB;
+  trn_model *m;
+  char err[200];
+  ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), 0);
+  size_t np = trn_model_nparams(m);
+  ASSERT(np <= 2048);
+  float x[RB * RC * RS * RS];
+  model_vs_fd("resnet-8", m, x, RX, RB * RC * RS * RS, RY, RB, f_resnet, RP);
+  trn_model_free(m);
+  /* ResNet-18 for 224x224 has torchvision's 11,689,512 parameters. */
+  c.depth = 18, c.width = 64, c.in_h = c.in_w = 224, c.classes = 1000;
+  c.max_batch = 1;
+  ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), 0);
+  ASSERT_UEQ(trn_model_nparams(m), 11689512);
+  trn_model_free(m);
+  c.depth = 19;
+  ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), -EINVAL);
+  ASSERT(strstr(err, "6n + 2") != NULL);
+  printf("resnet-8, width %d: loss and all %zu gradients (stride-2 and 1x1 "
+         "convolutions, batch norms, shortcuts, average pool) agree with "
+         "finite differences; resnet-18 has 11,689,512 parameters\n",
+         RW, np);
+}
+
 int main(void) {
   trn_cpu_threads_set(1);
   test_linear();
   test_relu();
   test_ce();
-  test_conv();
+  test_conv(1);
+  test_conv(2);
   test_pool_dropout();
   test_bn();
   test_mlp();
   test_cnn();
   test_gpt();
+  test_resnet();
   return 0;
 }

@@ -105,11 +105,15 @@ static double close_to(const char *what, const float *a, const float *b,
 enum { STEPS = 3 };
 static size_t B;
 static size_t T;              /* gpt: positions per sequence; 0 for images */
-/* The parameters after the optimizer's steps, within this of their scale:
- * 2e-6, and 5e-6 for gpt, whose deeper computation (layer norms,
- * attention's softmax, in other orders than PyTorch's) leaves its
- * gradients within 1e-6 rather than 1e-7. */
-static double step_tol;
+/* Logits and gradients within fwd_tol of their scale, the parameters
+ * after the optimizer's steps within step_tol: 1e-6 and 2e-6, more for
+ * the deeper models, whose sums run in other orders than PyTorch's: gpt
+ * (layer norms, attention) 1e-5; resnet-18 (20 batch norms over batches
+ * of 2, here) 2e-5 and 1e-4: PyTorch's own float32 result for it is
+ * 4.2e-6 (gradients) and 9.8e-6 (parameters after 3 steps) from its
+ * float64 one, and ours is within about twice that of PyTorch's.  Set by
+ * check(). */
+static double fwd_tol, step_tol;
 static int32_t xi[STEPS * 64 * 8]; /* gpt: the tokens as integers */
 
 /* Positions per sample: the losses are means over B x this. */
@@ -129,7 +133,7 @@ static double one_batch(trn_model *m, const float *x, const int32_t *y,
               0);
   return loss;
 }
-static float buf0[256]; /* the model's batch-norm statistics as created */
+static float buf0[1024]; /* the model's batch-norm statistics as created */
 static size_t nbuf0;
 
 /* STEPS steps of the optimizer oc from p0, one batch each, the gradients
@@ -189,11 +193,11 @@ static void run_optim(trn_model *m, const float *p0, const float *x,
   if (nb && strcmp(ref, "sgd_nesterov") == 0) {
     /* Batch norm's running statistics, and the model in evaluation. */
     double eb = close_to("buffers", buf, get("sgd_nesterov_buffers", nb), nb,
-                         1, 2e-6);
+                         1, step_tol);
     ASSERT_EQ(trn_model_eval_batch(m, x, y, B, NULL, NULL), 0);
     double ee = close_to("eval logits", trn_model_logits(m),
                          get("sgd_nesterov_eval_logits", B * 10), B * 10, 1,
-                         2e-6);
+                         step_tol);
     printf("  %-14s running statistics within %.2g, logits in evaluation "
            "within %.2g\n",
            "", eb, ee);
@@ -207,13 +211,17 @@ static void check(const char *path, const trn_model_config *c, size_t batch,
   load(path);
   B = batch;
   T = seq;
-  step_tol = seq ? 5e-6 : 2e-6;
+  fwd_tol = 1e-6, step_tol = 2e-6;
+  if (seq) /* gpt */
+    fwd_tol = step_tol = 1e-5;
+  if (c->name[0] == 'r' && c->depth == 18)
+    fwd_tol = 2e-5, step_tol = 1e-4;
   trn_model *m;
   char err[128];
   ASSERT_EQ(trn_model_new(c, &m, err, sizeof err), 0);
   size_t np = trn_model_nparams(m), in = trn_model_inputs(m);
   float *buf = trn_model_buffers(m, &nbuf0);
-  ASSERT(nbuf0 <= 256);
+  ASSERT(nbuf0 <= 1024);
   if (nbuf0)
     memcpy(buf0, buf, nbuf0 * sizeof *buf);
   size_t P = positions(), ncls = trn_model_classes(m);
@@ -233,11 +241,11 @@ static void check(const char *path, const trn_model_config *c, size_t batch,
   trn_model_zero_grad(m);
   double loss = one_batch(m, x, y, 0) / (double)(B * P);
   double el = close_to("logits", trn_model_logits(m),
-                       get("logits", B * P * ncls), B * P * ncls, 1, 1e-6);
+                       get("logits", B * P * ncls), B * P * ncls, 1, fwd_tol);
   double want = get("loss", 1)[0];
   ASSERT(fabs(loss - want) <= 1e-6 * fabs(want));
   double eg = close_to("grads", trn_model_grads(m), get("grads", np), np,
-                       1.0 / (double)(B * P), 1e-6);
+                       1.0 / (double)(B * P), fwd_tol);
   printf("%s, %zu parameters, batch %zu: logits within %.2g, loss %.7f "
          "(PyTorch %.7f), gradients within %.2g of their scale\n",
          what, np, B, el, loss, want, eg);
@@ -264,7 +272,7 @@ static void check(const char *path, const trn_model_config *c, size_t batch,
 }
 
 int main(int argc, char **argv) {
-  ASSERT(argc == 5);
+  ASSERT(argc == 7);
   trn_cpu_threads_set(1);
   trn_model_config c;
   trn_model_config_default(&c);
@@ -286,6 +294,13 @@ int main(int argc, char **argv) {
   c.vocab = 37, c.ctx = 8, c.layers = 2, c.heads = 2, c.embd = 16;
   c.max_batch = 3;
   check(argv[4], &c, 3, 6, "gpt 2 layers, 2 heads, 16 wide, 6 of 8 tokens");
+  trn_model_config_default(&c);
+  c.name = "resnet";
+  c.depth = 8, c.width = 2, c.in_c = 3, c.in_h = c.in_w = 8, c.classes = 10;
+  c.max_batch = 4;
+  check(argv[5], &c, 4, 0, "resnet-8, width 2, 3x8x8");
+  c.depth = 18, c.width = 2, c.in_h = c.in_w = 48, c.max_batch = 2;
+  check(argv[6], &c, 2, 0, "resnet-18's shape, width 2, 3x48x48");
 
   /* Schedules, at the steps whose rates are known exactly. */
   trn_sched sc = {.kind = TRN_SCHED_COSINE, .lr = 1, .min_lr = 0,

@@ -16,11 +16,23 @@
 
 /* The output columns j whose input column j + kj - pad lies inside the
  * image: [*j0, *j1). */
+static unsigned stride(const trn__conv *cv) {
+  return cv->stride ? cv->stride : 1;
+}
+
+/* ceil(a / s) for a >= 0; 0 for a < 0. */
+static unsigned up(int a, unsigned s) {
+  return a <= 0 ? 0 : (unsigned)(a + (int)s - 1) / s;
+}
+
 static void span(const trn__conv *cv, unsigned kj, unsigned *j0,
                  unsigned *j1) {
-  int lo = (int)cv->pad - (int)kj, hi = (int)cv->w + (int)cv->pad - (int)kj;
-  *j0 = lo > 0 ? (unsigned)lo : 0;
-  *j1 = hi < 0 ? 0 : (unsigned)hi < cv->ow ? (unsigned)hi : cv->ow;
+  /* j s + kj - pad in [0, w): j >= (pad - kj) / s, j < (w + pad - kj) / s */
+  unsigned s = stride(cv);
+  *j0 = up((int)cv->pad - (int)kj, s);
+  *j1 = up((int)cv->w + (int)cv->pad - (int)kj, s);
+  if (*j1 > cv->ow)
+    *j1 = cv->ow;
   if (*j1 < *j0)
     *j1 = *j0;
 }
@@ -31,7 +43,7 @@ static void span(const trn__conv *cv, unsigned kj, unsigned *j0,
  * between two runs of zeros. */
 static void im2col(const float *x, const trn__conv *cv, float *col,
                    size_t ld) {
-  unsigned k = cv->k, oh = cv->oh, ow = cv->ow;
+  unsigned k = cv->k, oh = cv->oh, ow = cv->ow, st = stride(cv);
   for (unsigned c = 0; c < cv->c; c++)
     for (unsigned ki = 0; ki < k; ki++)
       for (unsigned kj = 0; kj < k; kj++) {
@@ -39,7 +51,7 @@ static void im2col(const float *x, const trn__conv *cv, float *col,
         unsigned j0, j1;
         span(cv, kj, &j0, &j1);
         for (unsigned i = 0; i < oh; i++) {
-          int yi = (int)(i + ki) - (int)cv->pad;
+          int yi = (int)(i * st + ki) - (int)cv->pad;
           float *r = row + (size_t)i * ow;
           if (yi < 0 || yi >= (int)cv->h || j0 == j1) {
             memset(r, 0, ow * sizeof *r);
@@ -47,7 +59,11 @@ static void im2col(const float *x, const trn__conv *cv, float *col,
           }
           const float *src = x + ((size_t)c * cv->h + (unsigned)yi) * cv->w;
           memset(r, 0, j0 * sizeof *r);
-          memcpy(r + j0, src + (j0 + kj - cv->pad), (j1 - j0) * sizeof *r);
+          if (st == 1)
+            memcpy(r + j0, src + (j0 + kj - cv->pad), (j1 - j0) * sizeof *r);
+          else
+            for (unsigned j = j0; j < j1; j++)
+              r[j] = src[j * st + kj - cv->pad];
           memset(r + j1, 0, (ow - j1) * sizeof *r);
         }
       }
@@ -57,7 +73,7 @@ static void im2col(const float *x, const trn__conv *cv, float *col,
  * dx (c, h, w). */
 static void col2im(const float *col, const trn__conv *cv, float *dx,
                    size_t ld) {
-  unsigned k = cv->k, oh = cv->oh, ow = cv->ow;
+  unsigned k = cv->k, oh = cv->oh, ow = cv->ow, st = stride(cv);
   memset(dx, 0, (size_t)cv->c * cv->h * cv->w * sizeof *dx);
   for (unsigned c = 0; c < cv->c; c++)
     for (unsigned ki = 0; ki < k; ki++)
@@ -66,13 +82,13 @@ static void col2im(const float *col, const trn__conv *cv, float *dx,
         unsigned j0, j1;
         span(cv, kj, &j0, &j1);
         for (unsigned i = 0; i < oh; i++) {
-          int yi = (int)(i + ki) - (int)cv->pad;
+          int yi = (int)(i * st + ki) - (int)cv->pad;
           if (yi < 0 || yi >= (int)cv->h)
             continue;
           float *dst = dx + ((size_t)c * cv->h + (unsigned)yi) * cv->w;
           const float *r = row + (size_t)i * ow;
-          for (unsigned j = j0; j < j1; j++) /* j + kj >= pad from j0 */
-            dst[j + kj - cv->pad] += r[j];
+          for (unsigned j = j0; j < j1; j++) /* j s + kj >= pad from j0 */
+            dst[j * st + kj - cv->pad] += r[j];
         }
       }
 }

@@ -55,6 +55,7 @@ struct trn_model {
   size_t in, classes;
   uint64_t dropout_calls; /* the dropout masks drawn so far */
   trn__gpt *gpt;          /* gpt: the transformer (no layer list) */
+  trn__resnet *resnet;    /* resnet: its op list (no layer list) */
 };
 
 void trn_model_config_default(trn_model_config *c) {
@@ -70,6 +71,7 @@ void trn_model_config_default(trn_model_config *c) {
   c->dropout = 0.5f;
   c->batchnorm = false;
   c->vocab = 256, c->ctx = 64, c->layers = 4, c->heads = 4, c->embd = 128;
+  c->depth = 20, c->width = 16;
 }
 
 /* splitmix64, for the initial weights: uniform in [-bound, bound). */
@@ -86,6 +88,10 @@ void trn_model_init(trn_model *m, uint64_t seed) {
   uint64_t s = seed ^ 0x7472616e20696e69ull;
   if (m->gpt) {
     trn__gpt_init(m->gpt, m->params, &s, uniform);
+    return;
+  }
+  if (m->resnet) {
+    trn__resnet_init(m->resnet, m->params, m->buffers, &s, uniform);
     return;
   }
   for (size_t i = 0; i < m->nl; i++) {
@@ -242,7 +248,35 @@ static int build(trn_model *m, const trn_model_config *cfg, char *err,
     return 0;
   }
   return trn__fail(err, errlen, -EINVAL,
-                   "unknown model \"%s\" (known: mlp, cnn, gpt)", cfg->name);
+                   "unknown model \"%s\" (known: mlp, cnn, gpt, resnet)",
+                   cfg->name);
+}
+
+/* resnet has its own op list: parameters and buffers follow from it. */
+static int build_resnet(trn_model *m, const trn_model_config *c, char *err,
+                        size_t errlen) {
+  int rc = trn__resnet_check(c, err, errlen);
+  if (rc)
+    return rc;
+  if ((rc = trn__resnet_new(c, &m->resnet)))
+    return trn__fail(err, errlen, rc,
+                     rc == -E2BIG ? "resnet-%u: too deep for this build"
+                                  : "resnet-%u: out of memory for the "
+                                    "activations",
+                     c->depth);
+  m->nparams = trn__resnet_nparams(m->resnet);
+  m->nbuffers = trn__resnet_nbuffers(m->resnet);
+  m->in = (size_t)c->in_c * c->in_h * c->in_w;
+  m->classes = c->classes;
+  m->params = calloc(m->nparams, sizeof *m->params);
+  m->grads = calloc(m->nparams, sizeof *m->grads);
+  m->buffers = calloc(m->nbuffers, sizeof *m->buffers);
+  if (!m->params || !m->grads || !m->buffers)
+    return trn__fail(err, errlen, -ENOMEM,
+                     "resnet-%u: out of memory for %zu parameters", c->depth,
+                     m->nparams);
+  trn_model_init(m, c->seed);
+  return 0;
 }
 
 /* gpt has no layer list: its parameters and activations are gpt.c's. */
@@ -288,8 +322,10 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
   snprintf(m->name, sizeof m->name, "%s", cfg->name);
   m->cfg.name = m->name;
   int rc;
-  if (strcmp(cfg->name, "gpt") == 0) {
-    if ((rc = build_gpt(m, cfg, err, errlen)))
+  if (strcmp(cfg->name, "gpt") == 0 || strcmp(cfg->name, "resnet") == 0) {
+    rc = cfg->name[0] == 'g' ? build_gpt(m, cfg, err, errlen)
+                             : build_resnet(m, cfg, err, errlen);
+    if (rc)
       goto fail;
     *out = m;
     return 0;
@@ -378,6 +414,7 @@ void trn_model_free(trn_model *m) {
   free(m->col);
   free(m->tmp);
   trn__gpt_free(m->gpt);
+  trn__resnet_free(m->resnet);
   free(m);
 }
 
@@ -393,10 +430,14 @@ size_t trn_model_inputs(const trn_model *m) { return m->in; }
 uint64_t trn__model_shape_hash(const trn_model *m) {
   uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a over what fixes the layout */
   uint64_t v[12];
-  if (m->gpt) {
+  if (m->gpt || m->resnet) {
     const trn_model_config *c = &m->cfg;
     uint64_t gv[6] = {0x677074, c->vocab, c->ctx, c->layers, c->heads,
                       c->embd};
+    if (m->resnet) /* resnet: depth, width, input, classes */
+      gv[0] = 0x726573, gv[1] = c->depth, gv[2] = c->width,
+      gv[3] = (uint64_t)c->in_c << 32 | c->in_h, gv[4] = c->in_w,
+      gv[5] = c->classes;
     for (size_t k = 0; k < sizeof gv; k++) {
       h ^= ((const uint8_t *)gv)[k];
       h *= 0x100000001b3ull;
@@ -422,6 +463,8 @@ size_t trn_model_tensors(const trn_model *m, size_t *ends, size_t max) {
   size_t k = 0;
   if (m->gpt)
     return trn__gpt_tensors(m->gpt, ends, max);
+  if (m->resnet)
+    return trn__resnet_tensors(m->resnet, ends, max);
   for (size_t i = 0; i < m->nl; i++) {
     const layer *L = &m->l[i];
     if (!L->nparams)
@@ -508,6 +551,14 @@ int trn_model_train_batch(trn_model *m, const float *x, const int32_t *y,
   int rc = check_batch(m, y, B);
   if (rc)
     return rc;
+  if (m->resnet) {
+    double l = trn__resnet_forward(m->resnet, m->params, m->buffers, x, y, B,
+                                   true, trn__resnet_dlogits(m->resnet), NULL);
+    trn__resnet_backward(m->resnet, m->params, m->grads, B);
+    if (loss)
+      *loss = l;
+    return 0;
+  }
   forward(m, x, B, true);
   /* The gradient of the batch's summed loss flows down through d0/d1;
    * the first layer computes no gradient for the input. */
@@ -557,6 +608,13 @@ int trn_model_eval_batch(trn_model *m, const float *x, const int32_t *y,
   int rc = check_batch(m, y, B);
   if (rc)
     return rc;
+  if (m->resnet) {
+    double l = trn__resnet_forward(m->resnet, m->params, m->buffers, x, y, B,
+                                   false, NULL, correct);
+    if (loss)
+      *loss = l;
+    return 0;
+  }
   forward(m, x, B, false);
   double l = trn__softmax_ce(m->l[m->nl - 1].y, y, NULL, B, m->classes,
                              correct);
@@ -566,7 +624,9 @@ int trn_model_eval_batch(trn_model *m, const float *x, const int32_t *y,
 }
 
 const float *trn_model_logits(const trn_model *m) {
-  return m->gpt ? trn__gpt_logits(m->gpt) : m->l[m->nl - 1].y;
+  return m->gpt      ? trn__gpt_logits(m->gpt)
+         : m->resnet ? trn__resnet_logits(m->resnet)
+                     : m->l[m->nl - 1].y;
 }
 
 static int check_tokens(const trn_model *m, const int32_t *x, const int32_t *y,

@@ -81,6 +81,32 @@ void trn__gpt_backward(trn__gpt *g, const float *params, float *grads,
 float *trn__gpt_dlogits(trn__gpt *g);
 const float *trn__gpt_logits(const trn__gpt *g);
 
+/* ---- resnet.c: residual networks ---------------------------------------- */
+
+typedef struct trn__resnet trn__resnet;
+/* -EINVAL with err set for a config resnet cannot build, else 0. */
+int trn__resnet_check(const trn_model_config *c, char *err, size_t errlen);
+/* The network and its activations for c's largest batch; 0, -ENOMEM or
+ * -E2BIG (too deep for the op list). */
+int trn__resnet_new(const trn_model_config *c, trn__resnet **out);
+void trn__resnet_free(trn__resnet *r);
+size_t trn__resnet_nparams(const trn__resnet *r);
+size_t trn__resnet_nbuffers(const trn__resnet *r);
+void trn__resnet_init(const trn__resnet *r, float *p, float *buf, uint64_t *s,
+                      float (*uniform)(uint64_t *s, float bound));
+size_t trn__resnet_tensors(const trn__resnet *r, size_t *ends, size_t max);
+/* Forward on x (B, c, h, w): the summed cross-entropy against y; with
+ * train the batch norms use (and update) batch statistics and dlogits
+ * gets the loss's gradient. */
+double trn__resnet_forward(trn__resnet *r, const float *params, float *buf,
+                           const float *x, const int32_t *y, size_t B,
+                           bool train, float *dlogits, size_t *correct);
+/* After a training forward: the parameters' gradients added to grads. */
+void trn__resnet_backward(trn__resnet *r, const float *params, float *grads,
+                          size_t B);
+float *trn__resnet_dlogits(trn__resnet *r);
+const float *trn__resnet_logits(const trn__resnet *r);
+
 /* ---- layers.c: the CPU layers ------------------------------------------- */
 
 /* y (B, out) = x (B, in) . W^T + b, W (out, in). */
@@ -102,10 +128,10 @@ double trn__softmax_ce(const float *logits, const int32_t *labels, float *dl,
 
 /* ---- conv.c: the CPU layers for images ------------------------------------ */
 
-/* A 2-D convolution, stride 1: x (c, h, w) to y (oc, oh, ow), kernel k x k,
- * zero padding pad; oh = h + 2 pad - k + 1. */
+/* A 2-D convolution: x (c, h, w) to y (oc, oh, ow), kernel k x k, zero
+ * padding pad, stride (0 or 1: 1); oh = (h + 2 pad - k) / stride + 1. */
 typedef struct trn__conv {
-  unsigned c, h, w, oc, oh, ow, k, pad;
+  unsigned c, h, w, oc, oh, ow, k, pad, stride;
   bool relu; /* a relu fused in: y = max(conv, 0), and backward through it */
 } trn__conv;
 

@@ -272,6 +272,10 @@ typedef struct trn_model_config {
   /* gpt: vocabulary, context (the most positions), layers, heads and
    * embedding width (a multiple of heads). */
   unsigned vocab, ctx, layers, heads, embd;
+  /* resnet: depth 18 (ImageNet's ResNet-18) or 6n + 2 (CIFAR's ResNet-20,
+   * -56...), the first stage's channels (64 and 16 in the papers), the
+   * input (in_c, in_h, in_w) and classes as cnn's. */
+  unsigned depth, width;
   size_t max_batch; /* the largest batch a call may pass */
   uint64_t seed;    /* the initial weights, and the dropout masks */
 } trn_model_config;

@@ -2,7 +2,7 @@
  * swarm: the standalone baseline the collaborative runs are measured
  * against, and the quality check of issue 5 (tools/train/README.md).
  *
- *   train [--model mlp|cnn|gpt] [--batchnorm] [--epochs E] [--batch B]
+ *   train [--model mlp|cnn|resnet|gpt] [--batchnorm] [--epochs E] [--batch B]
  *         [--optim sgd|adamw|lamb]
  *         [--lr LR] [--momentum M] [--weight-decay WD] [--schedule
  *         const|cosine|linear] [--warmup STEPS] [--clip NORM]
@@ -10,6 +10,7 @@
  *         [--resume] [--min-accuracy PCT]
  *         gpt: --tokens FILE --val-tokens FILE [--vocab V] [--ctx T]
  *         [--layers L] [--heads H] [--embd C]
+ *         resnet: [--depth 18|20|32|44|56|110] [--width W]
  *
  * Trains on Fashion-MNIST's training set in this run's shuffled order
  * (batches made ahead on a thread of their own), or gpt on windows of a
@@ -35,7 +36,7 @@ static const float MEAN = 0.2860f, STD = 0.3530f; /* Fashion-MNIST train */
 typedef struct opts {
   const char *model, *data, *ckpt, *tokens, *val_tokens;
   size_t ctx;
-  unsigned vocab, layers, heads, embd;
+  unsigned vocab, layers, heads, embd, depth, width;
   int epochs, threads;
   size_t batch;
   int optim, sched;
@@ -52,7 +53,8 @@ static double now_s(void) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: train [--model mlp|cnn|gpt] [--batchnorm] [--epochs E] [--batch B]\n"
+          "usage: train [--model mlp|cnn|resnet|gpt] [--batchnorm] [--epochs E]\n"
+          "             [--batch B]\n"
           "             [--optim sgd|adamw|lamb] [--lr LR] [--momentum M]\n"
           "             [--weight-decay WD] [--schedule const|cosine|linear]\n"
           "             [--warmup STEPS] [--clip NORM] [--threads T]\n"
@@ -60,6 +62,7 @@ static void usage(FILE *f) {
           "             [--resume] [--min-accuracy PCT]\n"
           "             gpt: --tokens FILE --val-tokens FILE [--vocab V]\n"
           "             [--ctx T] [--layers L] [--heads H] [--embd C]\n"
+          "             resnet: [--depth 18|20|32|44|56|110] [--width W]\n"
           "  defaults: mlp, 10 epochs, batch 128, sgd with lr 0.05 and\n"
           "  momentum 0.9, constant rate, 1 thread, seed 1, the data in\n"
           "  " TRN_FASHION_MNIST_DIR "\n");
@@ -107,11 +110,13 @@ static void parse(int argc, char **argv, opts *o) {
       {"val-tokens", 1, 0, 'V'}, {"vocab", 1, 0, 'v'},
       {"ctx", 1, 0, 'x'},      {"layers", 1, 0, 'L'},
       {"heads", 1, 0, 'H'},    {"embd", 1, 0, 'E'},
+      {"depth", 1, 0, 'D'},    {"width", 1, 0, 'R'},
       {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
   *o = (opts){.model = "mlp", .data = TRN_FASHION_MNIST_DIR, .epochs = 10,
               .threads = 1, .batch = 128, .optim = TRN_SGD, .lr = 0.05f,
               .momentum = 0.9f, .seed = 1, .vocab = 256, .ctx = 64,
-              .layers = 4, .heads = 4, .embd = 128};
+              .layers = 4, .heads = 4, .embd = 128, .depth = 20,
+              .width = 16};
   int c;
   while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (c) {
@@ -157,6 +162,8 @@ static void parse(int argc, char **argv, opts *o) {
     case 'L': o->layers = (unsigned)num("layers", optarg, 1, 64); break;
     case 'H': o->heads = (unsigned)num("heads", optarg, 1, 1024); break;
     case 'E': o->embd = (unsigned)num("embd", optarg, 1, 16384); break;
+    case 'D': o->depth = (unsigned)num("depth", optarg, 8, 200); break;
+    case 'R': o->width = (unsigned)num("width", optarg, 1, 1024); break;
     case 'a': o->min_acc = (float)num("min-accuracy", optarg, 0, 100); break;
     case 'h': usage(stdout); exit(0);
     default: usage(stderr); exit(2);
@@ -305,6 +312,7 @@ int main(int argc, char **argv) {
   mc.batchnorm = o.batchnorm;
   mc.vocab = o.vocab, mc.ctx = (unsigned)o.ctx, mc.layers = o.layers;
   mc.heads = o.heads, mc.embd = o.embd;
+  mc.depth = o.depth, mc.width = o.width; /* resnet, on the images */
   trn_model *m;
   if ((rc = trn_model_new(&mc, &m, err, sizeof err))) {
     fprintf(stderr, "train: %s\n", err);
