@@ -294,6 +294,13 @@ int trn__gpt_new(const trn_model_config *c, trn__gpt **out) {
   return 0;
 }
 
+size_t trn__gpt_bytes(const trn__gpt *g) {
+  size_t n = g->maxT;
+  for (int i = 0; i < NA; i++)
+    n += 2 * g->asize[i]; /* activations and their gradients */
+  return n * sizeof(float);
+}
+
 void trn__gpt_free(trn__gpt *g) {
   if (!g)
     return;

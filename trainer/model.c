@@ -56,6 +56,7 @@ struct trn_model {
   uint64_t dropout_calls; /* the dropout masks drawn so far */
   trn__gpt *gpt;          /* gpt: the transformer (no layer list) */
   trn__resnet *resnet;    /* resnet: its op list (no layer list) */
+  size_t act_bytes;       /* the activations' and workspaces' memory */
 };
 
 void trn_model_config_default(trn_model_config *c) {
@@ -275,6 +276,7 @@ static int build_resnet(trn_model *m, const trn_model_config *c, char *err,
     return trn__fail(err, errlen, -ENOMEM,
                      "resnet-%u: out of memory for %zu parameters", c->depth,
                      m->nparams);
+  m->act_bytes = trn__resnet_bytes(m->resnet);
   trn_model_init(m, c->seed);
   return 0;
 }
@@ -301,6 +303,7 @@ static int build_gpt(trn_model *m, const trn_model_config *c, char *err,
                      "gpt: out of memory for %zu parameters and the "
                      "activations of %zu x %u positions",
                      m->nparams, c->max_batch, c->ctx);
+  m->act_bytes = trn__gpt_bytes(m->gpt);
   trn_model_init(m, c->seed);
   return 0;
 }
@@ -366,6 +369,7 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
   m->d1 = malloc(widest * B * sizeof *m->d1);
   m->col = col ? malloc(col * sizeof *m->col) : NULL;
   m->tmp = tmp ? malloc(tmp * sizeof *m->tmp) : NULL;
+  m->act_bytes = (acts * B + 2 * widest * B + col + tmp) * sizeof(float);
   if (!m->params || !m->grads || !m->ws || !m->d0 || !m->d1 ||
       (col && (!m->col || !m->tmp)) || (m->nbuffers && !m->buffers)) {
     trn__fail(err, errlen, rc, "%s: out of memory for %zu parameters and "
@@ -389,6 +393,8 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
     }
     if (L->kind == L_POOL && !(L->arg = malloc(L->out * B * sizeof *L->arg)))
       goto fail;
+    if (L->kind == L_POOL)
+      m->act_bytes += L->out * B * sizeof *L->arg;
   }
   trn_model_init(m, cfg->seed);
   *out = m;
@@ -419,6 +425,7 @@ void trn_model_free(trn_model *m) {
 }
 
 size_t trn_model_nparams(const trn_model *m) { return m->nparams; }
+size_t trn_model_activation_bytes(const trn_model *m) { return m->act_bytes; }
 float *trn_model_buffers(trn_model *m, size_t *n) {
   *n = m->nbuffers;
   return m->buffers;

@@ -52,6 +52,7 @@ struct trn__resnet {
   float *scratch;   /* (B, the largest activation) */
   float *col, *tmp; /* the convolutions' workspaces */
   size_t classes;
+  size_t bytes;     /* all of the above */
 };
 
 /* ---- building ----------------------------------------------------------- */
@@ -272,6 +273,12 @@ int trn__resnet_new(const trn_model_config *c, trn__resnet **out) {
       (col && (!(r->col = malloc(col * sizeof(float))) ||
                !(r->tmp = malloc(tmp * sizeof(float))))))
     goto fail;
+  r->bytes = (B * widest + col + tmp) * sizeof(float);
+  for (size_t i = 0; i < r->nact; i++) /* the input is the caller's */
+    r->bytes += (i ? 2 : 1) * B * r->act_n[i] * sizeof(float);
+  for (size_t i = 0; i < r->nop; i++)
+    if (r->op[i].kind == R_BN || r->op[i].kind == R_MAXPOOL)
+      r->bytes += B * r->op[i].out_n * 4;
   *out = r;
   return 0;
 fail:
@@ -299,6 +306,7 @@ void trn__resnet_free(trn__resnet *r) {
 }
 
 size_t trn__resnet_nparams(const trn__resnet *r) { return r->nparams; }
+size_t trn__resnet_bytes(const trn__resnet *r) { return r->bytes; }
 size_t trn__resnet_nbuffers(const trn__resnet *r) { return r->nbuffers; }
 
 void trn__resnet_init(const trn__resnet *r, float *p, float *buf, uint64_t *s,

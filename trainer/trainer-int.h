@@ -64,6 +64,7 @@ size_t trn__gpt_nparams(const trn_model_config *cfg);
 /* Activation buffers for cfg's largest batch.  0 or -ENOMEM. */
 int trn__gpt_new(const trn_model_config *cfg, trn__gpt **out);
 void trn__gpt_free(trn__gpt *g);
+size_t trn__gpt_bytes(const trn__gpt *g); /* its activations' memory */
 /* GPT-2's initialization into p, drawing from uniform(s, bound). */
 void trn__gpt_init(const trn__gpt *g, float *p, uint64_t *s,
                    float (*uniform)(uint64_t *s, float bound));
@@ -92,6 +93,7 @@ int trn__resnet_new(const trn_model_config *c, trn__resnet **out);
 void trn__resnet_free(trn__resnet *r);
 size_t trn__resnet_nparams(const trn__resnet *r);
 size_t trn__resnet_nbuffers(const trn__resnet *r);
+size_t trn__resnet_bytes(const trn__resnet *r); /* activations, workspaces */
 void trn__resnet_init(const trn__resnet *r, float *p, float *buf, uint64_t *s,
                       float (*uniform)(uint64_t *s, float bound));
 size_t trn__resnet_tensors(const trn__resnet *r, size_t *ends, size_t max);

@@ -296,6 +296,9 @@ void trn_model_free(trn_model *m);
 /* Initializes the weights again from seed. */
 void trn_model_init(trn_model *m, uint64_t seed);
 size_t trn_model_nparams(const trn_model *m);
+/* The memory the model holds for activations, their gradients and its
+ * workspaces at max_batch (parameters and gradients not counted). */
+size_t trn_model_activation_bytes(const trn_model *m);
 size_t trn_model_inputs(const trn_model *m);  /* features per sample */
 size_t trn_model_classes(const trn_model *m);
 /* The flat buffers (nparams floats each), the model's own: layer by layer,

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 static double now_s(void) {
@@ -25,7 +26,7 @@ static double now_s(void) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: bench-train [--model mlp|cnn] [--batch B] [--threads T]\n"
+  fprintf(f, "usage: bench-train [--model mlp|cnn|resnet] [--batch B] [--threads T]\n"
              "                   [--steps N] [--warmup W] [--data DIR]\n"
              "                   [--print-core]\n"
              "  defaults: mlp 784-256-10 (cnn: trainer.h's default), batch\n"
@@ -117,9 +118,22 @@ int main(int argc, char **argv) {
     loss = l / (double)batch;
   }
   double dt = now_s() - t0;
+  /* Memory: the peak resident set beside what the model accounts for
+   * (parameters, gradients, optimizer state, activations) and the data. */
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  size_t ns;
+  trn_optim_state(o, &ns);
+  double mib = 1024.0 * 1024.0;
+  double model_mib = (double)((2 * trn_model_nparams(m) + ns) * sizeof(float) +
+                              trn_model_activation_bytes(m)) /
+                     mib;
+  double data_mib = (double)(tr.n * (size_t)tr.c * tr.h * tr.w + tr.n) / mib;
   printf("RESULT impl=beed model=%s batch=%ld threads=%ld steps=%ld "
-         "samples_per_s=%.1f loss=%.4f\n",
-         model, batch, threads, steps, (double)(steps * batch) / dt, loss);
+         "samples_per_s=%.1f loss=%.4f rss_mib=%.1f model_mib=%.1f "
+         "data_mib=%.1f\n",
+         model, batch, threads, steps, (double)(steps * batch) / dt, loss,
+         (double)ru.ru_maxrss / 1024.0, model_mib, data_mib);
   free(x);
   free(y);
   trn_order_free(&ord);
