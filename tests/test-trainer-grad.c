@@ -245,8 +245,10 @@ static void test_conv(int stride) {
   int NY = CB * CO * coh * cow;
   float x[NX], w[NW], b[CO], y[NYMAX], dy[NYMAX], dx[NX], dw[NW] = {0},
       db[CO] = {0};
-  static float col[CC * CK * CK * COH * COW * TRN__CONV_CHUNK],
-      tmp[CO * COH * COW * TRN__CONV_CHUNK];
+  trn__conv_ws ws;
+  ASSERT(trn__conv_ws_init(&ws, CC * CK * CK * COH * COW * TRN__CONV_CHUNK,
+                           CO * COH * COW * TRN__CONV_CHUNK,
+                           CO * (CC * CK * CK + 1)) == 0);
   fill(x, CX, NX);
   fill(w, CWt, NW);
   fill(b, CBs, CO);
@@ -254,11 +256,11 @@ static void test_conv(int stride) {
   trn__conv cv = {.c = CC, .h = CH, .w = CW, .oc = CO, .oh = (unsigned)coh,
                   .ow = (unsigned)cow, .k = CK, .pad = CP,
                   .stride = (unsigned)CS};
-  trn__conv_fwd(&cv, x, w, b, y, CB, col, tmp);
+  trn__conv_fwd(&cv, x, w, b, y, CB, &ws);
   double yr[NYMAX];
   conv_ref(CX, CWt, CBs, yr, CB, CC, CH, CW, CO, CK, CP, CS);
   close_vec("conv y", y, yr, (size_t)NY, 1e-5);
-  trn__conv_bwd(&cv, x, w, y, dy, dx, dw, db, CB, col, tmp);
+  trn__conv_bwd(&cv, x, w, y, dy, dx, dw, db, CB, &ws);
   check3("conv", f_conv, dx, CX, NX, dw, CWt, NW, db, CBs, CO);
   /* A batch of several chunks (and a partial one): the same as sample by
    * sample. */
@@ -272,12 +274,12 @@ static void test_conv(int stride) {
     bx[i] = (float)rnd();
   for (int i = 0; i < BB * SY; i++)
     bdy[i] = (float)rnd();
-  trn__conv_fwd(&cv, bx, w, b, by, BB, col, tmp);
-  trn__conv_bwd(&cv, bx, w, by, bdy, bdx, bdw, bdb, BB, col, tmp);
+  trn__conv_fwd(&cv, bx, w, b, by, BB, &ws);
+  trn__conv_bwd(&cv, bx, w, by, bdy, bdx, bdw, bdb, BB, &ws);
   for (int n = 0; n < BB; n++) {
-    trn__conv_fwd(&cv, bx + n * SX, w, b, one_y, 1, col, tmp);
+    trn__conv_fwd(&cv, bx + n * SX, w, b, one_y, 1, &ws);
     trn__conv_bwd(&cv, bx + n * SX, w, one_y, bdy + n * SY, one_dx, sdw, sdb,
-                  1, col, tmp);
+                  1, &ws);
     for (int i = 0; i < SY; i++)
       ASSERT(fabsf(one_y[i] - by[n * SY + i]) <= 1e-5f * (1 + fabsf(one_y[i])));
     for (int i = 0; i < SX; i++)
@@ -288,9 +290,59 @@ static void test_conv(int stride) {
     ASSERT(fabsf(sdw[i] - bdw[i]) <= 1e-4f * (1 + fabsf(sdw[i])));
   for (int i = 0; i < CO; i++)
     ASSERT(fabsf(sdb[i] - bdb[i]) <= 1e-4f * (1 + fabsf(sdb[i])));
+  trn__conv_ws_free(&ws);
   printf("conv2d 3x3, padding 1, stride %d: y, dx, dW, db agree with finite "
          "differences; a batch of %d (chunks of %d) as sample by sample\n",
          CS, BB, TRN__CONV_CHUNK);
+}
+
+/* The chunks shared among 1, 2 and 3 threads (trn_cpu_threads_set): y and
+ * dx the same bits whatever the count, dW and db the same bits for the
+ * same count and within float rounding of one thread's otherwise. */
+static void test_conv_threads(void) {
+  enum { BB = 5 * TRN__CONV_CHUNK + 3, SX = CC * CH * CW, SY = CO * CH * CW };
+  enum { NW = CO * CC * CK * CK };
+  static float x[BB * SX], dy[BB * SY], y[3][BB * SY], dx[3][BB * SX];
+  static float w[NW], b[CO], dw[3][NW], db[3][CO], again[NW + CO];
+  for (int i = 0; i < BB * SX; i++)
+    x[i] = (float)rnd();
+  for (int i = 0; i < BB * SY; i++)
+    dy[i] = (float)rnd();
+  for (int i = 0; i < NW; i++)
+    w[i] = (float)rnd();
+  for (int i = 0; i < CO; i++)
+    b[i] = (float)rnd();
+  trn__conv cv = {.c = CC, .h = CH, .w = CW, .oc = CO, .oh = CH, .ow = CW,
+                  .k = CK, .pad = CP, .stride = 1, .relu = true};
+  for (int t = 0; t < 3; t++) {
+    trn_cpu_threads_set(t + 1);
+    ASSERT(trn__pool_size() == t + 1);
+    trn__conv_ws ws;
+    ASSERT(trn__conv_ws_init(&ws, CC * CK * CK * CH * CW * TRN__CONV_CHUNK,
+                             CO * CH * CW * TRN__CONV_CHUNK,
+                             CO * (CC * CK * CK + 1)) == 0);
+    ASSERT(ws.parts == t + 1);
+    trn__conv_fwd(&cv, x, w, b, y[t], BB, &ws);
+    memset(dw[t], 0, sizeof dw[t]), memset(db[t], 0, sizeof db[t]);
+    trn__conv_bwd(&cv, x, w, y[t], dy, dx[t], dw[t], db[t], BB, &ws);
+    float *adw = again, *adb = again + NW;
+    memset(again, 0, sizeof again);
+    trn__conv_bwd(&cv, x, w, y[t], dy, NULL, adw, adb, BB, &ws);
+    ASSERT(memcmp(adw, dw[t], sizeof dw[t]) == 0);
+    ASSERT(memcmp(adb, db[t], sizeof db[t]) == 0);
+    ASSERT(memcmp(y[t], y[0], sizeof y[0]) == 0);
+    ASSERT(memcmp(dx[t], dx[0], sizeof dx[0]) == 0);
+    for (int i = 0; i < NW; i++)
+      ASSERT(fabsf(dw[t][i] - dw[0][i]) <= 1e-4f * (1 + fabsf(dw[0][i])));
+    for (int i = 0; i < CO; i++)
+      ASSERT(fabsf(db[t][i] - db[0][i]) <= 1e-4f * (1 + fabsf(db[0][i])));
+    trn__conv_ws_free(&ws);
+  }
+  trn_cpu_threads_set(1);
+  ASSERT(trn__pool_size() == 1);
+  printf("conv2d on 1, 2, 3 threads: y and dx the same bits, dW and db the "
+         "same bits again on the same count and within 1e-4 across counts "
+         "(batch %d)\n", BB);
 }
 
 /* ---- max pooling and dropout -------------------------------------------------- */
@@ -887,6 +939,7 @@ int main(void) {
   test_ce();
   test_conv(1);
   test_conv(2);
+  test_conv_threads();
   test_pool_dropout();
   test_bn();
   test_mlp();

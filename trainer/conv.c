@@ -3,15 +3,19 @@
  *
  * Tensors are NCHW, row-major, as PyTorch's default layout, so weights
  * (out channels, in channels, kh, kw) move between the two as they are.
- * A convolution is done one sample at a time: the sample's patches are
- * laid out as a matrix col (C k k, Ho Wo) and multiplied by W (Oc, C k k);
- * the workspace for col stays one sample's size whatever the batch.
+ * A convolution is done a chunk of TRN__CONV_CHUNK samples at a time: the
+ * chunk's patches are laid out side by side as a matrix col (C k k,
+ * chunk Ho Wo) and multiplied by W (Oc, C k k), so the workspace stays a
+ * chunk's size whatever the batch.  The chunks are shared among the
+ * pool's threads (pool.c), each with a workspace of its own.
  */
 #include "trainer-int.h"
 
 #include <cblas.h>
+#include <errno.h>
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The output columns j whose input column j + kj - pad lies inside the
@@ -103,71 +107,191 @@ static size_t chunk_cols(const trn__conv *cv, const float *x, size_t n0,
   return nb * px;
 }
 
-void trn__conv_fwd(const trn__conv *cv, const float *x, const float *w,
-                   const float *b, float *y, size_t B, float *col,
-                   float *tmp) {
+/* ---- the workspace ---- */
+
+static int ws_grow(trn__conv_ws *ws, int parts) {
+  while (ws->parts < parts) {
+    int i = ws->parts;
+    ws->col[i] = malloc(ws->col_n * sizeof(float));
+    ws->tmp[i] = malloc(ws->tmp_n * sizeof(float));
+    ws->dw[i] = i ? malloc(ws->dw_n * sizeof(float)) : NULL;
+    if (!ws->col[i] || !ws->tmp[i] || (i && !ws->dw[i])) {
+      free(ws->col[i]), free(ws->tmp[i]), free(ws->dw[i]);
+      ws->col[i] = ws->tmp[i] = ws->dw[i] = NULL;
+      break;
+    }
+    ws->parts++;
+  }
+  return ws->parts;
+}
+
+int trn__conv_ws_init(trn__conv_ws *ws, size_t col_n, size_t tmp_n,
+                      size_t dw_n) {
+  *ws = (trn__conv_ws){.col_n = col_n, .tmp_n = tmp_n, .dw_n = dw_n};
+  if (!col_n)
+    return 0;
+  if (ws_grow(ws, 1) < 1)
+    return -ENOMEM;
+  ws_grow(ws, trn__pool_size()); /* fewer: threads left idle */
+  return 0;
+}
+
+void trn__conv_ws_free(trn__conv_ws *ws) {
+  for (int i = 0; i < ws->parts; i++)
+    free(ws->col[i]), free(ws->tmp[i]), free(ws->dw[i]);
+  ws->parts = 0;
+}
+
+size_t trn__conv_ws_bytes(const trn__conv_ws *ws) {
+  if (!ws->parts)
+    return 0;
+  return (ws->parts * (ws->col_n + ws->tmp_n) + (ws->parts - 1) * ws->dw_n) *
+         sizeof(float);
+}
+
+/* ---- forward and backward, a chunk of samples at a time ---- */
+
+typedef struct conv_job {
+  const trn__conv *cv;
+  const float *x, *w, *b, *y, *dy;
+  float *out, *dx, *dw, *db;
+  size_t B, chunks;
+  trn__conv_ws *ws;
+  int parts; /* the workspace's: at most this many share the chunks */
+} conv_job;
+
+static int job_parts(const conv_job *j, int parts) {
+  return parts < j->parts ? parts : j->parts;
+}
+
+static void fwd_chunk(const conv_job *j, size_t n0, float *col, float *tmp) {
+  const trn__conv *cv = j->cv;
   size_t px = (size_t)cv->oh * cv->ow;
   size_t kk = (size_t)cv->c * cv->k * cv->k;
-  for (size_t n0 = 0; n0 < B; n0 += TRN__CONV_CHUNK) {
-    size_t nb = B - n0 < TRN__CONV_CHUNK ? B - n0 : TRN__CONV_CHUNK;
-    size_t ld = chunk_cols(cv, x, n0, nb, col);
-    /* tmp (oc, nb px) = W (oc, kk) . col (kk, nb px): one product for the
-     * chunk, then each sample's rows into y (n, oc, px) with the bias. */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)cv->oc,
-                (int)ld, (int)kk, 1.0f, w, (int)kk, col, (int)ld, 0.0f, tmp,
-                (int)ld);
-    for (size_t s = 0; s < nb; s++)
-      for (unsigned o = 0; o < cv->oc; o++) {
-        float *yo = y + ((n0 + s) * cv->oc + o) * px;
-        const float *t = tmp + o * ld + s * px;
-        float bo = b ? b[o] : 0;
-        if (cv->relu)
-          for (size_t p = 0; p < px; p++) {
-            float v = t[p] + bo;
-            yo[p] = v > 0 ? v : 0;
-          }
-        else
-          for (size_t p = 0; p < px; p++)
-            yo[p] = t[p] + bo;
-      }
+  size_t nb = j->B - n0 < TRN__CONV_CHUNK ? j->B - n0 : TRN__CONV_CHUNK;
+  size_t ld = chunk_cols(cv, j->x, n0, nb, col);
+  /* tmp (oc, nb px) = W (oc, kk) . col (kk, nb px): one product for the
+   * chunk, then each sample's rows into y (n, oc, px) with the bias. */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)cv->oc,
+              (int)ld, (int)kk, 1.0f, j->w, (int)kk, col, (int)ld, 0.0f, tmp,
+              (int)ld);
+  for (size_t s = 0; s < nb; s++)
+    for (unsigned o = 0; o < cv->oc; o++) {
+      float *yo = j->out + ((n0 + s) * cv->oc + o) * px;
+      const float *t = tmp + o * ld + s * px;
+      float bo = j->b ? j->b[o] : 0;
+      if (cv->relu)
+        for (size_t p = 0; p < px; p++) {
+          float v = t[p] + bo;
+          yo[p] = v > 0 ? v : 0;
+        }
+      else
+        for (size_t p = 0; p < px; p++)
+          yo[p] = t[p] + bo;
+    }
+}
+
+static void fwd_part(void *arg, int part, int parts) {
+  conv_job *j = arg;
+  parts = job_parts(j, parts);
+  if (part >= parts)
+    return;
+  size_t c0, c1;
+  trn__pool_range(j->chunks, part, parts, &c0, &c1);
+  for (size_t c = c0; c < c1; c++)
+    fwd_chunk(j, c * TRN__CONV_CHUNK, j->ws->col[part], j->ws->tmp[part]);
+}
+
+void trn__conv_fwd(const trn__conv *cv, const float *x, const float *w,
+                   const float *b, float *y, size_t B, trn__conv_ws *ws) {
+  conv_job j = {.cv = cv, .x = x, .w = w, .b = b, .out = y, .B = B,
+                .chunks = (B + TRN__CONV_CHUNK - 1) / TRN__CONV_CHUNK,
+                .ws = ws};
+  j.parts = ws_grow(ws, trn__pool_size());
+  if (j.parts > 1 && j.chunks > 1)
+    trn__pool_run(fwd_part, &j);
+  else
+    fwd_part(&j, 0, 1);
+}
+
+/* dW and db of one chunk added into dw, db (part 0: the caller's; others:
+ * the part's own partial sums), and the chunk's dx. */
+static void bwd_chunk(const conv_job *j, size_t n0, float *col, float *tmp,
+                      float *dw, float *db) {
+  const trn__conv *cv = j->cv;
+  size_t in = (size_t)cv->c * cv->h * cv->w, px = (size_t)cv->oh * cv->ow;
+  size_t kk = (size_t)cv->c * cv->k * cv->k;
+  size_t nb = j->B - n0 < TRN__CONV_CHUNK ? j->B - n0 : TRN__CONV_CHUNK;
+  size_t ld = chunk_cols(cv, j->x, n0, nb, col);
+  /* dy's rows side by side as tmp (oc, nb px), through the fused relu
+   * (where its output was 0, so is the gradient); db from them. */
+  for (size_t s = 0; s < nb; s++)
+    for (unsigned o = 0; o < cv->oc; o++) {
+      size_t at = ((n0 + s) * cv->oc + o) * px;
+      const float *d = j->dy + at, *yo = j->y + at;
+      float *t = tmp + o * ld + s * px, sum = 0;
+      if (cv->relu)
+        for (size_t p = 0; p < px; p++)
+          sum += t[p] = yo[p] > 0 ? d[p] : 0;
+      else
+        for (size_t p = 0; p < px; p++)
+          sum += t[p] = d[p];
+      if (db)
+        db[o] += sum;
+    }
+  /* dW (oc, kk) += dy (oc, nb px) . col^T (nb px, kk) */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)cv->oc, (int)kk,
+              (int)ld, 1.0f, tmp, (int)ld, col, (int)ld, 1.0f, dw, (int)kk);
+  if (!j->dx)
+    return;
+  /* dcol (kk, nb px) = W^T (kk, oc) . dy (oc, nb px), then into dx */
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kk, (int)ld,
+              (int)cv->oc, 1.0f, j->w, (int)kk, tmp, (int)ld, 0.0f, col,
+              (int)ld);
+  for (size_t s = 0; s < nb; s++)
+    col2im(col + s * px, cv, j->dx + (n0 + s) * in, ld);
+}
+
+static void bwd_part(void *arg, int part, int parts) {
+  conv_job *j = arg;
+  parts = job_parts(j, parts);
+  if (part >= parts)
+    return;
+  const trn__conv *cv = j->cv;
+  size_t dwn = (size_t)cv->oc * cv->c * cv->k * cv->k;
+  float *dw = j->dw, *db = j->db;
+  if (part) { /* partial sums, added to the caller's in part order */
+    dw = j->ws->dw[part], db = j->db ? dw + dwn : NULL;
+    memset(dw, 0, (dwn + (j->db ? cv->oc : 0)) * sizeof *dw);
   }
+  size_t c0, c1;
+  trn__pool_range(j->chunks, part, parts, &c0, &c1);
+  for (size_t c = c0; c < c1; c++)
+    bwd_chunk(j, c * TRN__CONV_CHUNK, j->ws->col[part], j->ws->tmp[part], dw,
+              db);
 }
 
 void trn__conv_bwd(const trn__conv *cv, const float *x, const float *w,
                    const float *y, const float *dy, float *dx, float *dw,
-                   float *db, size_t B, float *col, float *tmp) {
-  size_t in = (size_t)cv->c * cv->h * cv->w, px = (size_t)cv->oh * cv->ow;
-  size_t kk = (size_t)cv->c * cv->k * cv->k;
-  for (size_t n0 = 0; n0 < B; n0 += TRN__CONV_CHUNK) {
-    size_t nb = B - n0 < TRN__CONV_CHUNK ? B - n0 : TRN__CONV_CHUNK;
-    size_t ld = chunk_cols(cv, x, n0, nb, col);
-    /* dy's rows side by side as tmp (oc, nb px), through the fused relu
-     * (where its output was 0, so is the gradient); db from them. */
-    for (size_t s = 0; s < nb; s++)
-      for (unsigned o = 0; o < cv->oc; o++) {
-        size_t at = ((n0 + s) * cv->oc + o) * px;
-        const float *d = dy + at, *yo = y + at;
-        float *t = tmp + o * ld + s * px, sum = 0;
-        if (cv->relu)
-          for (size_t p = 0; p < px; p++)
-            sum += t[p] = yo[p] > 0 ? d[p] : 0;
-        else
-          for (size_t p = 0; p < px; p++)
-            sum += t[p] = d[p];
-        if (db)
-          db[o] += sum;
-      }
-    /* dW (oc, kk) += dy (oc, nb px) . col^T (nb px, kk) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)cv->oc, (int)kk,
-                (int)ld, 1.0f, tmp, (int)ld, col, (int)ld, 1.0f, dw, (int)kk);
-    if (!dx)
-      continue;
-    /* dcol (kk, nb px) = W^T (kk, oc) . dy (oc, nb px), then into dx */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kk, (int)ld,
-                (int)cv->oc, 1.0f, w, (int)kk, tmp, (int)ld, 0.0f, col,
-                (int)ld);
-    for (size_t s = 0; s < nb; s++)
-      col2im(col + s * px, cv, dx + (n0 + s) * in, ld);
+                   float *db, size_t B, trn__conv_ws *ws) {
+  conv_job j = {.cv = cv, .x = x, .w = w, .y = y, .dy = dy, .dx = dx,
+                .dw = dw, .db = db, .B = B,
+                .chunks = (B + TRN__CONV_CHUNK - 1) / TRN__CONV_CHUNK,
+                .ws = ws};
+  j.parts = ws_grow(ws, trn__pool_size());
+  if (j.parts < 2 || j.chunks < 2) {
+    bwd_part(&j, 0, 1);
+    return;
+  }
+  int parts = job_parts(&j, trn__pool_run(bwd_part, &j));
+  size_t dwn = (size_t)cv->oc * cv->c * cv->k * cv->k;
+  for (int p = 1; p < parts; p++) {
+    const float *pw = ws->dw[p];
+    for (size_t i = 0; i < dwn; i++)
+      dw[i] += pw[i];
+    if (db)
+      for (unsigned o = 0; o < cv->oc; o++)
+        db[o] += pw[dwn + o];
   }
 }
 

@@ -51,7 +51,7 @@ struct trn_model {
   size_t nbuffers;
   float *ws;             /* activations */
   float *d0, *d1;        /* (max_batch, widest) gradients flowing down */
-  float *col, *tmp;      /* the convolutions' workspaces (conv.c) */
+  trn__conv_ws cws;      /* the convolutions' workspace (conv.c) */
   size_t in, classes;
   uint64_t dropout_calls; /* the dropout masks drawn so far */
   trn__gpt *gpt;          /* gpt: the transformer (no layer list) */
@@ -346,7 +346,8 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
   }
   /* The workspace: every layer's output, the masks and pooling indices,
    * two gradient buffers of the widest activation, one im2col matrix. */
-  size_t B = cfg->max_batch, acts = 0, widest = m->in, col = 0, tmp = 0;
+  size_t B = cfg->max_batch, acts = 0, widest = m->in, col = 0, tmp = 0,
+         dw = 0;
   for (size_t i = 0; i < m->nl; i++) {
     layer *L = &m->l[i];
     acts += L->out * (L->kind == L_DROPOUT || L->kind == L_BN ? 2 : 1) +
@@ -358,6 +359,8 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
       size_t n = (size_t)L->cv.c * L->cv.k * L->cv.k * px;
       col = n > col ? n : col;
       tmp = (size_t)L->cv.oc * px > tmp ? (size_t)L->cv.oc * px : tmp;
+      n = (size_t)L->cv.oc * (L->cv.c * L->cv.k * L->cv.k + 1);
+      dw = n > dw ? n : dw;
     }
   }
   rc = -ENOMEM;
@@ -367,11 +370,10 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
   m->ws = malloc(acts * B * sizeof *m->ws);
   m->d0 = malloc(widest * B * sizeof *m->d0);
   m->d1 = malloc(widest * B * sizeof *m->d1);
-  m->col = col ? malloc(col * sizeof *m->col) : NULL;
-  m->tmp = tmp ? malloc(tmp * sizeof *m->tmp) : NULL;
-  m->act_bytes = (acts * B + 2 * widest * B + col + tmp) * sizeof(float);
-  if (!m->params || !m->grads || !m->ws || !m->d0 || !m->d1 ||
-      (col && (!m->col || !m->tmp)) || (m->nbuffers && !m->buffers)) {
+  int cws = trn__conv_ws_init(&m->cws, col, tmp, dw);
+  m->act_bytes = (acts * B + 2 * widest * B) * sizeof(float);
+  if (!m->params || !m->grads || !m->ws || !m->d0 || !m->d1 || cws ||
+      (m->nbuffers && !m->buffers)) {
     trn__fail(err, errlen, rc, "%s: out of memory for %zu parameters and "
               "the activations of %zu samples", m->name, m->nparams, B);
     goto fail;
@@ -417,15 +419,19 @@ void trn_model_free(trn_model *m) {
   free(m->ws);
   free(m->d0);
   free(m->d1);
-  free(m->col);
-  free(m->tmp);
+  trn__conv_ws_free(&m->cws);
   trn__gpt_free(m->gpt);
   trn__resnet_free(m->resnet);
   free(m);
 }
 
 size_t trn_model_nparams(const trn_model *m) { return m->nparams; }
-size_t trn_model_activation_bytes(const trn_model *m) { return m->act_bytes; }
+size_t trn_model_activation_bytes(const trn_model *m) {
+  /* The convolutions' workspace grows with the thread count. */
+  if (m->resnet)
+    return trn__resnet_bytes(m->resnet);
+  return m->act_bytes + trn__conv_ws_bytes(&m->cws);
+}
 float *trn_model_buffers(trn_model *m, size_t *n) {
   *n = m->nbuffers;
   return m->buffers;
@@ -522,7 +528,7 @@ static void forward(trn_model *m, const float *x, size_t B, bool train) {
     case L_LINEAR: trn__linear_fwd(in, w, b, L->y, B, L->in, L->out); break;
     case L_RELU: trn__relu_fwd(in, L->y, B * L->out); break;
     case L_CONV:
-      trn__conv_fwd(&L->cv, in, w, b, L->y, B, m->col, m->tmp);
+      trn__conv_fwd(&L->cv, in, w, b, L->y, B, &m->cws);
       break;
     case L_POOL:
       trn__maxpool_fwd(in, L->y, L->arg, B, L->c, L->h, L->w, L->k);
@@ -583,7 +589,7 @@ int trn_model_train_batch(trn_model *m, const float *x, const int32_t *y,
       trn__linear_bwd(in, w, d, dx, dw, db, B, L->in, L->out);
       break;
     case L_CONV:
-      trn__conv_bwd(&L->cv, in, w, L->y, d, dx, dw, db, B, m->col, m->tmp);
+      trn__conv_bwd(&L->cv, in, w, L->y, d, dx, dw, db, B, &m->cws);
       break;
     case L_RELU:
       if (dx)
@@ -705,6 +711,13 @@ int trn_model_evaluate(trn_model *m, const trn_images *d, const float *mean,
 }
 
 void trn_cpu_threads_set(int n) {
-  if (n > 0)
-    openblas_set_num_threads(n);
+  if (n < 1)
+    return;
+  /* The convolutions' own threads, at most TRN__THREADS_MAX (pool.c),
+   * and OpenBLAS's for everything else. */
+  int pool = n < TRN__THREADS_MAX ? n : TRN__THREADS_MAX;
+  if (trn__pool_resize(pool))
+    trn__log(TRN_LOG_WARN, "cpu: %d of %d compute threads started",
+             trn__pool_size(), pool);
+  openblas_set_num_threads(n);
 }

@@ -50,7 +50,7 @@ struct trn__resnet {
   size_t nact;
   size_t nparams, nbuffers, B;
   float *scratch;   /* (B, the largest activation) */
-  float *col, *tmp; /* the convolutions' workspaces */
+  trn__conv_ws cws; /* the convolutions' workspace */
   size_t classes;
   size_t bytes;     /* all of the above */
 };
@@ -244,7 +244,7 @@ int trn__resnet_new(const trn_model_config *c, trn__resnet **out) {
     free(r);
     return rc;
   }
-  size_t B = c->max_batch, widest = 0, col = 0, tmp = 0;
+  size_t B = c->max_batch, widest = 0, col = 0, tmp = 0, dw = 0;
   r->B = B;
   rc = -ENOMEM;
   for (size_t i = 0; i < r->nact; i++) {
@@ -261,6 +261,8 @@ int trn__resnet_new(const trn_model_config *c, trn__resnet **out) {
       size_t n = (size_t)o->cv.c * o->cv.k * o->cv.k * px;
       col = n > col ? n : col;
       tmp = o->cv.oc * px > tmp ? o->cv.oc * px : tmp;
+      n = (size_t)o->cv.oc * o->cv.c * o->cv.k * o->cv.k;
+      dw = n > dw ? n : dw; /* no bias: no db */
     }
     if (o->kind == R_BN && (!(o->xhat = malloc(B * o->out_n * sizeof(float))) ||
                             !(o->inv = malloc(o->bn.c * sizeof(float)))))
@@ -270,10 +272,9 @@ int trn__resnet_new(const trn_model_config *c, trn__resnet **out) {
       goto fail;
   }
   if (!(r->scratch = malloc(B * widest * sizeof(float))) ||
-      (col && (!(r->col = malloc(col * sizeof(float))) ||
-               !(r->tmp = malloc(tmp * sizeof(float))))))
+      trn__conv_ws_init(&r->cws, col, tmp, dw))
     goto fail;
-  r->bytes = (B * widest + col + tmp) * sizeof(float);
+  r->bytes = B * widest * sizeof(float);
   for (size_t i = 0; i < r->nact; i++) /* the input is the caller's */
     r->bytes += (i ? 2 : 1) * B * r->act_n[i] * sizeof(float);
   for (size_t i = 0; i < r->nop; i++)
@@ -300,13 +301,14 @@ void trn__resnet_free(trn__resnet *r) {
     free(r->op[i].arg);
   }
   free(r->scratch);
-  free(r->col);
-  free(r->tmp);
+  trn__conv_ws_free(&r->cws);
   free(r);
 }
 
 size_t trn__resnet_nparams(const trn__resnet *r) { return r->nparams; }
-size_t trn__resnet_bytes(const trn__resnet *r) { return r->bytes; }
+size_t trn__resnet_bytes(const trn__resnet *r) {
+  return r->bytes + trn__conv_ws_bytes(&r->cws);
+}
 size_t trn__resnet_nbuffers(const trn__resnet *r) { return r->nbuffers; }
 
 void trn__resnet_init(const trn__resnet *r, float *p, float *buf, uint64_t *s,
@@ -387,8 +389,7 @@ double trn__resnet_forward(trn__resnet *r, const float *params, float *buf,
     float *out = r->act[o->out];
     switch (o->kind) {
     case R_CONV:
-      trn__conv_fwd(&o->cv, in, params + o->w_off, NULL, out, B, r->col,
-                    r->tmp);
+      trn__conv_fwd(&o->cv, in, params + o->w_off, NULL, out, B, &r->cws);
       break;
     case R_BN:
       trn__bn_fwd(&o->bn, in, params + o->w_off, params + o->b_off, out,
@@ -451,7 +452,7 @@ void trn__resnet_backward(trn__resnet *r, const float *params, float *grads,
     switch (o->kind) {
     case R_CONV:
       trn__conv_bwd(&o->cv, in, params + o->w_off, r->act[o->out], d, dx,
-                    grads + o->w_off, NULL, B, r->col, r->tmp);
+                    grads + o->w_off, NULL, B, &r->cws);
       break;
     case R_BN:
       trn__bn_bwd(&o->bn, o->xhat, o->inv, params + o->w_off, d, dx,

@@ -46,6 +46,24 @@ int trn__cuda_bind(int index);
 /* Returns cudnnGetVersion(), or 0 without CUDA. */
 size_t trn__cudnn_version(void);
 
+/* ---- pool.c: the CPU backend's worker threads ------------------------------ */
+
+/* The most threads one job is split over. */
+#define TRN__THREADS_MAX 64
+
+/* n parts per job (1..TRN__THREADS_MAX): the caller and n - 1 workers.
+ * Called at start-up, not while a job runs.  Returns 0, or -1 when fewer
+ * threads could be started (the pool keeps those that did). */
+int trn__pool_resize(int n);
+int trn__pool_size(void);
+/* Runs fn(arg, part, parts) for part = 0 .. parts - 1 at once and returns
+ * parts when all are done; part 0 runs on the caller.  OpenBLAS is held to
+ * one thread meanwhile.  When the pool is busy with another thread's job,
+ * fn runs alone on the caller (parts = 1). */
+int trn__pool_run(void (*fn)(void *arg, int part, int parts), void *arg);
+/* Part part's share [*a, *b) of n items, parts shares in order. */
+void trn__pool_range(size_t n, int part, int parts, size_t *a, size_t *b);
+
 /* ---- model.c ------------------------------------------------------------- */
 
 /* A hash of the model's layer list (kinds, shapes, parameter offsets):
@@ -140,18 +158,39 @@ typedef struct trn__conv {
 /* Samples whose patches go into one matrix product: large enough to keep
  * OpenBLAS's kernels busy, small enough for the workspace. */
 #define TRN__CONV_CHUNK 16
+
+/* A model's convolution workspace, one set per thread part: col and tmp
+ * (c k k and oc floats per output pixel of TRN__CONV_CHUNK samples, the
+ * largest over the model's convolutions), and for parts 1 .. n - 1 a
+ * partial dW and db (oc c k k + oc floats).  Parts are added when the
+ * pool grows; a part that cannot be allocated is a thread left idle. */
+typedef struct trn__conv_ws {
+  size_t col_n, tmp_n, dw_n;
+  int parts;
+  float *col[TRN__THREADS_MAX], *tmp[TRN__THREADS_MAX],
+      *dw[TRN__THREADS_MAX];
+} trn__conv_ws;
+/* Sizes *ws and allocates one part per thread of the pool.  Returns 0 or
+ * -ENOMEM (nothing held).  A zero-sized workspace (no convolutions) holds
+ * nothing. */
+int trn__conv_ws_init(trn__conv_ws *ws, size_t col_n, size_t tmp_n,
+                      size_t dw_n);
+void trn__conv_ws_free(trn__conv_ws *ws);
+/* The bytes it holds now. */
+size_t trn__conv_ws_bytes(const trn__conv_ws *ws);
+
 /* y (B, oc, oh, ow) from x (B, c, h, w), W (oc, c, k, k), b (oc; NULL:
- * no bias, and no db in backward); col and
- * tmp are workspaces of c k k and oc floats per output pixel of
- * TRN__CONV_CHUNK samples. */
+ * no bias, and no db in backward).  The chunks of samples are shared
+ * among the pool's threads; the result does not depend on their number. */
 void trn__conv_fwd(const trn__conv *cv, const float *x, const float *w,
-                   const float *b, float *y, size_t B, float *col,
-                   float *tmp);
+                   const float *b, float *y, size_t B, trn__conv_ws *ws);
 /* dW and db += their gradients; dx (NULL: not wanted) = the input's.  y
- * is the forward's output (read only with a fused relu). */
+ * is the forward's output (read only with a fused relu).  With more than
+ * one thread, each sums its chunks' dW and db apart and the parts are
+ * added in part order: the same bits for the same thread count. */
 void trn__conv_bwd(const trn__conv *cv, const float *x, const float *w,
                    const float *y, const float *dy, float *dx, float *dw,
-                   float *db, size_t B, float *col, float *tmp);
+                   float *db, size_t B, trn__conv_ws *ws);
 /* k x k windows, stride k: y (B, c, h / k, w / k) and where each maximum
  * was (its index in its channel's plane). */
 void trn__maxpool_fwd(const float *x, float *y, uint32_t *arg, size_t B,
