@@ -384,6 +384,26 @@ static void test_pool_dropout(void) {
   double g[PN];
   numgrad(f_pool, PX, PN, g);
   close_vec("maxpool dx", dx, g, PN, 1e-6);
+  /* Ties and NaN: the first maximum in row-major order (as PyTorch); a
+   * NaN is the maximum (as PyTorch), the first NaN's place where there
+   * are several. */
+  {
+    /* One 2x8 plane: four windows (a b / c d) side by side. */
+    const float win[4][4] = {{2, 2, 2, 2}, {1, 3, 0, 3}, {1, NAN, 3, NAN},
+                             {5, 1, NAN, 7}};
+    const float want[4] = {2, 3, NAN, NAN};
+    const uint32_t want_at[4] = {0, 3, 5, 14};
+    float t[16], ty[4];
+    uint32_t ta[4];
+    for (int k = 0; k < 4; k++)
+      t[2 * k] = win[k][0], t[2 * k + 1] = win[k][1],
+             t[8 + 2 * k] = win[k][2], t[8 + 2 * k + 1] = win[k][3];
+    trn__maxpool_fwd(t, ty, ta, 1, 1, 2, 8, 2);
+    for (int k = 0; k < 4; k++) {
+      ASSERT(ta[k] == want_at[k]);
+      ASSERT(isnan(want[k]) ? isnan(ty[k]) : ty[k] == want[k]);
+    }
+  }
 
   /* Dropout: zeros with probability p, the rest scaled by 1 / (1 - p);
    * the same (seed, call), the same mask; backward is the mask. */

@@ -91,8 +91,14 @@ static void col2im(const float *col, const trn__conv *cv, float *dx,
             continue;
           float *dst = dx + ((size_t)c * cv->h + (unsigned)yi) * cv->w;
           const float *r = row + (size_t)i * ow;
-          for (unsigned j = j0; j < j1; j++) /* j s + kj >= pad from j0 */
-            dst[j * st + kj - cv->pad] += r[j];
+          if (st == 1) { /* a run the compiler can do in vectors */
+            float *restrict o = dst + (j0 + kj - cv->pad);
+            const float *restrict in = r + j0;
+            for (unsigned j = 0; j < j1 - j0; j++)
+              o[j] += in[j];
+          } else
+            for (unsigned j = j0; j < j1; j++) /* j s + kj >= pad from j0 */
+              dst[j * st + kj - cv->pad] += r[j];
         }
       }
 }
@@ -214,6 +220,20 @@ void trn__conv_fwd(const trn__conv *cv, const float *x, const float *w,
     fwd_part(&j, 0, 1);
 }
 
+/* The sum of x[0 .. n), in eight running sums (independent additions
+ * the compiler can put side by side in one vector) added at the end. */
+static float sum8(const float *x, size_t n) {
+  float acc[8] = {0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++)
+      acc[k] += x[i + k];
+  for (; i < n; i++)
+    acc[i % 8] += x[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) +
+         ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
 /* dW and db of one chunk added into dw, db (part 0: the caller's; others:
  * the part's own partial sums), and the chunk's dx. */
 static void bwd_chunk(const conv_job *j, size_t n0, float *col, float *tmp,
@@ -229,15 +249,16 @@ static void bwd_chunk(const conv_job *j, size_t n0, float *col, float *tmp,
     for (unsigned o = 0; o < cv->oc; o++) {
       size_t at = ((n0 + s) * cv->oc + o) * px;
       const float *d = j->dy + at, *yo = j->y + at;
-      float *t = tmp + o * ld + s * px, sum = 0;
+      float *t = tmp + o * ld + s * px;
       if (cv->relu)
-        for (size_t p = 0; p < px; p++)
-          sum += t[p] = yo[p] > 0 ? d[p] : 0;
+        for (size_t p = 0; p < px; p++) {
+          float v = d[p]; /* read either way: a select, not a branch */
+          t[p] = yo[p] > 0 ? v : 0;
+        }
       else
-        for (size_t p = 0; p < px; p++)
-          sum += t[p] = d[p];
+        memcpy(t, d, px * sizeof *t);
       if (db)
-        db[o] += sum;
+        db[o] += sum8(t, px);
     }
   /* dW (oc, kk) += dy (oc, nb px) . col^T (nb px, kk) */
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)cv->oc, (int)kk,
@@ -311,12 +332,15 @@ static void maxpool2(const float *x, float *y, uint32_t *arg, size_t planes,
         float v = r0[2 * j];
         uint32_t at = base + 2 * j;
         float c1 = r0[2 * j + 1], c2 = r1[2 * j], c3 = r1[2 * j + 1];
-        if (c1 > v || (c1 != c1 && v == v))
-          v = c1, at = base + 2 * j + 1;
-        if (c2 > v || (c2 != c2 && v == v))
-          v = c2, at = base + w + 2 * j;
-        if (c3 > v || (c3 != c3 && v == v))
-          v = c3, at = base + w + 2 * j + 1;
+        /* Selects, not branches: where the maximum is is a coin toss.
+         * c replaces v when c > v, or c is NaN and v is not: that is,
+         * when not c <= v and v is a number. */
+        bool t = !(c1 <= v) & (v == v);
+        v = t ? c1 : v, at = t ? base + 2 * j + 1 : at;
+        t = !(c2 <= v) & (v == v);
+        v = t ? c2 : v, at = t ? base + w + 2 * j : at;
+        t = !(c3 <= v) & (v == v);
+        v = t ? c3 : v, at = t ? base + w + 2 * j + 1 : at;
         yp[i * ow + j] = v;
         ap[i * ow + j] = at;
       }

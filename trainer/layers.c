@@ -44,8 +44,10 @@ void trn__relu_fwd(const float *x, float *y, size_t n) {
 }
 
 void trn__relu_bwd(const float *y, const float *dy, float *dx, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    dx[i] = y[i] > 0 ? dy[i] : 0;
+  for (size_t i = 0; i < n; i++) {
+    float v = dy[i]; /* read either way: a select, not a branch */
+    dx[i] = y[i] > 0 ? v : 0;
+  }
 }
 
 double trn__softmax_ce(const float *logits, const int32_t *labels, float *dl,
