@@ -62,13 +62,20 @@ static void im2col(const float *x, const trn__conv *cv, float *col,
             continue;
           }
           const float *src = x + ((size_t)c * cv->h + (unsigned)yi) * cv->w;
-          memset(r, 0, j0 * sizeof *r);
-          if (st == 1)
-            memcpy(r + j0, src + (j0 + kj - cv->pad), (j1 - j0) * sizeof *r);
-          else
+          /* Rows are short (14 to 32 floats here): plain loops, not three
+           * library calls per row. */
+          for (unsigned j = 0; j < j0; j++)
+            r[j] = 0;
+          if (st == 1) {
+            float *restrict o = r + j0;
+            const float *restrict in = src + (j0 + kj - cv->pad);
+            for (unsigned j = 0; j < j1 - j0; j++)
+              o[j] = in[j];
+          } else
             for (unsigned j = j0; j < j1; j++)
               r[j] = src[j * st + kj - cv->pad];
-          memset(r + j1, 0, (ow - j1) * sizeof *r);
+          for (unsigned j = j1; j < ow; j++)
+            r[j] = 0;
         }
       }
 }
