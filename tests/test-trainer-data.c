@@ -457,6 +457,59 @@ static void test_aug(void) {
          flipped, N);
 }
 
+/* The synthetic source: items fixed by (seed, number), labels in range,
+ * a brightness per class that two disjoint sets of items agree on. */
+static void test_synthetic(void) {
+  enum { C = 3, H = 8, W = 8, K = 10, N = 4000, P = C * H * W };
+  static float x[N * P], part[5 * P], again[N * P];
+  static int32_t y[N], py[5], ay[N];
+  ASSERT(trn_synthetic_batch(7, 0, N, C, H, W, K, x, y) == 0);
+  ASSERT(trn_synthetic_batch(7, 0, N, C, H, W, K, again, ay) == 0);
+  ASSERT(memcmp(x, again, sizeof x) == 0 && memcmp(y, ay, sizeof y) == 0);
+  ASSERT(trn_synthetic_batch(7, 1234, 5, C, H, W, K, part, py) == 0);
+  ASSERT(memcmp(part, x + 1234 * P, sizeof part) == 0);
+  ASSERT(memcmp(py, y + 1234, sizeof py) == 0);
+  ASSERT(trn_synthetic_batch(8, 0, N, C, H, W, K, again, ay) == 0);
+  ASSERT(memcmp(x, again, sizeof x) != 0);
+  /* Per class and channel, the mean over even items and over odd ones. */
+  double sum[2][K][C] = {{{0}}}, cnt[2][K] = {{0}};
+  size_t per[K] = {0};
+  for (int i = 0; i < N; i++) {
+    ASSERT(y[i] >= 0 && y[i] < K);
+    per[y[i]]++;
+    cnt[i & 1][y[i]] += H * W;
+    for (int c = 0; c < C; c++)
+      for (int k = 0; k < H * W; k++) {
+        float v = x[(size_t)i * P + c * H * W + k];
+        ASSERT(v >= -1.5f && v < 1.5f);
+        sum[i & 1][y[i]][c] += v;
+      }
+  }
+  double lo = 1, hi = -1;
+  for (int k = 0; k < K; k++) {
+    ASSERT(per[k] > N / K / 2 && per[k] < N / K * 2);
+    for (int c = 0; c < C; c++) {
+      double a = sum[0][k][c] / cnt[0][k], b = sum[1][k][c] / cnt[1][k];
+      ASSERT(fabs(a - b) < 0.03);
+      lo = a < lo ? a : lo, hi = a > hi ? a : hi;
+    }
+  }
+  ASSERT(hi - lo > 0.3); /* the classes differ */
+  /* ImageNet's shape, and bad sizes. */
+  float *big = malloc(2 * 3 * 224 * 224 * sizeof *big);
+  ASSERT(big);
+  ASSERT(trn_synthetic_batch(1, 1000000, 2, 3, 224, 224, 1000, big, py) == 0);
+  ASSERT(py[0] >= 0 && py[0] < 1000 && py[1] >= 0 && py[1] < 1000);
+  free(big);
+  ASSERT(trn_synthetic_batch(1, 0, 0, C, H, W, K, x, y) == -EINVAL);
+  ASSERT(trn_synthetic_batch(1, 0, 1, 0, H, W, K, x, y) == -EINVAL);
+  ASSERT(trn_synthetic_batch(1, 0, 1, C, H, W, 1, x, y) == -EINVAL);
+  ASSERT(trn_synthetic_batch(1, UINT64_MAX, 2, C, H, W, K, x, y) == -EINVAL);
+  printf("synthetic: items fixed by (seed, number), %d labels in range, "
+         "class brightness spread %.2f, agreed by disjoint halves\n", N,
+         hi - lo);
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "%s/beed-data.XXXXXX",
            getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -468,6 +521,7 @@ int main(void) {
   test_batch();
   test_aug();
   test_tokens();
+  test_synthetic();
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ASSERT_EQ(system(cmd), 0);

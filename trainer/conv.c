@@ -162,6 +162,43 @@ size_t trn__conv_ws_bytes(const trn__conv_ws *ws) {
          sizeof(float);
 }
 
+/* Sums in double, in eight lanes (item i into lane i % 8): independent
+ * chains the compiler can keep in vectors, in an order fixed by n alone. */
+static void add8(const float *x, size_t n, double acc[8]) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++)
+      acc[k] += x[i + k];
+  for (; i < n; i++)
+    acc[i % 8] += x[i];
+}
+
+/* acc += (x - mu)^2, lane by lane. */
+static void add8_sq(const float *x, double mu, size_t n, double acc[8]) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++)
+      acc[k] += ((double)x[i + k] - mu) * ((double)x[i + k] - mu);
+  for (; i < n; i++)
+    acc[i % 8] += ((double)x[i] - mu) * ((double)x[i] - mu);
+}
+
+/* acc += x y, lane by lane. */
+static void add8_dot(const float *x, const float *y, size_t n,
+                     double acc[8]) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++)
+      acc[k] += (double)x[i + k] * y[i + k];
+  for (; i < n; i++)
+    acc[i % 8] += (double)x[i] * y[i];
+}
+
+static double lanes(const double acc[8]) {
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) +
+         ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
 /* ---- forward and backward, a chunk of samples at a time ---- */
 
 typedef struct conv_job {
@@ -227,20 +264,6 @@ void trn__conv_fwd(const trn__conv *cv, const float *x, const float *w,
     fwd_part(&j, 0, 1);
 }
 
-/* The sum of x[0 .. n), in eight running sums (independent additions
- * the compiler can put side by side in one vector) added at the end. */
-static float sum8(const float *x, size_t n) {
-  float acc[8] = {0};
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; k++)
-      acc[k] += x[i + k];
-  for (; i < n; i++)
-    acc[i % 8] += x[i];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) +
-         ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
 /* dW and db of one chunk added into dw, db (part 0: the caller's; others:
  * the part's own partial sums), and the chunk's dx. */
 static void bwd_chunk(const conv_job *j, size_t n0, float *col, float *tmp,
@@ -264,8 +287,11 @@ static void bwd_chunk(const conv_job *j, size_t n0, float *col, float *tmp,
         }
       else
         memcpy(t, d, px * sizeof *t);
-      if (db)
-        db[o] += sum8(t, px);
+      if (db) {
+        double acc[8] = {0};
+        add8(t, px, acc);
+        db[o] += (float)lanes(acc);
+      }
     }
   /* dW (oc, kk) += dy (oc, nb px) . col^T (nb px, kk) */
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)cv->oc, (int)kk,
@@ -429,18 +455,14 @@ void trn__bn_fwd(const trn__bn *bn, const float *x, const float *gamma,
     float mean, var;
     if (train) {
       /* The batch's statistics over (n, h, w), in double. */
-      double s = 0, ss = 0;
-      for (size_t b = 0; b < B; b++) {
-        const float *p = x + (b * bn->c + c) * hw;
-        for (size_t i = 0; i < hw; i++)
-          s += p[i];
-      }
-      double mu = s / (double)n;
-      for (size_t b = 0; b < B; b++) {
-        const float *p = x + (b * bn->c + c) * hw;
-        for (size_t i = 0; i < hw; i++)
-          ss += ((double)p[i] - mu) * ((double)p[i] - mu);
-      }
+      double acc[8] = {0};
+      for (size_t b = 0; b < B; b++)
+        add8(x + (b * bn->c + c) * hw, hw, acc);
+      double mu = lanes(acc) / (double)n;
+      memset(acc, 0, sizeof acc);
+      for (size_t b = 0; b < B; b++)
+        add8_sq(x + (b * bn->c + c) * hw, mu, hw, acc);
+      double ss = lanes(acc);
       mean = (float)mu;
       var = (float)(ss / (double)n); /* biased, for normalizing */
       /* Running statistics as torch.nn.BatchNorm2d keeps them: the
@@ -471,14 +493,13 @@ void trn__bn_bwd(const trn__bn *bn, const float *xhat, const float *inv,
                  float *dgamma, float *dbeta, size_t B) {
   size_t hw = bn->hw, n = B * hw;
   for (unsigned c = 0; c < bn->c; c++) {
-    double sg = 0, sb = 0; /* sum dy xhat, sum dy */
+    double ag[8] = {0}, ab[8] = {0}; /* sum dy xhat, sum dy */
     for (size_t b = 0; b < B; b++) {
       size_t at = (b * bn->c + c) * hw;
-      for (size_t i = 0; i < hw; i++) {
-        sg += (double)dy[at + i] * xhat[at + i];
-        sb += dy[at + i];
-      }
+      add8_dot(dy + at, xhat + at, hw, ag);
+      add8(dy + at, hw, ab);
     }
+    double sg = lanes(ag), sb = lanes(ab);
     dgamma[c] += (float)sg;
     dbeta[c] += (float)sb;
     if (!dx)

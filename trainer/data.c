@@ -567,3 +567,37 @@ int trn_images_batch(const trn_images *d, trn_order *o, size_t b,
                      int32_t *y) {
   return trn_images_batch_aug(d, o, b, mean, std, NULL, x, y);
 }
+
+/* ---- a synthetic source ---------------------------------------------------- */
+
+int trn_synthetic_batch(uint64_t seed, uint64_t first, size_t b, unsigned c,
+                        unsigned h, unsigned w, unsigned classes, float *x,
+                        int32_t *y) {
+  if (b == 0 || c == 0 || h == 0 || w == 0 || classes < 2 ||
+      classes > INT32_MAX || first > UINT64_MAX - b)
+    return -EINVAL;
+  size_t plane = (size_t)h * w;
+  for (size_t i = 0; i < b; i++) {
+    /* One stream per item: (seed, item) and nothing else. */
+    uint64_t s = seed ^ (first + i) * 0xd1342543de82ef95ull;
+    splitmix64(&s);
+    uint32_t label = (uint32_t)(splitmix64(&s) % classes);
+    y[i] = (int32_t)label;
+    float *q = x + i * c * plane;
+    for (unsigned ch = 0; ch < c; ch++) {
+      /* The class's brightness in this channel: what a model can learn. */
+      uint64_t t = (uint64_t)label * 0x9e3779b97f4a7c15ull + ch + 1;
+      float off = (float)(splitmix64(&t) >> 40) * 0x1p-24f - 0.5f;
+      float *qc = q + ch * plane;
+      size_t k = 0;
+      for (; k + 2 <= plane; k += 2) { /* two 24-bit draws per number */
+        uint64_t r = splitmix64(&s);
+        qc[k] = (float)(r >> 40) * 0x1p-23f - 1.0f + off;
+        qc[k + 1] = (float)(r & 0xffffff) * 0x1p-23f - 1.0f + off;
+      }
+      if (k < plane)
+        qc[k] = (float)(splitmix64(&s) >> 40) * 0x1p-23f - 1.0f + off;
+    }
+  }
+  return 0;
+}

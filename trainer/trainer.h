@@ -227,6 +227,17 @@ int trn_images_batch_aug(const trn_images *d, trn_order *o, size_t b,
                          const float *mean, const float *std,
                          const trn_aug *aug, float *x, int32_t *y);
 
+/* A synthetic source for benchmarks of any image shape (ImageNet's: 3 x
+ * 224 x 224, 1000 classes), nothing stored: items first .. first + b - 1
+ * of seed as x (b, c, h, w) and y (b).  Each item comes from (seed, its
+ * number) alone: a label uniform below classes, and pixels uniform in
+ * [-1, 1) plus a brightness per (class, channel) in [-0.5, 0.5), so a
+ * model has something to learn.  The same bits on every machine.
+ * Returns 0 or -EINVAL (a zero size, classes < 2). */
+int trn_synthetic_batch(uint64_t seed, uint64_t first, size_t b, unsigned c,
+                        unsigned h, unsigned w, unsigned classes, float *x,
+                        int32_t *y);
+
 /* Batches made ahead on a thread of the loader's own, in exactly the
  * order trn_images_batch_aug would make them from `from` (copied: the
  * caller's order is not touched), `depth` (2 to 64) at a time. */

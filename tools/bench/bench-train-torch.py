@@ -5,8 +5,11 @@ never a runtime dependency.
 
 The same model (mlp 784-256-10: Linear, ReLU, Linear; or cnn: conv 5x5 to
 32, ReLU, max-pool 2, conv 5x5 to 64, ReLU, max-pool 2, dense 1024, ReLU,
-dropout 0.5, dense 10), Fashion-MNIST's
-training set normalized once up front as float32, torch.set_num_threads
+dropout 0.5, dense 10; or resnet: the ResNet that tests/gen-trainer-ref.py
+checks trainer/resnet.c against, --depth and --width), Fashion-MNIST's
+training set normalized once up front as float32 (or, with --data
+synthetic:CxHxW:K, uniform noise made each step as bench-train makes its
+own), torch.set_num_threads
 (--threads), and per step: a batch from a shuffled order (index_select),
 zero_grad, forward, cross-entropy, backward, SGD with momentum 0.9.
 --warmup uncounted steps, then --steps timed.  Prints "RESULT impl=torch
@@ -14,6 +17,8 @@ model=mlp batch=B threads=T samples_per_s=... loss=...".
 """
 import argparse
 import gzip
+import importlib.util
+import os
 import time
 
 import numpy as np
@@ -39,13 +44,31 @@ def main():
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--depth", type=int, default=20)
+    p.add_argument("--width", type=int, default=16)
     a = p.parse_args()
-    if a.model not in ("mlp", "cnn"):
-        p.error("--model is mlp or cnn")
+    if a.model not in ("mlp", "cnn", "resnet"):
+        p.error("--model is mlp, cnn or resnet")
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
-    x, y = load(a.data)
-    if a.model == "mlp":
+    synth = None
+    if a.data.startswith("synthetic:"):
+        shape, k = a.data[10:].split(":")
+        synth = tuple(int(v) for v in shape.split("x")), int(k)
+        x = y = None
+    else:
+        x, y = load(a.data)
+    if a.model == "resnet":
+        ref = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "../../tests/gen-trainer-ref.py")
+        spec = importlib.util.spec_from_file_location("ref", ref)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        (c, h, w), k = synth if synth else ((1, 28, 28), 10)
+        if x is not None:
+            x = x.reshape(-1, c, h, w)
+        model = mod.ResNet(a.depth, a.width, c, k)
+    elif a.model == "mlp":
         model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(),
                               nn.Linear(256, 10))
     else:
@@ -55,20 +78,27 @@ def main():
             nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(), nn.Linear(3136, 1024), nn.ReLU(), nn.Dropout(0.5),
             nn.Linear(1024, 10))
+    if synth and a.model != "resnet":
+        p.error("--data synthetic is for resnet")
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    order = torch.randperm(len(x))
+    order = torch.randperm(len(x)) if x is not None else None
     at = 0
     t0 = 0.0
     loss = torch.tensor(0.0)
     for s in range(-a.warmup, a.steps):
         if s == 0:
             t0 = time.perf_counter()
-        if at + a.batch > len(x):
-            order = torch.randperm(len(x))
-            at = 0
-        idx = order[at:at + a.batch]
-        at += a.batch
-        xb, yb = x.index_select(0, idx), y.index_select(0, idx)
+        if synth:
+            (c, h, w), k = synth
+            xb = torch.rand(a.batch, c, h, w) * 2 - 1
+            yb = torch.randint(0, k, (a.batch,))
+        else:
+            if at + a.batch > len(x):
+                order = torch.randperm(len(x))
+                at = 0
+            idx = order[at:at + a.batch]
+            at += a.batch
+            xb, yb = x.index_select(0, idx), y.index_select(0, idx)
         opt.zero_grad()
         loss = F.cross_entropy(model(xb), yb)
         loss.backward()

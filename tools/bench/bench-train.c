@@ -27,20 +27,25 @@ static double now_s(void) {
 
 static void usage(FILE *f) {
   fprintf(f, "usage: bench-train [--model mlp|cnn|resnet] [--batch B] [--threads T]\n"
-             "                   [--steps N] [--warmup W] [--data DIR]\n"
+             "                   [--steps N] [--warmup W] [--depth D] [--width C]\n"
+             "                   [--data DIR | --data synthetic:CxHxW:K]\n"
              "                   [--print-core]\n"
-             "  defaults: mlp 784-256-10 (cnn: trainer.h's default), batch\n"
-             "  256, 1 thread, 400 steps after 20, Fashion-MNIST from\n"
-             "  " TRN_FASHION_MNIST_DIR "\n");
+             "  defaults: mlp 784-256-10 (cnn, resnet: trainer.h's defaults;\n"
+             "  --depth, --width set resnet's), batch 256, 1 thread, 400 steps after\n"
+             "  20, Fashion-MNIST from " TRN_FASHION_MNIST_DIR ";\n"
+             "  synthetic:3x224x224:1000 is ImageNet's shape, made on the fly\n"
+             "  (trn_synthetic_batch)\n");
 }
 
 int main(int argc, char **argv) {
   static const struct option lo[] = {
       {"model", 1, 0, 'm'}, {"batch", 1, 0, 'b'},  {"threads", 1, 0, 't'},
       {"steps", 1, 0, 's'}, {"warmup", 1, 0, 'w'}, {"data", 1, 0, 'd'},
-      {"help", 0, 0, 'h'},  {"print-core", 0, 0, 'P'}, {0, 0, 0, 0}};
+      {"help", 0, 0, 'h'},  {"print-core", 0, 0, 'P'}, {"depth", 1, 0, 'D'},
+      {"width", 1, 0, 'W'},   {0, 0, 0, 0}};
   const char *model = "mlp", *dir = TRN_FASHION_MNIST_DIR;
-  long batch = 256, threads = 1, steps = 400, warmup = 20;
+  long batch = 256, threads = 1, steps = 400, warmup = 20, depth = 0,
+       width = 0;
   int c;
   while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (c) {
@@ -50,6 +55,8 @@ int main(int argc, char **argv) {
     case 's': steps = strtol(optarg, NULL, 10); break;
     case 'w': warmup = strtol(optarg, NULL, 10); break;
     case 'd': dir = optarg; break;
+    case 'D': depth = strtol(optarg, NULL, 10); break;
+    case 'W': width = strtol(optarg, NULL, 10); break;
     case 'h': usage(stdout); return 0;
     case 'P': { /* the better OPENBLAS_CORETYPE, or nothing */
       char core[32], why[160];
@@ -61,7 +68,8 @@ int main(int argc, char **argv) {
     }
   }
   if (batch < 1 || batch > TRN_BATCH_MAX || threads < 1 || threads > 256 ||
-      steps < 1 || warmup < 0) {
+      steps < 1 || warmup < 0 || depth < 0 || depth > 1000 ||
+      width < 0 || width > 4096) {
     usage(stderr);
     return 2;
   }
@@ -70,9 +78,19 @@ int main(int argc, char **argv) {
    * (OPENBLAS_CORETYPE in the environment): the figures depend on it. */
   if (trn_blas_better_core(core, sizeof core, err, sizeof err) == 1)
     fprintf(stderr, "bench-train: note: %s\n", err);
-  trn_images tr;
-  int rc = trn_mnist_load(dir, "train", &tr, err, sizeof err);
-  if (rc) {
+  trn_images tr = {0};
+  unsigned sc = 0, sh = 0, sw = 0, sk = 0; /* synthetic: its shape */
+  int rc = 0;
+  if (strncmp(dir, "synthetic:", 10) == 0) {
+    int used = 0;
+    if (sscanf(dir + 10, "%ux%ux%u:%u%n", &sc, &sh, &sw, &sk, &used) != 4 ||
+        dir[10 + used] || !sc || sc > TRN_CHANNELS_MAX || !sh || !sw ||
+        sk < 2) {
+      fprintf(stderr, "bench-train: --data %s: want synthetic:CxHxW:K, C "
+                      "1 to %d, K at least 2\n", dir, TRN_CHANNELS_MAX);
+      return 2;
+    }
+  } else if ((rc = trn_mnist_load(dir, "train", &tr, err, sizeof err))) {
     fprintf(stderr, "bench-train: %s\n", err);
     return 1;
   }
@@ -81,20 +99,31 @@ int main(int argc, char **argv) {
   trn_model_config_default(&mc);
   mc.name = model;
   mc.max_batch = (size_t)batch;
+  if (depth)
+    mc.depth = (unsigned)depth;
+  if (width)
+    mc.width = (unsigned)width;
+  if (sc)
+    mc.in_c = sc, mc.in_h = sh, mc.in_w = sw, mc.classes = sk;
   trn_model *m;
   if ((rc = trn_model_new(&mc, &m, err, sizeof err))) {
     fprintf(stderr, "bench-train: %s\n", err);
+    return 2;
+  }
+  if (sc && (size_t)sc * sh * sw != trn_model_inputs(m)) {
+    fprintf(stderr, "bench-train: --data %s: %s takes %zu inputs, not "
+                    "%ux%ux%u\n", dir, model, trn_model_inputs(m), sc, sh, sw);
     return 2;
   }
   trn_optim_config oc;
   trn_optim_config_default(&oc, TRN_SGD);
   oc.lr = 0.05f, oc.momentum = 0.9f;
   trn_optim *o;
-  trn_order ord;
+  trn_order ord = {0};
   float *x = malloc((size_t)batch * trn_model_inputs(m) * sizeof *x);
   int32_t *y = malloc((size_t)batch * sizeof *y);
   if (!x || !y || trn_optim_new(&oc, trn_model_nparams(m), &o) ||
-      trn_order_init(&ord, tr.n, "bench", 5, 0, 0)) {
+      (!sc && trn_order_init(&ord, tr.n, "bench", 5, 0, 0))) {
     fprintf(stderr, "bench-train: out of memory\n");
     return 1;
   }
@@ -104,7 +133,9 @@ int main(int argc, char **argv) {
     if (s == 0)
       t0 = now_s();
     double l = 0;
-    rc = trn_images_batch(&tr, &ord, (size_t)batch, &mean, &std, x, y);
+    rc = sc ? trn_synthetic_batch(1, (uint64_t)(s + warmup) * (uint64_t)batch,
+                                  (size_t)batch, sc, sh, sw, sk, x, y)
+            : trn_images_batch(&tr, &ord, (size_t)batch, &mean, &std, x, y);
     trn_model_zero_grad(m);
     if (rc == 0)
       rc = trn_model_train_batch(m, x, y, (size_t)batch, &l);
