@@ -337,12 +337,22 @@ static void test_conv_threads(void) {
     for (int i = 0; i < CO; i++)
       ASSERT(fabsf(db[t][i] - db[0][i]) <= 1e-4f * (1 + fabsf(db[0][i])));
     trn__conv_ws_free(&ws);
+    /* Max pooling over the output's BB CO planes: split by planes, the
+     * same bits. */
+    enum { PO = BB * CO * (CH / 2) * (CW / 2) };
+    static float py[3][PO], pdx[3][BB * SY];
+    static uint32_t parg[3][PO];
+    trn__maxpool_fwd(y[t], py[t], parg[t], BB, CO, CH, CW, 2);
+    trn__maxpool_bwd(py[t], parg[t], pdx[t], BB, CO, CH, CW, 2);
+    ASSERT(memcmp(py[t], py[0], sizeof py[0]) == 0);
+    ASSERT(memcmp(parg[t], parg[0], sizeof parg[0]) == 0);
+    ASSERT(memcmp(pdx[t], pdx[0], sizeof pdx[0]) == 0);
   }
   trn_cpu_threads_set(1);
   ASSERT(trn__pool_size() == 1);
   printf("conv2d on 1, 2, 3 threads: y and dx the same bits, dW and db the "
          "same bits again on the same count and within 1e-4 across counts "
-         "(batch %d)\n", BB);
+         "(batch %d); max pooling the same bits\n", BB);
 }
 
 /* ---- max pooling and dropout -------------------------------------------------- */
@@ -952,6 +962,34 @@ static void test_resnet(void) {
          RW, np);
 }
 
+/* SGD and AdamW split over 1, 2 and 3 threads: the same bits. */
+static void test_optim_threads(void) {
+  enum { N = 100003 };
+  static float p[3][N], g[N];
+  for (int i = 0; i < N; i++)
+    g[i] = (float)rnd();
+  int kinds[2] = {TRN_SGD, TRN_ADAMW};
+  for (int k = 0; k < 2; k++)
+    for (int t = 0; t < 3; t++) {
+      trn_cpu_threads_set(t + 1);
+      trn_optim_config oc;
+      trn_optim_config_default(&oc, kinds[k]);
+      oc.momentum = 0.9f, oc.nesterov = kinds[k] == TRN_SGD;
+      oc.weight_decay = 0.01f;
+      trn_optim *o;
+      ASSERT(trn_optim_new(&oc, N, &o) == 0);
+      for (int i = 0; i < N; i++)
+        p[t][i] = (float)i / N - 0.5f;
+      for (int s = 0; s < 3; s++)
+        ASSERT(trn_optim_step(o, p[t], g, 0.5f) == 0);
+      ASSERT(memcmp(p[t], p[0], sizeof p[0]) == 0);
+      trn_optim_free(o);
+    }
+  trn_cpu_threads_set(1);
+  printf("sgd (nesterov) and adamw over %d parameters on 1, 2, 3 threads: "
+         "the same bits\n", N);
+}
+
 int main(void) {
   trn_cpu_threads_set(1);
   test_linear();
@@ -960,6 +998,7 @@ int main(void) {
   test_conv(1);
   test_conv(2);
   test_conv_threads();
+  test_optim_threads();
   test_pool_dropout();
   test_bn();
   test_mlp();

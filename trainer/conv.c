@@ -381,41 +381,67 @@ static void maxpool2(const float *x, float *y, uint32_t *arg, size_t planes,
   }
 }
 
-void trn__maxpool_fwd(const float *x, float *y, uint32_t *arg, size_t B,
-                      unsigned c, unsigned h, unsigned w, unsigned k) {
-  unsigned oh = h / k, ow = w / k;
+typedef struct pool_job {
+  const float *x, *dy;
+  float *y, *dx;
+  uint32_t *arg;
+  const uint32_t *carg;
+  unsigned h, w, k;
+} pool_job;
+
+/* Planes [p0, p1) forward. */
+static void maxpool_planes(void *job, size_t p0, size_t p1) {
+  const pool_job *j = job;
+  unsigned h = j->h, w = j->w, k = j->k, oh = h / k, ow = w / k;
+  size_t in = (size_t)h * w, out = (size_t)oh * ow;
   if (k == 2) {
-    maxpool2(x, y, arg, B * c, h, w);
+    maxpool2(j->x + p0 * in, j->y + p0 * out, j->arg + p0 * out, p1 - p0, h,
+             w);
     return;
   }
-  for (size_t n = 0; n < B * c; n++) {
-    const float *xp = x + n * h * w;
+  for (size_t n = p0; n < p1; n++) {
+    const float *xp = j->x + n * in;
     for (unsigned i = 0; i < oh; i++)
-      for (unsigned j = 0; j < ow; j++) {
+      for (unsigned jj = 0; jj < ow; jj++) {
         /* The first maximum in row-major order wins, as in PyTorch; a
          * NaN is taken as the maximum and propagates. */
-        uint32_t best = (i * k) * w + j * k;
+        uint32_t best = (i * k) * w + jj * k;
         float v = xp[best];
         for (unsigned a = 0; a < k; a++)
           for (unsigned b = 0; b < k; b++) {
-            uint32_t at = (i * k + a) * w + j * k + b;
+            uint32_t at = (i * k + a) * w + jj * k + b;
             if (xp[at] > v || (xp[at] != xp[at] && v == v))
               v = xp[at], best = at;
           }
-        y[n * oh * ow + i * ow + j] = v;
-        arg[n * oh * ow + i * ow + j] = best;
+        j->y[n * out + i * ow + jj] = v;
+        j->arg[n * out + i * ow + jj] = best;
       }
   }
+}
+
+/* Planes [p0, p1) backward. */
+static void maxpool_back_planes(void *job, size_t p0, size_t p1) {
+  const pool_job *j = job;
+  size_t in = (size_t)j->h * j->w, out = (size_t)(j->h / j->k) * (j->w / j->k);
+  memset(j->dx + p0 * in, 0, (p1 - p0) * in * sizeof *j->dx);
+  for (size_t n = p0; n < p1; n++)
+    for (size_t p = 0; p < out; p++)
+      j->dx[n * in + j->carg[n * out + p]] += j->dy[n * out + p];
+}
+
+/* Planes are independent: shared among the pool's threads, the same bits
+ * whatever their number. */
+void trn__maxpool_fwd(const float *x, float *y, uint32_t *arg, size_t B,
+                      unsigned c, unsigned h, unsigned w, unsigned k) {
+  pool_job j = {.x = x, .y = y, .arg = arg, .h = h, .w = w, .k = k};
+  trn__pool_for(B * c, 16, maxpool_planes, &j);
 }
 
 void trn__maxpool_bwd(const float *dy, const uint32_t *arg, float *dx,
                       size_t B, unsigned c, unsigned h, unsigned w,
                       unsigned k) {
-  unsigned oh = h / k, ow = w / k;
-  memset(dx, 0, B * c * h * w * sizeof *dx);
-  for (size_t n = 0; n < B * c; n++)
-    for (size_t p = 0; p < (size_t)oh * ow; p++)
-      dx[n * h * w + arg[n * oh * ow + p]] += dy[n * oh * ow + p];
+  pool_job j = {.dy = dy, .dx = dx, .carg = arg, .h = h, .w = w, .k = k};
+  trn__pool_for(B * c, 16, maxpool_back_planes, &j);
 }
 
 /* A counter-based generator: the mask of a call depends only on the seed

@@ -120,11 +120,26 @@ void trn_optim_set_lr(trn_optim *o, float lr) {
 /* torch.optim.SGD: d = g + wd p; buf = d on the first step, else
  * momentum buf + (1 - dampening) d; d = d + momentum buf (Nesterov) or
  * buf; p -= lr d. */
-static void sgd(trn_optim *o, float *p, const float *g, float scale) {
-  const trn_optim_config *c = &o->cfg;
-  float *buf = o->state;
-  bool first = o->steps == 0;
-  for (size_t i = 0; i < o->n; i++) {
+/* One step over parameters [a, b): the optimizers below are elementwise
+ * (LAMB's norms aside), so the pool's threads share the buffer and the
+ * result is the same bits however it is split. */
+typedef struct step_job {
+  trn_optim *o;
+  float *p;
+  const float *g;
+  float scale;
+  /* adamw's per-step scalars */
+  float step, bc2s, decay;
+} step_job;
+
+static void sgd_range(void *arg, size_t a, size_t b) {
+  const step_job *j = arg;
+  const trn_optim_config *c = &j->o->cfg;
+  float *p = j->p, *buf = j->o->state;
+  const float *g = j->g;
+  float scale = j->scale;
+  bool first = j->o->steps == 0;
+  for (size_t i = a; i < b; i++) {
     float d = g[i] * scale;
     if (c->weight_decay != 0)
       d = d + c->weight_decay * p[i];
@@ -136,25 +151,35 @@ static void sgd(trn_optim *o, float *p, const float *g, float scale) {
   }
 }
 
-/* torch.optim.AdamW (not amsgrad): p *= 1 - lr wd; m = b1 m + (1 - b1) g;
- * v = b2 v + (1 - b2) g^2; p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps),
- * bc = 1 - beta^t. */
+static void sgd(trn_optim *o, float *p, const float *g, float scale) {
+  step_job j = {.o = o, .p = p, .g = g, .scale = scale};
+  trn__pool_for(o->n, 1 << 14, sgd_range, &j);
+}
+
+static void adamw_range(void *arg, size_t a, size_t b) {
+  const step_job *j = arg;
+  const trn_optim_config *c = &j->o->cfg;
+  float *p = j->p, *m = j->o->state, *v = j->o->state + j->o->n;
+  const float *g = j->g;
+  for (size_t i = a; i < b; i++) {
+    float gi = g[i] * j->scale;
+    p[i] = p[i] * j->decay;
+    m[i] = m[i] * c->beta1 + (1 - c->beta1) * gi;
+    v[i] = v[i] * c->beta2 + (1 - c->beta2) * gi * gi;
+    float denom = sqrtf(v[i]) / j->bc2s + c->eps;
+    p[i] = p[i] - j->step * (m[i] / denom);
+  }
+}
+
 static void adamw(trn_optim *o, float *p, const float *g, float scale) {
   const trn_optim_config *c = &o->cfg;
-  float *m = o->state, *v = o->state + o->n;
   /* The scalars in double, as PyTorch computes them in Python. */
   double t = (double)(o->steps + 1);
   double bc1 = 1 - pow(c->beta1, t), bc2 = 1 - pow(c->beta2, t);
-  float step = (float)(c->lr / bc1), bc2s = (float)sqrt(bc2);
-  float decay = (float)(1 - (double)c->lr * c->weight_decay);
-  for (size_t i = 0; i < o->n; i++) {
-    float gi = g[i] * scale;
-    p[i] = p[i] * decay;
-    m[i] = m[i] * c->beta1 + (1 - c->beta1) * gi;
-    v[i] = v[i] * c->beta2 + (1 - c->beta2) * gi * gi;
-    float denom = sqrtf(v[i]) / bc2s + c->eps;
-    p[i] = p[i] - step * (m[i] / denom);
-  }
+  step_job j = {.o = o, .p = p, .g = g, .scale = scale,
+                .step = (float)(c->lr / bc1), .bc2s = (float)sqrt(bc2),
+                .decay = (float)(1 - (double)c->lr * c->weight_decay)};
+  trn__pool_for(o->n, 1 << 14, adamw_range, &j);
 }
 
 /* LAMB over the tensor [a, b): the moments as AdamW's, the update

@@ -139,3 +139,28 @@ void trn__pool_range(size_t n, int part, int parts, size_t *a, size_t *b) {
   *a = n * (size_t)part / (size_t)parts;
   *b = n * (size_t)(part + 1) / (size_t)parts;
 }
+
+typedef struct range_job {
+  void (*fn)(void *arg, size_t a, size_t b);
+  void *arg;
+  size_t n;
+} range_job;
+
+static void range_part(void *arg, int part, int parts) {
+  range_job *j = arg;
+  size_t a, b;
+  trn__pool_range(j->n, part, parts, &a, &b);
+  if (a < b)
+    j->fn(j->arg, a, b);
+}
+
+void trn__pool_for(size_t n, size_t grain,
+                   void (*fn)(void *arg, size_t a, size_t b), void *arg) {
+  if (trn__pool_size() < 2 || n < 2 * grain) {
+    if (n)
+      fn(arg, 0, n);
+    return;
+  }
+  range_job j = {fn, arg, n};
+  trn__pool_run(range_part, &j);
+}

@@ -63,6 +63,12 @@ int trn__pool_size(void);
 int trn__pool_run(void (*fn)(void *arg, int part, int parts), void *arg);
 /* Part part's share [*a, *b) of n items, parts shares in order. */
 void trn__pool_range(size_t n, int part, int parts, size_t *a, size_t *b);
+/* fn(arg, a, b) over [0, n) in the pool's parts' shares, or all of it on
+ * the caller when there is one thread or fewer than 2 grain items: for
+ * work whose items are independent (the result is the same bits however
+ * it is split). */
+void trn__pool_for(size_t n, size_t grain,
+                   void (*fn)(void *arg, size_t a, size_t b), void *arg);
 
 /* ---- model.c ------------------------------------------------------------- */
 

@@ -360,7 +360,10 @@ size_t trn_model_tensors(const trn_model *m, size_t *ends, size_t max);
  * the same masks. */
 uint64_t trn_model_dropout_calls(const trn_model *m);
 void trn_model_set_dropout_calls(trn_model *m, uint64_t n);
-/* OpenBLAS's threads for every model of the process (n > 0). */
+/* The CPU backend's compute threads for every model of the process (n >
+ * 0): OpenBLAS's, and the trainer's own pool that shares convolutions,
+ * pooling and optimizer steps (at most 64).  Results are the same bits for
+ * the same n.  Call it at start-up or between steps, from one thread. */
 void trn_cpu_threads_set(int n);
 /* Whether OpenBLAS runs weaker kernels than this CPU has: it picks them
  * when it loads, from the CPU or from OPENBLAS_CORETYPE in the environment
