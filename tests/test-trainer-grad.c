@@ -347,12 +347,28 @@ static void test_conv_threads(void) {
     ASSERT(memcmp(py[t], py[0], sizeof py[0]) == 0);
     ASSERT(memcmp(parg[t], parg[0], sizeof parg[0]) == 0);
     ASSERT(memcmp(pdx[t], pdx[0], sizeof pdx[0]) == 0);
+    /* Batch norm over the output seen as CO CH channels of CW: split by
+     * channels, the same bits. */
+    trn__bn bn = {.c = CO * CH, .hw = CW, .eps = 1e-5f, .momentum = 0.1f};
+    static float by[3][BB * SY], bxh[3][BB * SY], binv[3][CO * CH],
+        bdx[3][BB * SY], bg[3][CO * CH], bb[3][CO * CH];
+    float gam[CO * CH], bet[CO * CH], rm[CO * CH] = {0}, rv[CO * CH];
+    for (int i = 0; i < CO * CH; i++)
+      gam[i] = 1 + 0.1f * (float)i, bet[i] = 0.01f * (float)i, rv[i] = 1;
+    trn__bn_fwd(&bn, y[t], gam, bet, by[t], bxh[t], binv[t], rm, rv, BB,
+                true);
+    memset(bg[t], 0, sizeof bg[t]), memset(bb[t], 0, sizeof bb[t]);
+    trn__bn_bwd(&bn, bxh[t], binv[t], gam, dy, bdx[t], bg[t], bb[t], BB);
+    ASSERT(memcmp(by[t], by[0], sizeof by[0]) == 0);
+    ASSERT(memcmp(bdx[t], bdx[0], sizeof bdx[0]) == 0);
+    ASSERT(memcmp(bg[t], bg[0], sizeof bg[0]) == 0);
+    ASSERT(memcmp(bb[t], bb[0], sizeof bb[0]) == 0);
   }
   trn_cpu_threads_set(1);
   ASSERT(trn__pool_size() == 1);
   printf("conv2d on 1, 2, 3 threads: y and dx the same bits, dW and db the "
          "same bits again on the same count and within 1e-4 across counts "
-         "(batch %d); max pooling the same bits\n", BB);
+         "(batch %d); max pooling and batch norm the same bits\n", BB);
 }
 
 /* ---- max pooling and dropout -------------------------------------------------- */

@@ -473,11 +473,25 @@ void trn__dropout_bwd(const float *mask, const float *dy, float *dx,
 
 /* ---- batch normalization --------------------------------------------------- */
 
-void trn__bn_fwd(const trn__bn *bn, const float *x, const float *gamma,
-                 const float *beta, float *y, float *xhat, float *inv,
-                 float *run_mean, float *run_var, size_t B, bool train) {
-  size_t hw = bn->hw, n = B * hw;
-  for (unsigned c = 0; c < bn->c; c++) {
+/* Channels are independent: shared among the pool's threads, the same
+ * bits whatever their number. */
+typedef struct bn_job {
+  const trn__bn *bn;
+  const float *x, *gamma, *beta, *xhat_in, *inv_in, *dy;
+  float *y, *xhat, *inv, *run_mean, *run_var, *dx, *dgamma, *dbeta;
+  size_t B;
+  bool train;
+} bn_job;
+
+static void bn_fwd_channels(void *job, size_t c0, size_t c1) {
+  const bn_job *j = job;
+  const trn__bn *bn = j->bn;
+  const float *x = j->x, *gamma = j->gamma, *beta = j->beta;
+  float *y = j->y, *xhat = j->xhat, *inv = j->inv;
+  float *run_mean = j->run_mean, *run_var = j->run_var;
+  size_t B = j->B, hw = bn->hw, n = B * hw;
+  bool train = j->train;
+  for (size_t c = c0; c < c1; c++) {
     float mean, var;
     if (train) {
       /* The batch's statistics over (n, h, w), in double. */
@@ -514,11 +528,23 @@ void trn__bn_fwd(const trn__bn *bn, const float *x, const float *gamma,
   }
 }
 
-void trn__bn_bwd(const trn__bn *bn, const float *xhat, const float *inv,
-                 const float *gamma, const float *dy, float *dx,
-                 float *dgamma, float *dbeta, size_t B) {
-  size_t hw = bn->hw, n = B * hw;
-  for (unsigned c = 0; c < bn->c; c++) {
+void trn__bn_fwd(const trn__bn *bn, const float *x, const float *gamma,
+                 const float *beta, float *y, float *xhat, float *inv,
+                 float *run_mean, float *run_var, size_t B, bool train) {
+  bn_job j = {.bn = bn, .x = x, .gamma = gamma, .beta = beta, .y = y,
+              .xhat = xhat, .inv = inv, .run_mean = run_mean,
+              .run_var = run_var, .B = B, .train = train};
+  trn__pool_for(bn->c, 2, bn_fwd_channels, &j);
+}
+
+static void bn_bwd_channels(void *job, size_t c0, size_t c1) {
+  const bn_job *j = job;
+  const trn__bn *bn = j->bn;
+  const float *xhat = j->xhat_in, *inv = j->inv_in, *gamma = j->gamma;
+  const float *dy = j->dy;
+  float *dx = j->dx, *dgamma = j->dgamma, *dbeta = j->dbeta;
+  size_t B = j->B, hw = bn->hw, n = B * hw;
+  for (size_t c = c0; c < c1; c++) {
     double ag[8] = {0}, ab[8] = {0}; /* sum dy xhat, sum dy */
     for (size_t b = 0; b < B; b++) {
       size_t at = (b * bn->c + c) * hw;
@@ -539,4 +565,12 @@ void trn__bn_bwd(const trn__bn *bn, const float *xhat, const float *inv,
         dx[at + i] = k * ((float)n * dy[at + i] - mb - xhat[at + i] * mg);
     }
   }
+}
+
+void trn__bn_bwd(const trn__bn *bn, const float *xhat, const float *inv,
+                 const float *gamma, const float *dy, float *dx,
+                 float *dgamma, float *dbeta, size_t B) {
+  bn_job j = {.bn = bn, .xhat_in = xhat, .inv_in = inv, .gamma = gamma,
+              .dy = dy, .dx = dx, .dgamma = dgamma, .dbeta = dbeta, .B = B};
+  trn__pool_for(bn->c, 2, bn_bwd_channels, &j);
 }
