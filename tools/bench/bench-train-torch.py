@@ -6,7 +6,8 @@ never a runtime dependency.
 The same model (mlp 784-256-10: Linear, ReLU, Linear; or cnn: conv 5x5 to
 32, ReLU, max-pool 2, conv 5x5 to 64, ReLU, max-pool 2, dense 1024, ReLU,
 dropout 0.5, dense 10; or resnet: the ResNet that tests/gen-trainer-ref.py
-checks trainer/resnet.c against, --depth and --width), Fashion-MNIST's
+checks trainer/resnet.c against, --depth and --width; or gpt: that
+file's Gpt at trainer.h's default size on random tokens), Fashion-MNIST's
 training set normalized once up front as float32 (or, with --data
 synthetic:CxHxW:K, uniform noise made each step as bench-train makes its
 own), torch.set_num_threads
@@ -47,23 +48,32 @@ def main():
     p.add_argument("--depth", type=int, default=20)
     p.add_argument("--width", type=int, default=16)
     a = p.parse_args()
-    if a.model not in ("mlp", "cnn", "resnet"):
-        p.error("--model is mlp, cnn or resnet")
+    if a.model not in ("mlp", "cnn", "resnet", "gpt"):
+        p.error("--model is mlp, cnn, resnet or gpt")
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
     synth = None
-    if a.data.startswith("synthetic:"):
+    ref = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                       "../../tests/gen-trainer-ref.py")
+    if a.model in ("resnet", "gpt"):
+        spec = importlib.util.spec_from_file_location("ref", ref)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    if a.model == "gpt":
+        # trainer.h's default gpt: vocabulary 256, context 64, 4 layers of
+        # 4 heads, 128 wide; random tokens, a sample a window of 64.
+        mod.Gpt.V, mod.Gpt.CTX, mod.Gpt.L, mod.Gpt.NH, mod.Gpt.C = \
+            256, 64, 4, 4, 128
+        x = y = None
+    elif a.data.startswith("synthetic:"):
         shape, k = a.data[10:].split(":")
         synth = tuple(int(v) for v in shape.split("x")), int(k)
         x = y = None
     else:
         x, y = load(a.data)
-    if a.model == "resnet":
-        ref = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                           "../../tests/gen-trainer-ref.py")
-        spec = importlib.util.spec_from_file_location("ref", ref)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+    if a.model == "gpt":
+        model = mod.Gpt()
+    elif a.model == "resnet":
         (c, h, w), k = synth if synth else ((1, 28, 28), 10)
         if x is not None:
             x = x.reshape(-1, c, h, w)
@@ -88,7 +98,10 @@ def main():
     for s in range(-a.warmup, a.steps):
         if s == 0:
             t0 = time.perf_counter()
-        if synth:
+        if a.model == "gpt":
+            xb = torch.randint(0, 256, (a.batch, 64))
+            yb = torch.randint(0, 256, (a.batch * 64,))
+        elif synth:
             (c, h, w), k = synth
             xb = torch.rand(a.batch, c, h, w) * 2 - 1
             yb = torch.randint(0, k, (a.batch,))

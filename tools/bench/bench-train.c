@@ -26,7 +26,7 @@ static double now_s(void) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: bench-train [--model mlp|cnn|resnet] [--batch B] [--threads T]\n"
+  fprintf(f, "usage: bench-train [--model mlp|cnn|resnet|gpt] [--batch B] [--threads T]\n"
              "                   [--steps N] [--warmup W] [--depth D] [--width C]\n"
              "                   [--data DIR | --data synthetic:CxHxW:K]\n"
              "                   [--print-core]\n"
@@ -34,7 +34,8 @@ static void usage(FILE *f) {
              "  --depth, --width set resnet's), batch 256, 1 thread, 400 steps after\n"
              "  20, Fashion-MNIST from " TRN_FASHION_MNIST_DIR ";\n"
              "  synthetic:3x224x224:1000 is ImageNet's shape, made on the fly\n"
-             "  (trn_synthetic_batch)\n");
+             "  (trn_synthetic_batch); gpt: trainer.h's default on random\n"
+             "  tokens, a sample being a window of ctx tokens\n");
 }
 
 int main(int argc, char **argv) {
@@ -47,6 +48,7 @@ int main(int argc, char **argv) {
   long batch = 256, threads = 1, steps = 400, warmup = 20, depth = 0,
        width = 0;
   int c;
+  bool data_given = false;
   while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (c) {
     case 'm': model = optarg; break;
@@ -54,7 +56,7 @@ int main(int argc, char **argv) {
     case 't': threads = strtol(optarg, NULL, 10); break;
     case 's': steps = strtol(optarg, NULL, 10); break;
     case 'w': warmup = strtol(optarg, NULL, 10); break;
-    case 'd': dir = optarg; break;
+    case 'd': dir = optarg, data_given = true; break;
     case 'D': depth = strtol(optarg, NULL, 10); break;
     case 'W': width = strtol(optarg, NULL, 10); break;
     case 'h': usage(stdout); return 0;
@@ -81,7 +83,13 @@ int main(int argc, char **argv) {
   trn_images tr = {0};
   unsigned sc = 0, sh = 0, sw = 0, sk = 0; /* synthetic: its shape */
   int rc = 0;
-  if (strncmp(dir, "synthetic:", 10) == 0) {
+  bool gpt = strcmp(model, "gpt") == 0;
+  if (gpt) { /* random tokens: no data to load */
+    if (data_given) {
+      fprintf(stderr, "bench-train: gpt trains on random tokens; no --data\n");
+      return 2;
+    }
+  } else if (strncmp(dir, "synthetic:", 10) == 0) {
     int used = 0;
     if (sscanf(dir + 10, "%ux%ux%u:%u%n", &sc, &sh, &sw, &sk, &used) != 4 ||
         dir[10 + used] || !sc || sc > TRN_CHANNELS_MAX || !sh || !sw ||
@@ -120,19 +128,40 @@ int main(int argc, char **argv) {
   oc.lr = 0.05f, oc.momentum = 0.9f;
   trn_optim *o;
   trn_order ord = {0};
+  size_t T = mc.ctx; /* gpt: tokens per sample */
   float *x = malloc((size_t)batch * trn_model_inputs(m) * sizeof *x);
-  int32_t *y = malloc((size_t)batch * sizeof *y);
+  int32_t *y = malloc((size_t)batch * (gpt ? 2 * T : 1) * sizeof *y);
   if (!x || !y || trn_optim_new(&oc, trn_model_nparams(m), &o) ||
-      (!sc && trn_order_init(&ord, tr.n, "bench", 5, 0, 0))) {
+      (!sc && !gpt && trn_order_init(&ord, tr.n, "bench", 5, 0, 0))) {
     fprintf(stderr, "bench-train: out of memory\n");
     return 1;
   }
   const float mean = 0.2860f, std = 0.3530f;
   double t0 = 0, loss = 0;
+  uint64_t rng = 1;
   for (long s = -warmup; s < steps; s++) {
     if (s == 0)
       t0 = now_s();
     double l = 0;
+    if (gpt) { /* windows of random tokens and their next tokens */
+      int32_t *tx = y, *ty = y + (size_t)batch * T;
+      for (size_t i = 0; i < (size_t)batch * T; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        tx[i] = (int32_t)((rng >> 33) % mc.vocab);
+        ty[i] = (int32_t)((rng >> 13) % mc.vocab);
+      }
+      trn_model_zero_grad(m);
+      rc = trn_model_train_tokens(m, tx, ty, (size_t)batch, T, &l);
+      if (rc == 0)
+        rc = trn_optim_step(o, trn_model_params(m), trn_model_grads(m),
+                            1.0f / (float)(batch * (long)T));
+      if (rc) {
+        fprintf(stderr, "bench-train: step %ld: %s\n", s, strerror(-rc));
+        return 1;
+      }
+      loss = l / (double)(batch * (long)T);
+      continue;
+    }
     rc = sc ? trn_synthetic_batch(1, (uint64_t)(s + warmup) * (uint64_t)batch,
                                   (size_t)batch, sc, sh, sw, sk, x, y)
             : trn_images_batch(&tr, &ord, (size_t)batch, &mean, &std, x, y);
