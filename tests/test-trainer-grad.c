@@ -885,6 +885,48 @@ static void test_gpt(void) {
          GL, GH, GC, np);
 }
 
+/* gpt on 1, 2 and 3 threads (attention split by sequence, GELU by
+ * ranges): the same bits again on the same count, and the gradient within
+ * float rounding of one thread's. */
+static void test_gpt_threads(void) {
+  enum { TB = 16, TT = 8 };
+  trn_model_config c;
+  trn_model_config_default(&c);
+  c.name = "gpt";
+  c.vocab = GV, c.ctx = TT, c.layers = 2, c.heads = 2, c.embd = 16;
+  c.max_batch = TB;
+  static int32_t x[TB * TT], y[TB * TT];
+  for (int i = 0; i < TB * TT; i++)
+    x[i] = (int32_t)(i * 7 % GV), y[i] = (int32_t)((i * 11 + 3) % GV);
+  static float g0[16384], g1[16384];
+  double l0 = 0;
+  for (int t = 0; t < 3; t++) {
+    trn_cpu_threads_set(t + 1);
+    trn_model *m;
+    char err[160];
+    ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), 0);
+    size_t np = trn_model_nparams(m);
+    ASSERT(np <= 16384);
+    double l, again;
+    trn_model_zero_grad(m);
+    ASSERT_EQ(trn_model_train_tokens(m, x, y, TB, TT, &l), 0);
+    memcpy(g1, trn_model_grads(m), np * sizeof *g1);
+    trn_model_zero_grad(m);
+    ASSERT_EQ(trn_model_train_tokens(m, x, y, TB, TT, &again), 0);
+    ASSERT(again == l);
+    ASSERT(memcmp(g1, trn_model_grads(m), np * sizeof *g1) == 0);
+    if (t == 0)
+      l0 = l, memcpy(g0, g1, np * sizeof *g0);
+    ASSERT(fabs(l - l0) <= 1e-6 * fabs(l0));
+    for (size_t i = 0; i < np; i++)
+      ASSERT(fabsf(g1[i] - g0[i]) <= 1e-5f * (1 + fabsf(g0[i])));
+    trn_model_free(m);
+  }
+  trn_cpu_threads_set(1);
+  printf("gpt batch %d on 1, 2, 3 threads: the same bits again on the same "
+         "count, within float rounding across counts\n", TB);
+}
+
 /* ---- resnet ------------------------------------------------------------------ */
 
 enum { RB = 2, RC = 3, RS = 8, RW = 2, RK = 3 }; /* depth 8: one block a stage */
@@ -1020,6 +1062,7 @@ int main(void) {
   test_mlp();
   test_cnn();
   test_gpt();
+  test_gpt_threads();
   test_resnet();
   return 0;
 }

@@ -119,11 +119,21 @@ static void matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
 /* Causal self-attention: qkv (B, T, 3C) holds q, k and v side by side;
  * att (B, NH, T, T) the softmaxed scores (row t covers 0..t); out (B, T,
  * C) the heads' weighted values, head h in channels h hs .. (h+1) hs. */
-static void attention_fwd(float *out, float *att, const float *qkv, size_t B,
-                          size_t T, size_t C, size_t NH) {
-  size_t hs = C / NH;
+/* The batch's sequences are independent: shared among the pool's threads
+ * (each writes only its own rows), the same bits whatever their number. */
+typedef struct att_job {
+  float *out, *att, *dqkv, *datt;
+  const float *qkv, *catt, *dout;
+  size_t T, C, NH;
+} att_job;
+
+static void attention_fwd_range(void *job, size_t b0, size_t b1) {
+  const att_job *j = job;
+  float *out = j->out, *att = j->att;
+  const float *qkv = j->qkv;
+  size_t T = j->T, C = j->C, NH = j->NH, hs = C / NH;
   float scale = 1.0f / sqrtf((float)hs);
-  for (size_t b = 0; b < B; b++)
+  for (size_t b = b0; b < b1; b++)
     for (size_t t = 0; t < T; t++)
       for (size_t h = 0; h < NH; h++) {
         const float *q = qkv + (b * T + t) * 3 * C + h * hs;
@@ -157,15 +167,23 @@ static void attention_fwd(float *out, float *att, const float *qkv, size_t B,
       }
 }
 
-static void attention_bwd(float *dqkv, const float *dout, const float *qkv,
-                          const float *att, float *datt_row, size_t B,
+static void attention_fwd(float *out, float *att, const float *qkv, size_t B,
                           size_t T, size_t C, size_t NH) {
-  size_t hs = C / NH;
+  att_job j = {.out = out, .att = att, .qkv = qkv, .T = T, .C = C, .NH = NH};
+  trn__pool_for(B, 1, attention_fwd_range, &j);
+}
+
+static void attention_bwd_range(void *job, size_t b0, size_t b1) {
+  const att_job *j = job;
+  float *dqkv = j->dqkv;
+  const float *dout = j->dout, *qkv = j->qkv, *att = j->catt;
+  size_t T = j->T, C = j->C, NH = j->NH, hs = C / NH;
   float scale = 1.0f / sqrtf((float)hs);
-  for (size_t b = 0; b < B; b++)
+  for (size_t b = b0; b < b1; b++)
     for (size_t t = 0; t < T; t++)
       for (size_t h = 0; h < NH; h++) {
         const float *a = att + ((b * NH + h) * T + t) * T;
+        float *datt_row = j->datt + b * T; /* this sequence's scratch */
         const float *d = dout + (b * T + t) * C + h * hs;
         /* Through the weighted sum: datt[u] = d . v_u, dv_u += a[u] d. */
         for (size_t u = 0; u <= t; u++) {
@@ -196,24 +214,54 @@ static void attention_bwd(float *dqkv, const float *dout, const float *qkv,
       }
 }
 
+/* datt (B, T): scratch, a row per sequence. */
+static void attention_bwd(float *dqkv, const float *dout, const float *qkv,
+                          const float *att, float *datt, size_t B, size_t T,
+                          size_t C, size_t NH) {
+  att_job j = {.dqkv = dqkv, .dout = dout, .qkv = qkv, .catt = att,
+               .datt = datt, .T = T, .C = C, .NH = NH};
+  trn__pool_for(B, 1, attention_bwd_range, &j);
+}
+
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 
 /* GELU, tanh approximation: 0.5 x (1 + tanh(k (x + 0.044715 x^3))). */
-static void gelu_fwd(float *out, const float *inp, size_t n) {
-  for (size_t i = 0; i < n; i++) {
+typedef struct gelu_job {
+  float *out;
+  const float *inp, *dout;
+} gelu_job;
+
+static void gelu_fwd_range(void *job, size_t i0, size_t i1) {
+  const gelu_job *j = job;
+  float *out = j->out;
+  const float *inp = j->inp;
+  for (size_t i = i0; i < i1; i++) {
     float x = inp[i];
     out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
   }
 }
 
-static void gelu_bwd(float *dinp, const float *inp, const float *dout,
-                     size_t n) {
-  for (size_t i = 0; i < n; i++) {
+static void gelu_fwd(float *out, const float *inp, size_t n) {
+  gelu_job j = {.out = out, .inp = inp};
+  trn__pool_for(n, 1 << 12, gelu_fwd_range, &j);
+}
+
+static void gelu_bwd_range(void *job, size_t i0, size_t i1) {
+  const gelu_job *j = job;
+  float *dinp = j->out;
+  const float *inp = j->inp, *dout = j->dout;
+  for (size_t i = i0; i < i1; i++) {
     float x = inp[i], u = GELU_K * (x + 0.044715f * x * x * x);
     float th = tanhf(u), sech2 = 1.0f - th * th;
     float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
     dinp[i] += dout[i] * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du);
   }
+}
+
+static void gelu_bwd(float *dinp, const float *inp, const float *dout,
+                     size_t n) {
+  gelu_job j = {.out = dinp, .inp = inp, .dout = dout};
+  trn__pool_for(n, 1 << 12, gelu_bwd_range, &j);
 }
 
 /* ---- the model ------------------------------------------------------------- */
@@ -236,7 +284,7 @@ struct trn__gpt {
   size_t psize[NP_TENSORS], poff[NP_TENSORS];
   size_t asize[NA];
   float *acts[NA], *grads[NA]; /* activations and their gradients */
-  float *datt_row;             /* (maxT) attention backward's scratch */
+  float *datt;                 /* (B, maxT) attention backward's scratch */
   size_t T;                    /* the last batch's */
 };
 
@@ -286,7 +334,7 @@ int trn__gpt_new(const trn_model_config *c, trn__gpt **out) {
       trn__gpt_free(g);
       return -ENOMEM;
     }
-  if (!(g->datt_row = malloc(g->maxT * sizeof(float)))) {
+  if (!(g->datt = malloc(g->B * g->maxT * sizeof(float)))) {
     trn__gpt_free(g);
     return -ENOMEM;
   }
@@ -295,7 +343,7 @@ int trn__gpt_new(const trn_model_config *c, trn__gpt **out) {
 }
 
 size_t trn__gpt_bytes(const trn__gpt *g) {
-  size_t n = g->maxT;
+  size_t n = g->B * g->maxT;
   for (int i = 0; i < NA; i++)
     n += 2 * g->asize[i]; /* activations and their gradients */
   return n * sizeof(float);
@@ -308,7 +356,7 @@ void trn__gpt_free(trn__gpt *g) {
     free(g->acts[i]);
     free(g->grads[i]);
   }
-  free(g->datt_row);
+  free(g->datt);
   free(g);
 }
 
@@ -424,7 +472,7 @@ void trn__gpt_backward(trn__gpt *g, const float *params, float *grads,
                PAR(grads, P_PROJB, l), dres2, ACT(acts, A_ATTY, l),
                PAR(params, P_PROJW, l), BT, C, C);
     attention_bwd(ACT(grads, A_QKV, l), ACT(grads, A_ATTY, l),
-                  ACT(acts, A_QKV, l), ACT(acts, A_ATT, l), g->datt_row, B, T,
+                  ACT(acts, A_QKV, l), ACT(acts, A_ATT, l), g->datt, B, T,
                   C, NH);
     matmul_bwd(ACT(grads, A_LN1, l), PAR(grads, P_QKVW, l),
                PAR(grads, P_QKVB, l), ACT(grads, A_QKV, l),
