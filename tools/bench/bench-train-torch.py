@@ -10,20 +10,43 @@ checks trainer/resnet.c against, --depth and --width; or gpt: that
 file's Gpt at trainer.h's default size on random tokens), Fashion-MNIST's
 training set normalized once up front as float32 (or, with --data
 synthetic:CxHxW:K, uniform noise made each step as bench-train makes its
-own), torch.set_num_threads
-(--threads), and per step: a batch from a shuffled order (index_select),
-zero_grad, forward, cross-entropy, backward, SGD with momentum 0.9.
+own), --threads threads in both of PyTorch's pools: torch.set_num_threads
+for ATen's OpenMP, and OPENBLAS_NUM_THREADS for the matrix products, which
+Debian's torch does in the system OpenBLAS, whose own pthread pool ignores
+torch.set_num_threads (without it "1 thread" ran its products on every
+core), with OMP_WAIT_POLICY=PASSIVE (see below).  Per step: a batch from
+a shuffled order (index_select), zero_grad, forward, cross-entropy, backward, SGD with momentum 0.9.
 --warmup uncounted steps, then --steps timed.  Prints "RESULT impl=torch
-model=mlp batch=B threads=T samples_per_s=... loss=...".
+model=mlp batch=B threads=T samples_per_s=... loss=... cores=..."; cores
+is CPU time over wall time in the timed steps, so a run that used more
+cores than it was given shows.
 """
 import argparse
 import gzip
 import importlib.util
 import os
+import sys
 import time
 
-import numpy as np
-import torch
+
+def threads_arg(argv):
+    """--threads N or --threads=N from argv, before argparse runs: the
+    OpenBLAS pool is sized when numpy or torch first loads it."""
+    for i, v in enumerate(argv):
+        if v == "--threads" and i + 1 < len(argv):
+            return argv[i + 1]
+        if v.startswith("--threads="):
+            return v.split("=", 1)[1]
+    return "1"
+
+
+os.environ["OPENBLAS_NUM_THREADS"] = threads_arg(sys.argv[1:])
+# With two pools (OpenMP's and OpenBLAS's) on the same cores, OpenMP's
+# spinning workers starve OpenBLAS's: PyTorch ran 2 to 4 times slower on 2
+# threads than on 1 here until its idle workers were told to sleep.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import numpy as np  # noqa: E402 (after OPENBLAS_NUM_THREADS)
+import torch  # noqa: E402
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -98,6 +121,7 @@ def main():
     for s in range(-a.warmup, a.steps):
         if s == 0:
             t0 = time.perf_counter()
+            c0 = time.process_time()
         if a.model == "gpt":
             xb = torch.randint(0, 256, (a.batch, 64))
             yb = torch.randint(0, 256, (a.batch * 64,))
@@ -117,9 +141,11 @@ def main():
         loss.backward()
         opt.step()
     dt = time.perf_counter() - t0
+    cores = (time.process_time() - c0) / dt
     print(f"RESULT impl=torch model={a.model} batch={a.batch} "
           f"threads={a.threads} steps={a.steps} "
-          f"samples_per_s={a.steps * a.batch / dt:.1f} loss={loss.item():.4f}",
+          f"samples_per_s={a.steps * a.batch / dt:.1f} loss={loss.item():.4f} "
+          f"cores={cores:.2f}",
           flush=True)
 
 

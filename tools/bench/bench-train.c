@@ -7,7 +7,8 @@
  * backward and an SGD step with momentum 0.9.  A note on stderr says
  * when OpenBLAS runs weaker kernels than the CPU has (an
  * OPENBLAS_CORETYPE in the environment).  Prints one line:
- * "RESULT impl=beed model=mlp batch=B threads=T samples_per_s=... loss=..."
+ * "RESULT impl=beed model=mlp batch=B threads=T samples_per_s=... loss=...
+ * ... cores=C", C being CPU time over wall time in the timed steps.
  */
 #include "trainer.h"
 
@@ -22,6 +23,13 @@
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU time of every thread of the process, to print the cores a run used. */
+static double cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -137,11 +145,13 @@ int main(int argc, char **argv) {
     return 1;
   }
   const float mean = 0.2860f, std = 0.3530f;
-  double t0 = 0, loss = 0;
+  double t0 = 0, c0 = 0, loss = 0;
   uint64_t rng = 1;
   for (long s = -warmup; s < steps; s++) {
-    if (s == 0)
+    if (s == 0) {
       t0 = now_s();
+      c0 = cpu_s();
+    }
     double l = 0;
     if (gpt) { /* windows of random tokens and their next tokens */
       int32_t *tx = y, *ty = y + (size_t)batch * T;
@@ -178,6 +188,7 @@ int main(int argc, char **argv) {
     loss = l / (double)batch;
   }
   double dt = now_s() - t0;
+  double cores = (cpu_s() - c0) / dt;
   /* Memory: the peak resident set beside what the model accounts for
    * (parameters, gradients, optimizer state, activations) and the data. */
   struct rusage ru;
@@ -191,9 +202,9 @@ int main(int argc, char **argv) {
   double data_mib = (double)(tr.n * (size_t)tr.c * tr.h * tr.w + tr.n) / mib;
   printf("RESULT impl=beed model=%s batch=%ld threads=%ld steps=%ld "
          "samples_per_s=%.1f loss=%.4f rss_mib=%.1f model_mib=%.1f "
-         "data_mib=%.1f\n",
+         "data_mib=%.1f cores=%.2f\n",
          model, batch, threads, steps, (double)(steps * batch) / dt, loss,
-         (double)ru.ru_maxrss / 1024.0, model_mib, data_mib);
+         (double)ru.ru_maxrss / 1024.0, model_mib, data_mib, cores);
   free(x);
   free(y);
   trn_order_free(&ord);
