@@ -2,8 +2,10 @@
  *
  * beed ties the libraries together: config.c turns flags and a config file
  * into a bee_config, members.c keeps the set of authenticated peers and
- * forms the swarm (until the DHT replaces it), main.c owns the loop, the
- * signals, the join targets and the start-up checks.  Nothing outside
+ * forms the swarm (until the DHT replaces it), progress.c decides what the
+ * run's progress records say and when, train.c trains and publishes them,
+ * main.c owns the loop, the signals, the join targets and the start-up
+ * checks.  Nothing outside
  * daemon/ (except its tests) includes this file.
  */
 #ifndef BEE_DAEMON_BEE_H
@@ -43,6 +45,11 @@
 #define BEE_DEFAULT_MAX_CONNS 1024
 #define BEE_DEFAULT_STATUS_S 10
 #define BEE_STATUS_MAX_S 86400
+#define BEE_DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
+#define BEE_DEFAULT_BATCH 64
+#define BEE_DEFAULT_TARGET_BATCH 4096
+#define BEE_DEFAULT_LR 0.05
+#define BEE_BATCH_MAX 4096 /* samples per local step */
 
 /* ------------------------------------------------------------------------ */
 /* Configuration (config.c).                                                 */
@@ -67,6 +74,16 @@ typedef struct bee_config {
   bool client; /* DHT client mode: never in routing tables */
   unsigned status_interval_s; /* 0: no status lines */
   unsigned revocation_interval_s; /* poll the DHT's revocation list */
+  /* Training (train.c): on when run is set. */
+  char run[PROTO_RUN_MAX + 1];
+  char model[8];                /* "mlp" or "cnn" */
+  char data[BEE_PATH_MAX];      /* Fashion-MNIST / MNIST directory */
+  unsigned batch_size;          /* samples per local step */
+  unsigned target_batch_size;   /* samples the swarm gathers per epoch */
+  double lr;                    /* SGD, momentum 0.9 */
+  char label[PROTO_LABEL_MAX + 1];
+  unsigned threads;
+  unsigned eval_every;          /* epochs; 0: never */
   bool help;    /* --help was given: print usage, nothing else is checked */
   bool version; /* --version was given */
 } bee_config;
@@ -208,6 +225,103 @@ int bee_revoke_validate(void *ctx, const proto_dht_record *rec);
 void bee_revoke_start(bee_revoke *r, proto_host *host, struct dht_glue *dht);
 /* Stops polling; closes the timer. */
 void bee_revoke_stop(bee_revoke *r);
+
+/* ------------------------------------------------------------------------ */
+/* A run's progress (progress.c): pure functions, no I/O.                   */
+
+#ifndef BEE_PROGRESS_MIN_MS
+#define BEE_PROGRESS_MIN_MS 500 /* publish no more often while it changes */
+#endif
+#ifndef BEE_PROGRESS_MAX_MS
+#define BEE_PROGRESS_MAX_MS 10000 /* and at least this often */
+#endif
+#ifndef BEE_PROGRESS_TTL_S
+#define BEE_PROGRESS_TTL_S 30 /* a record's lifetime from its publication */
+#endif
+#ifndef BEE_RATE_TAU_S
+#define BEE_RATE_TAU_S 10.0 /* the rate's memory, seconds of computing */
+#endif
+
+/* Samples per second of computing: an exponential average whose weights
+ * decay with computing time (tau BEE_RATE_TAU_S), so pauses to average
+ * or wait never lower it.  Zero-initialise. */
+typedef struct bee_rate {
+  double ema;     /* not yet corrected for its start at 0 */
+  double seconds; /* computing time seen */
+} bee_rate;
+/* Adds samples computed in compute_s seconds (ignored unless > 0). */
+void bee_rate_add(bee_rate *r, uint64_t samples, double compute_s);
+/* The rate, 0 before any sample. */
+double bee_rate_get(const bee_rate *r);
+
+/* When to publish the progress record again.  Zero-initialise. */
+typedef struct bee_publisher {
+  bool published;
+  uint64_t last_ms;  /* monotonic ms of the last publication */
+  uint64_t last_exp; /* its expiration, unix seconds */
+  uint64_t epoch, samples;
+} bee_publisher;
+/* True when a record should go out now (now_ms monotonic, wall_s the
+ * wall clock): none yet; BEE_PROGRESS_MAX_MS since the last; or
+ * BEE_PROGRESS_MIN_MS since the last and the epoch or samples changed; or
+ * the monotonic clock went back.  Never when the next expiration (later
+ * than the last: the DHT keeps the later) would have to run more than a
+ * second ahead of wall_s + BEE_PROGRESS_TTL_S. */
+bool bee_progress_due(const bee_publisher *p, uint64_t now_ms,
+                      uint64_t wall_s, uint64_t epoch, uint64_t samples);
+/* Notes a publication of (epoch, samples); returns the expiration the
+ * record must carry. */
+uint64_t bee_progress_published(bee_publisher *p, uint64_t now_ms,
+                                uint64_t wall_s, uint64_t epoch,
+                                uint64_t samples);
+
+/* What a bee knows of the swarm's progress. */
+typedef struct bee_swarm_view {
+  uint64_t epoch;            /* the highest among non-client peers */
+  uint64_t samples;          /* accumulated at that epoch, all peers there */
+  double samples_per_second; /* every peer's, summed */
+  double rate_at_epoch;      /* the same, of the peers at the epoch */
+  double eta_s;              /* until target; 0 reached; -1 unknown (rate 0) */
+  size_t peers;              /* records of this run */
+  size_t peers_at_epoch;
+  bool target_reached;
+} bee_swarm_view;
+/* The view at wall-clock now_ms (unix ms) from the records v[0..n) of
+ * run (others are skipped), as read from the DHT (signatures and schema
+ * checked there); the caller puts its own up-to-date progress among them
+ * in place of its published one.  Each peer's samples are extrapolated at
+ * its rate from its record's time_ms, for at most BEE_PROGRESS_TTL_S. */
+void bee_swarm_view_compute(const proto_progress *v, size_t n,
+                            const char *run, uint64_t target,
+                            uint64_t now_ms, bee_swarm_view *out);
+/* Whether a bee at epoch with samples gathered takes the epoch step, by
+ * the last view v and the samples others had gathered at v's epoch then
+ * (v->samples less its own share): when the swarm's epoch is past its
+ * own, or when its samples and the others' (at its epoch) reach target. */
+bool bee_epoch_ready(uint64_t epoch, uint64_t samples,
+                     const bee_swarm_view *v, uint64_t others,
+                     uint64_t target);
+
+/* ------------------------------------------------------------------------ */
+/* The bee's training and its progress in the DHT (train.c).                 */
+
+typedef struct bee_train bee_train;
+
+/* Loads the data and builds the model and optimizer that cfg names (cfg
+ * and id are borrowed and must outlive t).  Errors are logged with the
+ * file or setting at fault.  *out is set even on failure, for
+ * bee_train_free.  Returns 0 or a negative error. */
+int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
+                  const proto_identity *id, bee_train **out);
+/* Starts the worker thread and the progress timer; publishes under dht's
+ * node.  on_fatal(arg) runs on the loop if training fails. */
+int bee_train_start(bee_train *t, struct dht_node *dht,
+                    void (*on_fatal)(void *arg), void *arg);
+/* Stops the worker (waits for the batch in hand) and closes the handles.
+ * Call before closing the DHT. */
+void bee_train_stop(bee_train *t);
+/* Frees t once the loop has ended.  Accepts NULL. */
+void bee_train_free(bee_train *t);
 
 /* First 8 hex digits of a peer id (out: 9 bytes). */
 void bee_id8(const uint8_t id[PROTO_ID_BYTES], char out[9]);

@@ -34,6 +34,15 @@ enum opt_id {
   O_CLIENT,
   O_STATUS_INTERVAL,
   O_REVOCATION_INTERVAL,
+  O_RUN_ID,
+  O_MODEL,
+  O_DATA,
+  O_BATCH_SIZE,
+  O_TARGET_BATCH_SIZE,
+  O_LR,
+  O_LABEL,
+  O_THREADS,
+  O_EVAL_EVERY,
   O_HELP,
   O_VERSION,
 };
@@ -65,6 +74,15 @@ static const struct opt {
     {"client", O_CLIENT, K_BOOL, true},
     {"status-interval", O_STATUS_INTERVAL, K_VALUE, true},
     {"revocation-interval", O_REVOCATION_INTERVAL, K_VALUE, true},
+    {"run-id", O_RUN_ID, K_VALUE, true},
+    {"model", O_MODEL, K_VALUE, true},
+    {"data", O_DATA, K_VALUE, true},
+    {"batch-size", O_BATCH_SIZE, K_VALUE, true},
+    {"target-batch-size", O_TARGET_BATCH_SIZE, K_VALUE, true},
+    {"lr", O_LR, K_VALUE, true},
+    {"label", O_LABEL, K_VALUE, true},
+    {"threads", O_THREADS, K_VALUE, true},
+    {"eval-every", O_EVAL_EVERY, K_VALUE, true},
     {"help", O_HELP, K_ACTION, false},
     {"version", O_VERSION, K_ACTION, false},
 };
@@ -103,6 +121,13 @@ void bee_config_init(bee_config *cfg) {
   cfg->max_conns = BEE_DEFAULT_MAX_CONNS;
   cfg->status_interval_s = BEE_DEFAULT_STATUS_S;
   cfg->revocation_interval_s = 30;
+  snprintf(cfg->model, sizeof cfg->model, "mlp");
+  snprintf(cfg->data, sizeof cfg->data, "%s", BEE_DEFAULT_DATA);
+  cfg->batch_size = BEE_DEFAULT_BATCH;
+  cfg->target_batch_size = BEE_DEFAULT_TARGET_BATCH;
+  cfg->lr = BEE_DEFAULT_LR;
+  cfg->threads = 1;
+  cfg->eval_every = 1;
 }
 
 /* ---- values ------------------------------------------------------------ */
@@ -288,6 +313,68 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
       cfg->revocation_interval_s = u;
     return 0;
   }
+  case O_RUN_ID:
+  case O_LABEL: {
+    /* Checked as the progress record will carry it: a run name of
+     * [A-Za-z0-9._-], a label of printable UTF-8. */
+    bool run = o->id == O_RUN_ID;
+    proto_progress pr = {.mode = PROTO_MODE_NODE};
+    uint8_t buf[PROTO_RECORD_MAX];
+    size_t n;
+    snprintf(pr.run, sizeof pr.run, "%s", run ? v : "x");
+    if (!run)
+      snprintf(pr.label, sizeof pr.label, "%s", v);
+    if (strlen(v) > (run ? PROTO_RUN_MAX : PROTO_LABEL_MAX) ||
+        proto_progress_encode(&pr, buf, sizeof buf, &n))
+      return fail(msg, cap, BEE_ECONFIG,
+                  run ? "bad run name '%.80s' (want 1..%d of A-Z a-z 0-9 . _ -)"
+                      : "bad label '%.80s' (want at most %d bytes of "
+                        "printable UTF-8)",
+                  v, run ? PROTO_RUN_MAX : PROTO_LABEL_MAX);
+    snprintf(run ? cfg->run : cfg->label, run ? sizeof cfg->run : sizeof cfg->label,
+             "%s", v);
+    return 0;
+  }
+  case O_MODEL:
+    if (strcmp(v, "mlp") != 0 && strcmp(v, "cnn") != 0)
+      return fail(msg, cap, BEE_ECONFIG, "bad model '%.80s' (want mlp or cnn)",
+                  v);
+    snprintf(cfg->model, sizeof cfg->model, "%s", v);
+    return 0;
+  case O_DATA: return set_path(cfg->data, v, msg, cap);
+  case O_BATCH_SIZE:
+    if (parse_uint(v, 1, BEE_BATCH_MAX, &u))
+      return fail(msg, cap, BEE_ECONFIG, "bad number '%.80s' (want 1..%d)", v,
+                  BEE_BATCH_MAX);
+    cfg->batch_size = u;
+    return 0;
+  case O_TARGET_BATCH_SIZE:
+    if (parse_uint(v, 1, 1000000000, &u))
+      return fail(msg, cap, BEE_ECONFIG,
+                  "bad number '%.80s' (want samples, 1..1000000000)", v);
+    cfg->target_batch_size = u;
+    return 0;
+  case O_LR: {
+    char *end;
+    errno = 0;
+    double lr = strtod(v, &end);
+    if (end == v || *end || errno || !(lr > 0) || lr > 100)
+      return fail(msg, cap, BEE_ECONFIG,
+                  "bad learning rate '%.80s' (want a number in (0, 100])", v);
+    cfg->lr = lr;
+    return 0;
+  }
+  case O_THREADS:
+    if (parse_uint(v, 1, 64, &u))
+      return fail(msg, cap, BEE_ECONFIG, "bad number '%.80s' (want 1..64)", v);
+    cfg->threads = u;
+    return 0;
+  case O_EVAL_EVERY:
+    if (parse_uint(v, 0, 1000000, &u))
+      return fail(msg, cap, BEE_ECONFIG,
+                  "bad number '%.80s' (want epochs, 0..1000000; 0: never)", v);
+    cfg->eval_every = u;
+    return 0;
   case O_OPEN:
   case O_NO_LISTEN:
   case O_CLIENT: {
@@ -588,6 +675,19 @@ void bee_config_usage(FILE *f) {
       "  --config FILE            read settings from FILE first\n"
       "  --help, --version\n"
       "\n"
+      "Training (on with --run-id; every bee of a run uses the same run id):\n"
+      "  --run-id NAME            the run to train in: 1..%d of A-Z a-z 0-9 . _ -\n"
+      "  --model mlp|cnn          the model (default mlp)\n"
+      "  --data DIR               Fashion-MNIST or MNIST IDX files (default\n"
+      "                           %s)\n"
+      "  --batch-size N           samples per local step (default %d)\n"
+      "  --target-batch-size N    samples the swarm gathers per epoch (default %d)\n"
+      "  --lr RATE                SGD's learning rate, momentum 0.9 (default %g)\n"
+      "  --label TEXT             shown beside this bee's progress (a region)\n"
+      "  --threads N              compute threads, 1..64 (default 1)\n"
+      "  --eval-every N           test accuracy every N epochs; 0 = never\n"
+      "                           (default 1)\n"
+      "\n"
       "A config file holds 'name = value' lines with the flag names without\n"
       "their dashes ('open = true'); '#' starts a comment.  Flags override\n"
       "the file; --join flags replace the file's join lines.\n"
@@ -595,5 +695,7 @@ void bee_config_usage(FILE *f) {
       "Exit status: 0 after a clean shutdown (SIGINT, SIGTERM), 1 when the\n"
       "node cannot start (key, token, address), 2 for a bad flag or config.\n",
       BEE_DEFAULT_LISTEN, BEE_JOIN_MAX, BEE_DEFAULT_IDENTITY, BEE_DEFAULT_SWARM,
-      BEE_DEFAULT_MAX_CONNS, BEE_DEFAULT_STATUS_S);
+      BEE_DEFAULT_MAX_CONNS, BEE_DEFAULT_STATUS_S, PROTO_RUN_MAX,
+      BEE_DEFAULT_DATA, BEE_DEFAULT_BATCH, BEE_DEFAULT_TARGET_BATCH,
+      BEE_DEFAULT_LR);
 }

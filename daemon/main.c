@@ -3,8 +3,9 @@
  * Reads the configuration, checks this node's identity and token before
  * touching the network, then runs one libuv loop: the transport's host,
  * the join targets (dialed with exponential backoff until connected), the
- * swarm membership of members.c, a status line every --status-interval
- * seconds, and SIGINT/SIGTERM for a clean shutdown.
+ * swarm membership of members.c, with --run-id the training of train.c, a
+ * status line every --status-interval seconds, and SIGINT/SIGTERM for a
+ * clean shutdown.
  *
  * Exit status: 0 after a clean shutdown, 1 when the node cannot start,
  * 2 for a bad flag or config line.
@@ -51,6 +52,7 @@ struct bee_daemon {
   dht_glue *dht;
   bee_revoke revoke;
   bee_members members;
+  bee_train *train; /* NULL without --run-id */
   uv_signal_t sigint, sigterm;
   uv_timer_t status_timer;
   uv_timer_t ask_timer; /* asks the join targets for their peers */
@@ -215,6 +217,7 @@ static void daemon_stop(bee_daemon *d) {
   if (d->stopping)
     return;
   d->stopping = true;
+  bee_train_stop(d->train); /* before the DHT it publishes in */
   bee_members_stop(&d->members);
   bee_revoke_stop(&d->revoke);
   dht_glue_close(d->dht);
@@ -228,6 +231,12 @@ static void daemon_stop(bee_daemon *d) {
   uv_close((uv_handle_t *)&d->ask_timer, NULL);
   for (size_t i = 0; i < d->cfg.njoin; i++)
     uv_close((uv_handle_t *)&d->joins[i].timer, NULL);
+}
+
+static void train_fatal(void *arg) {
+  bee_daemon *d = arg;
+  d->exit_code = 1;
+  daemon_stop(d);
 }
 
 static void signal_cb(uv_signal_t *s, int signum) {
@@ -375,6 +384,9 @@ static int daemon_start(bee_daemon *d) {
     bee_info(COMP, "dht: client mode: requests only, never in routing tables");
   if (cfg->moderated)
     bee_revoke_start(&d->revoke, d->host, d->dht);
+  if (d->train &&
+      (rc = bee_train_start(d->train, dht_glue_node(d->dht), train_fatal, d)))
+    return rc;
   if (cfg->njoin) {
     const char *targets[BEE_JOIN_MAX];
     for (size_t i = 0; i < cfg->njoin; i++)
@@ -402,7 +414,9 @@ static int run(bee_daemon *d) {
   bee_info(COMP, "swarm '%s' (%s), %zu join target%s", d->cfg.swarm,
            d->cfg.open ? "open" : "moderated", d->cfg.njoin,
            d->cfg.njoin == 1 ? "" : "s");
-  if (daemon_start(d))
+  if (d->cfg.run[0] && bee_train_new(&d->loop, &d->cfg, &d->id, &d->train))
+    d->exit_code = 1;
+  else if (daemon_start(d))
     d->exit_code = 1;
   if (d->exit_code)
     daemon_stop(d);
@@ -411,6 +425,7 @@ static int run(bee_daemon *d) {
   if (rc)
     bee_warn(COMP, "event loop not empty at exit: %s", uv_strerror(rc));
   bee_members_close(&d->members);
+  bee_train_free(d->train);
   if (!d->exit_code)
     bee_info(COMP, "stopped");
   return d->exit_code;

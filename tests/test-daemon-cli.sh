@@ -97,6 +97,22 @@ echo "not a key" >"$tmp/open.key"
 chmod 0644 "$tmp/open.key"
 expect 1 'open.key' --open --no-listen --identity open.key
 
+# Training data that cannot be read: the file is named, nothing starts.
+expect 1 'data .*nonexistent-data' --open --no-listen --identity t.key \
+  --run-id r --data "$tmp/nonexistent-data"
+fm=/usr/share/datasets/fashion-mnist
+if [ -r "$fm/train-images-idx3-ubyte.gz" ]; then
+  mkdir -p "$tmp/cut"
+  # The images file cut short; the labels whole.
+  gzip -dc "$fm/train-images-idx3-ubyte.gz" | head -c 100000 |
+    gzip >"$tmp/cut/train-images-idx3-ubyte.gz"
+  cp "$fm/train-labels-idx1-ubyte.gz" "$tmp/cut/"
+  expect 1 'train-images-idx3-ubyte.gz' --open --no-listen --identity t.key \
+    --run-id r --data "$tmp/cut"
+fi
+expect 2 "--model: bad model 'resnet'" --open --run-id r --model resnet
+expect 2 "--run-id: bad run name" --open --run-id 'a b'
+
 # ---- SIGTERM and SIGINT stop a running node with status 0 -----------------
 # stop_check NAME SIGNAL ARGS...: starts beed ARGS, waits until it runs,
 # sends SIGNAL and wants status 0 and "shutting down" in its log.

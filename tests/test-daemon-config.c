@@ -69,6 +69,76 @@ static void test_defaults(void) {
   ASSERT_STREQ(c.token, "");
   ASSERT_STREQ(c.revocations, "");
   ASSERT_STREQ(c.config, "");
+  /* No training without a run id; the training settings' defaults. */
+  ASSERT_STREQ(c.run, "");
+  ASSERT_STREQ(c.model, "mlp");
+  ASSERT_STREQ(c.data, "/usr/share/datasets/fashion-mnist");
+  ASSERT_EQ(c.batch_size, 64);
+  ASSERT_EQ(c.target_batch_size, 4096);
+  ASSERT(c.lr == 0.05);
+  ASSERT_STREQ(c.label, "");
+  ASSERT_EQ(c.threads, 1);
+  ASSERT_EQ(c.eval_every, 1);
+}
+
+static void expect_flag_error(const char *flag, const char *value);
+
+static void test_training_flags(void) {
+  bee_config c;
+  ASSERT_OK(parse(&c, "--open", "--run-id", "fmnist-1.a_b", "--model", "cnn",
+                  "--data", "/d/mnist", "--batch-size", "4096",
+                  "--target-batch-size", "32768", "--lr", "1e-3", "--label",
+                  "eu-west \xc3\xa9t\xc3\xa9", "--threads", "64",
+                  "--eval-every", "0", NULL));
+  ASSERT_STREQ(c.run, "fmnist-1.a_b");
+  ASSERT_STREQ(c.model, "cnn");
+  ASSERT_STREQ(c.data, "/d/mnist");
+  ASSERT_EQ(c.batch_size, 4096);
+  ASSERT_EQ(c.target_batch_size, 32768);
+  ASSERT(c.lr == 1e-3);
+  ASSERT_STREQ(c.label, "eu-west \xc3\xa9t\xc3\xa9");
+  ASSERT_EQ(c.threads, 64);
+  ASSERT_EQ(c.eval_every, 0);
+  /* The same from a file. */
+  const char text[] = "open = true\nrun-id = r\nmodel = mlp\n"
+                      "target-batch-size = 1\nlabel = us east  # comment\n";
+  const char *path = write_file("train.conf", text, sizeof text - 1);
+  ASSERT_OK(parse(&c, "--config", path, NULL));
+  ASSERT_STREQ(c.run, "r");
+  ASSERT_EQ(c.target_batch_size, 1);
+  ASSERT_STREQ(c.label, "us east");
+  unlink(path);
+
+  char run[PROTO_RUN_MAX + 2];
+  memset(run, 'r', sizeof run - 1);
+  run[PROTO_RUN_MAX + 1] = '\0';
+  expect_flag_error("--run-id", run); /* one byte over */
+  run[PROTO_RUN_MAX] = '\0';
+  ASSERT_OK(parse(&c, "--open", "--run-id", run, NULL));
+  const char *bad_run[] = {"", "a b", "a/b", "r\xc3\xa9", "a:b"};
+  for (size_t i = 0; i < sizeof bad_run / sizeof *bad_run; i++)
+    expect_flag_error("--run-id", bad_run[i]);
+  const char *bad_label[] = {"tab\there", "nl\n", "\x7f", "\xc3", "\xc0\x80"};
+  for (size_t i = 0; i < sizeof bad_label / sizeof *bad_label; i++)
+    expect_flag_error("--label", bad_label[i]);
+  char label[PROTO_LABEL_MAX + 2];
+  memset(label, 'l', sizeof label - 1);
+  label[PROTO_LABEL_MAX + 1] = '\0';
+  expect_flag_error("--label", label);
+  expect_flag_error("--model", "resnet");
+  expect_flag_error("--model", "MLP");
+  expect_flag_error("--data", "");
+  const char *bad_batch[] = {"0", "4097", "-1", "1.5", "x"};
+  for (size_t i = 0; i < sizeof bad_batch / sizeof *bad_batch; i++)
+    expect_flag_error("--batch-size", bad_batch[i]);
+  expect_flag_error("--target-batch-size", "0");
+  expect_flag_error("--target-batch-size", "1000000001");
+  const char *bad_lr[] = {"0", "-0.1", "nan", "inf", "101", "0.1x", "", "1e400"};
+  for (size_t i = 0; i < sizeof bad_lr / sizeof *bad_lr; i++)
+    expect_flag_error("--lr", bad_lr[i]);
+  expect_flag_error("--threads", "0");
+  expect_flag_error("--threads", "65");
+  expect_flag_error("--eval-every", "-1");
 }
 
 static void test_every_flag(void) {
@@ -474,6 +544,7 @@ int main(void) {
 
   test_defaults();
   test_every_flag();
+  test_training_flags();
   test_help_version();
   test_file();
   test_crlf();

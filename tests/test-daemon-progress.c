@@ -1,0 +1,186 @@
+/* test-daemon-progress.c: the run's progress decisions (daemon/progress.c)
+ * on a fake clock: the local rate, when a progress record goes out, the
+ * swarm view from everyone's records, and when a bee takes the epoch
+ * step.
+ */
+#include "bee.h"
+#include "test.h"
+
+#include <math.h>
+#include <string.h>
+
+static bool near(double a, double b, double tol) { return fabs(a - b) <= tol; }
+
+static void test_rate(void) {
+  bee_rate r = {0};
+  ASSERT(bee_rate_get(&r) == 0);
+  /* The first measurement is the rate, whatever its duration. */
+  bee_rate_add(&r, 500, 0.25);
+  ASSERT(near(bee_rate_get(&r), 2000, 1e-9));
+  /* A steady rate stays exactly that. */
+  for (int i = 0; i < 100; i++)
+    bee_rate_add(&r, 200, 0.1);
+  ASSERT(near(bee_rate_get(&r), 2000, 1e-6));
+  /* Time not spent computing is never given: pauses change nothing, and
+   * calls with no time (or nonsense) are ignored. */
+  bee_rate_add(&r, 0, 0);
+  bee_rate_add(&r, 1000, -1);
+  bee_rate_add(&r, 1000, NAN);
+  bee_rate_add(&r, 1000, INFINITY);
+  ASSERT(near(bee_rate_get(&r), 2000, 1e-6));
+  /* A change of pace: the weights fall by e per time constant of
+   * computing, and the start's weight is divided out.  After 10.25 s at
+   * 2000/s and one time constant at 1000/s: */
+  int steps = (int)(BEE_RATE_TAU_S / 0.1 + 0.5);
+  for (int i = 0; i < steps; i++)
+    bee_rate_add(&r, 100, 0.1); /* 1000 samples/s */
+  double s_all = (10.25 + BEE_RATE_TAU_S) / BEE_RATE_TAU_S;
+  double want = (2000 * (exp(-1) - exp(-s_all)) + 1000 * (1 - exp(-1))) /
+                (1 - exp(-s_all));
+  ASSERT(near(bee_rate_get(&r), want, 1e-6));
+  ASSERT(bee_rate_get(&r) > 1200 && bee_rate_get(&r) < 1400);
+  for (int i = 0; i < 900; i++)
+    bee_rate_add(&r, 100, 0.1);
+  ASSERT(near(bee_rate_get(&r), 1000, 0.1));
+}
+
+static void test_publisher(void) {
+  bee_publisher p = {0};
+  uint64_t wall = 1700000000;
+  /* The first record goes out at once. */
+  ASSERT(bee_progress_due(&p, 1000, wall, 0, 0));
+  ASSERT_UEQ(bee_progress_published(&p, 1000, wall, 0, 0),
+             wall + BEE_PROGRESS_TTL_S);
+  /* Nothing changed: not before BEE_PROGRESS_MAX_MS. */
+  ASSERT(!bee_progress_due(&p, 1000 + BEE_PROGRESS_MAX_MS - 1, wall + 9, 0, 0));
+  ASSERT(bee_progress_due(&p, 1000 + BEE_PROGRESS_MAX_MS, wall + 10, 0, 0));
+  /* Changes: not before BEE_PROGRESS_MIN_MS. */
+  ASSERT(!bee_progress_due(&p, 1000 + BEE_PROGRESS_MIN_MS - 1, wall + 1, 0, 64));
+  ASSERT(bee_progress_due(&p, 1000 + BEE_PROGRESS_MIN_MS, wall + 1, 0, 64));
+  ASSERT(bee_progress_due(&p, 1000 + BEE_PROGRESS_MIN_MS, wall + 1, 1, 0));
+  /* Within one second of the wall clock: the second record expires a
+   * second after the first, a third must wait for the next second. */
+  ASSERT(bee_progress_due(&p, 1500, wall, 0, 64));
+  ASSERT_UEQ(bee_progress_published(&p, 1500, wall, 0, 64),
+             wall + BEE_PROGRESS_TTL_S + 1);
+  ASSERT(!bee_progress_due(&p, 2000, wall, 0, 128));
+  ASSERT(!bee_progress_due(&p, 1500 + BEE_PROGRESS_MAX_MS, wall, 0, 128));
+  ASSERT(bee_progress_due(&p, 2000, wall + 1, 0, 128));
+  ASSERT_UEQ(bee_progress_published(&p, 2000, wall + 1, 0, 128),
+             wall + BEE_PROGRESS_TTL_S + 2);
+  /* Every expiration is later than the one before, and never more than a
+   * second ahead of its time, however often records are due. */
+  uint64_t last = p.last_exp, now = 2000;
+  for (int i = 0; i < 1000; i++) {
+    now += BEE_PROGRESS_MIN_MS;
+    uint64_t w = wall + 1 + (now - 2000) / 1000;
+    if (!bee_progress_due(&p, now, w, 0, (uint64_t)i + 1000))
+      continue;
+    uint64_t e = bee_progress_published(&p, now, w, 0, (uint64_t)i + 1000);
+    ASSERT(e > last);
+    ASSERT(e <= w + BEE_PROGRESS_TTL_S + 1);
+    last = e;
+  }
+  /* The monotonic clock going back (a new loop): publish again. */
+  ASSERT(bee_progress_due(&p, 10, wall + 1000, 0, 0));
+}
+
+static proto_progress rec(const char *run, uint64_t epoch, uint64_t samples,
+                          double sps, uint64_t time_ms, int mode) {
+  proto_progress p;
+  memset(&p, 0, sizeof p);
+  snprintf(p.run, sizeof p.run, "%s", run);
+  p.epoch = epoch;
+  p.samples = samples;
+  p.samples_per_second = sps;
+  p.time_ms = time_ms;
+  p.mode = mode;
+  return p;
+}
+
+static void test_view(void) {
+  const uint64_t now = 1700000000000ull;
+  bee_swarm_view v;
+  /* Nobody: epoch 0, nothing gathered, no estimate. */
+  bee_swarm_view_compute(NULL, 0, "r", 1000, now, &v);
+  ASSERT_UEQ(v.epoch, 0);
+  ASSERT_UEQ(v.peers, 0);
+  ASSERT(v.eta_s == -1 && !v.target_reached);
+
+  proto_progress p[6] = {
+      rec("r", 4, 300, 100, now, PROTO_MODE_NODE),
+      rec("r", 4, 200, 50, now, PROTO_MODE_AUX),
+      rec("r", 3, 900, 25, now, PROTO_MODE_NODE),   /* behind */
+      rec("r", 9, 999, 10, now, PROTO_MODE_CLIENT), /* a client ahead */
+      rec("other", 7, 5000, 1000, now, PROTO_MODE_NODE),
+      rec("r", 4, 100, 0, now, PROTO_MODE_CLIENT),
+  };
+  bee_swarm_view_compute(p, 6, "r", 1000, now, &v);
+  /* The epoch is the highest of the non-clients; the other run counts
+   * for nothing; the samples are those at the epoch, clients' too. */
+  ASSERT_UEQ(v.epoch, 4);
+  ASSERT_UEQ(v.peers, 5);
+  ASSERT_UEQ(v.peers_at_epoch, 3);
+  ASSERT_UEQ(v.samples, 600);
+  ASSERT(near(v.samples_per_second, 185, 1e-9));
+  ASSERT(near(v.rate_at_epoch, 150, 1e-9));
+  ASSERT(near(v.eta_s, 400.0 / 185, 1e-9));
+  ASSERT(!v.target_reached);
+  bee_swarm_view_compute(p, 6, "r", 600, now, &v);
+  ASSERT(v.target_reached && v.eta_s == 0);
+
+  /* Only clients: the highest of them. */
+  bee_swarm_view_compute(&p[3], 1, "r", 1000, now, &v);
+  ASSERT_UEQ(v.epoch, 9);
+  ASSERT_UEQ(v.samples, 999);
+
+  /* Old records are extrapolated at their rate, for at most a record's
+   * lifetime; a record from the future counts as it is. */
+  proto_progress q[3] = {
+      rec("r", 1, 100, 50, now - 2000, PROTO_MODE_NODE), /* +100 */
+      rec("r", 1, 0, 10, now - 3600000, PROTO_MODE_NODE), /* +10 TTL */
+      rec("r", 1, 7, 1e6, now + 5000, PROTO_MODE_NODE),
+  };
+  bee_swarm_view_compute(q, 3, "r", 1000000, now, &v);
+  ASSERT_UEQ(v.samples, 200 + 10 * BEE_PROGRESS_TTL_S + 7);
+
+  /* Forged numbers cannot wrap the sums around. */
+  proto_progress f[2] = {
+      rec("r", 2, UINT64_MAX - 5, 1e300, now - 1000, PROTO_MODE_NODE),
+      rec("r", 2, 100, 0, now, PROTO_MODE_NODE),
+  };
+  bee_swarm_view_compute(f, 2, "r", 1000, now, &v);
+  ASSERT_UEQ(v.samples, UINT64_MAX);
+  ASSERT(v.target_reached);
+
+  /* No rate: the time to the target is unknown. */
+  proto_progress z = rec("r", 0, 10, 0, now, PROTO_MODE_NODE);
+  bee_swarm_view_compute(&z, 1, "r", 1000, now, &v);
+  ASSERT(v.eta_s == -1);
+}
+
+static void test_epoch_ready(void) {
+  bee_swarm_view v;
+  memset(&v, 0, sizeof v);
+  v.epoch = 5;
+  /* At the swarm's epoch: ours and the others' against the target. */
+  ASSERT(!bee_epoch_ready(5, 100, &v, 899, 1000));
+  ASSERT(bee_epoch_ready(5, 100, &v, 900, 1000));
+  ASSERT(bee_epoch_ready(5, 1000, &v, 0, 1000));
+  ASSERT(bee_epoch_ready(5, 2000, &v, UINT64_MAX, 1000));
+  /* The swarm stepped past us: step now, whatever we gathered. */
+  ASSERT(bee_epoch_ready(4, 0, &v, 0, 1000));
+  ASSERT(bee_epoch_ready(1, 0, &v, 0, 1000));
+  /* We stepped first, the view is older: the others' samples were for
+   * the epoch before, so only ours count. */
+  ASSERT(!bee_epoch_ready(6, 10, &v, 5000, 1000));
+  ASSERT(bee_epoch_ready(6, 1000, &v, 5000, 1000));
+}
+
+int main(void) {
+  test_rate();
+  test_publisher();
+  test_view();
+  test_epoch_ready();
+  return 0;
+}

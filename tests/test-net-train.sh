@@ -1,0 +1,76 @@
+#!/bin/bash
+# test-net-train.sh: three beed processes on loopback train one run.
+#
+# A queen and two bees (an open swarm) train mlp on Fashion-MNIST with
+# --run-id.  Each publishes its progress record in the DHT; beectl finds
+# all three under "<run>_progress".  The epoch ends for the swarm when the
+# three together have gathered the target batch: for every epoch after
+# the first, the samples the three stepped over add up to the target
+# (give or take what a second of stale records lets through), and no bee
+# gathered the target alone.  Test accuracy is reported and rises.  Every
+# bee exits 0 on SIGTERM.  (The step is still local: averaging comes with
+# the averager's wiring, issue 6.)
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
+
+RUN=t3
+TARGET=196608
+EPOCHS=4 # epochs every bee must finish
+
+for b in b0 b1 b2; do key "$b"; done
+key client
+train=(--open --run-id "$RUN" --target-batch-size "$TARGET" --eval-every 2)
+start b0 "$base" "${train[@]}" --label "queen"
+wait_log b0 'listening on' 10
+start b1 $((base + 1)) "${train[@]}" --join "127.0.0.1:$base" --label "bee 1"
+start b2 $((base + 2)) "${train[@]}" --join "127.0.0.1:$base" --label "bee 2"
+for b in b0 b1 b2; do wait_log "$b" "train: epoch $EPOCHS done" 120; done
+
+# The three progress records, found through a bee.
+out=$(cd "$work" && "$BEECTL" dht get "${RUN}_progress" --latest \
+  --join "127.0.0.1:$((base + 2))" --open --swarm beed \
+  --identity client.key 2>>"$work/beectl.log") ||
+  fail "beectl dht get ${RUN}_progress failed"
+n=$(grep -c '^owner .*6265652e70726f6772657373' <<<"$out" || true)
+[ "$n" = 3 ] || fail "found $n progress records, want 3: $out"
+
+# Samples per epoch: "epoch E done: step over N local samples".
+samples() { # LOG EPOCH
+  sed -nE "s/.*train: epoch $2 done: step over ([0-9]+) local samples.*/\1/p" \
+    "$work/$1.log"
+}
+for ((e = 1; e <= EPOCHS; e++)); do
+  sum=0
+  for b in b0 b1 b2; do
+    s=$(samples "$b" "$e")
+    [ -n "$s" ] || fail "$b: no step for epoch $e"
+    [ "$s" -lt "$TARGET" ] || fail "$b gathered epoch $e alone ($s samples)"
+    sum=$((sum + s))
+  done
+  # At least 90% of the target (the others' counts are extrapolated), at
+  # most 60% over it (records are up to a second or two old).
+  [ $((sum * 10)) -ge $((TARGET * 9)) ] ||
+    fail "epoch $e: $sum samples in all, under 90% of $TARGET"
+  [ $((sum * 10)) -le $((TARGET * 16)) ] ||
+    fail "epoch $e: $sum samples in all, over 160% of $TARGET"
+  echo "epoch $e: $sum samples over 3 bees (target $TARGET)"
+done
+
+# Accuracy on the test set, every second epoch, rising from epoch 2 to 4.
+acc() { # LOG EPOCH -> percent times 100
+  sed -nE "s/.*train: epoch $2: test accuracy ([0-9]+)\.([0-9]+)%.*/\1\2/p" \
+    "$work/$1.log"
+}
+for b in b0 b1 b2; do
+  a2=$(acc "$b" 2) a4=$(acc "$b" 4)
+  [ -n "$a2" ] && [ -n "$a4" ] || fail "$b: no test accuracy for epochs 2 and 4"
+  [ "$a4" -gt "$a2" ] || fail "$b: test accuracy fell from epoch 2 to 4"
+  [ "$a4" -gt 3000 ] || fail "$b: test accuracy at epoch 4 only $a4/100 %"
+done
+echo "test accuracy at epoch 4: $(acc b0 4) $(acc b1 4) $(acc b2 4) (% x 100)"
+
+stop_all
+for b in b0 b1 b2; do
+  grep -q 'train: stopped at epoch' "$work/$b.log" || fail "$b: no stop line"
+done
+echo "train 3: epochs shared by 3 bees, progress in the DHT, clean stops"
