@@ -39,6 +39,7 @@
 #define COMP "train"
 #define TICK_MS 250  /* counters, publication, steps */
 #define VIEW_MS 1000 /* how often the swarm's records are read */
+#define STEP_RING 64 /* epoch steps the worker may be ahead of the log */
 
 /* Fashion-MNIST's training-set mean and deviation, as tools/train uses. */
 #define DATA_MEAN 0.2860f
@@ -58,9 +59,13 @@ typedef struct shared {
   double view_s;         /* when the view was made, mono_s() */
   int err;               /* worker -> loop: the worker has stopped */
   char errmsg[160];
-  bool stepped;          /* an epoch step to report */
-  uint64_t step_epoch, step_samples;
-  double step_loss;
+  /* Epoch steps not yet logged by the loop: a ring, since a bee that
+   * catches up steps more than once between two turns of the loop. */
+  struct step_report {
+    uint64_t epoch, samples;
+    double loss;
+  } steps[STEP_RING];
+  uint64_t steps_head, steps_tail; /* written, logged; head - tail <= ring */
   bool evaluated;        /* a test evaluation to report */
   uint64_t eval_epoch;
   double eval_loss, eval_acc;
@@ -146,10 +151,10 @@ static int epoch_step(bee_train *t) {
   t->sh.epoch = epoch + 1;
   t->sh.samples = 0;
   t->sh.loss_sum = 0;
-  t->sh.stepped = true;
-  t->sh.step_epoch = epoch;
-  t->sh.step_samples = n;
-  t->sh.step_loss = n ? loss / (double)n : 0;
+  if (t->sh.steps_head - t->sh.steps_tail == STEP_RING)
+    t->sh.steps_tail++; /* the oldest report goes unlogged */
+  t->sh.steps[t->sh.steps_head++ % STEP_RING] =
+      (struct step_report){epoch, n, n ? loss / (double)n : 0};
   uv_mutex_unlock(&t->mu);
   uv_async_send(&t->async);
   unsigned every = t->cfg->eval_every;
@@ -404,18 +409,25 @@ static void async_cb(uv_async_t *h) {
   shared s;
   uv_mutex_lock(&t->mu);
   s = t->sh;
-  t->sh.stepped = t->sh.evaluated = false;
+  t->sh.steps_tail = t->sh.steps_head;
+  if (t->sh.evaluated)
+    t->sh.eval_skipped = 0; /* counted from one report to the next */
+  t->sh.evaluated = false;
   uv_mutex_unlock(&t->mu);
-  if (s.stepped)
+  for (uint64_t i = s.steps_tail; i != s.steps_head; i++) {
+    const struct step_report *r = &s.steps[i % STEP_RING];
     bee_info(COMP,
              "epoch %llu done: step over %llu local samples, training loss "
              "%.4f (%zu peers at the epoch; gradients not averaged yet)",
-             (unsigned long long)s.step_epoch,
-             (unsigned long long)s.step_samples, s.step_loss,
-             t->view.peers_at_epoch);
+             (unsigned long long)r->epoch, (unsigned long long)r->samples,
+             r->loss, t->view.peers_at_epoch);
+  }
   if (s.evaluated)
-    bee_info(COMP, "epoch %llu: test accuracy %.2f%%, loss %.4f",
-             (unsigned long long)s.eval_epoch, 100 * s.eval_acc, s.eval_loss);
+    bee_info(COMP,
+             "epoch %llu: test accuracy %.2f%%, loss %.4f (%llu epochs not "
+             "tested while it ran)",
+             (unsigned long long)s.eval_epoch, 100 * s.eval_acc, s.eval_loss,
+             (unsigned long long)s.eval_skipped);
   if (s.err && !t->stopped) {
     bee_err(COMP, "training stopped: %s", s.errmsg);
     if (t->on_fatal)
