@@ -313,10 +313,16 @@ typedef struct bee_train bee_train;
  * bee_train_free.  Returns 0 or a negative error. */
 int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
                   const proto_identity *id, bee_train **out);
-/* Starts the worker thread and the progress timer; publishes under dht's
- * node.  on_fatal(arg) runs on the loop if training fails. */
-int bee_train_start(bee_train *t, struct dht_node *dht,
-                    void (*on_fatal)(void *arg), void *arg);
+/* Starts the averager on host (its "avg.m" and "avg.r" methods), the
+ * worker and evaluator threads and the progress timer; publishes under
+ * dht's node; port is the one we listen on (0: none).  on_fatal(arg) runs
+ * on the loop if training fails. */
+int bee_train_start(bee_train *t, proto_host *host, unsigned port,
+                    struct dht_node *dht, void (*on_fatal)(void *arg),
+                    void *arg);
+/* The host's on_drain and on_down, for the averager's round. */
+void bee_train_drain(bee_train *t, proto_conn *c);
+void bee_train_conn_down(bee_train *t, proto_conn *c);
 /* Stops the worker (waits for the batch in hand) and closes the handles.
  * Call before closing the DHT. */
 void bee_train_stop(bee_train *t);

@@ -167,9 +167,15 @@ static void on_up(proto_conn *c, int status, void *data) {
     bee_members_up(&d->members, c);
 }
 
+static void on_drain(proto_conn *c, void *data) {
+  bee_daemon *d = data;
+  bee_train_drain(d->train, c);
+}
+
 static void on_down(proto_conn *c, int status, void *data) {
   bee_daemon *d = data;
   uint8_t gone[PROTO_ID_BYTES];
+  bee_train_conn_down(d->train, c);
   if (bee_members_down(&d->members, c, status, gone) == 1 && !d->stopping)
     joins_peer_gone(d, gone);
 }
@@ -349,6 +355,7 @@ static int daemon_start(bee_daemon *d) {
   hc.max_conns = cfg->max_conns;
   hc.on_up = on_up;
   hc.on_down = on_down;
+  hc.on_drain = on_drain;
   hc.on_oneway = on_oneway;
   hc.data = d;
   int rc = proto_host_new(&hc, &d->host);
@@ -385,7 +392,8 @@ static int daemon_start(bee_daemon *d) {
   if (cfg->moderated)
     bee_revoke_start(&d->revoke, d->host, d->dht);
   if (d->train &&
-      (rc = bee_train_start(d->train, dht_glue_node(d->dht), train_fatal, d)))
+      (rc = bee_train_start(d->train, d->host, (unsigned)port,
+                            dht_glue_node(d->dht), train_fatal, d)))
     return rc;
   if (cfg->njoin) {
     const char *targets[BEE_JOIN_MAX];

@@ -8,13 +8,12 @@
  * swarm view.  After every batch the worker asks progress.c whether its
  * samples and the others' (by the last view) have reached the target at
  * its epoch, or whether the swarm has stepped past it; then it takes the
- * epoch step: one optimizer step with the mean of the gradients gathered,
- * then the next epoch.
- *
- * This is the first increment of issue 6: the step is local.  Averaging
- * the gradients with the group that formed for the epoch (averager/) comes
- * next, at exactly that point; until then the bees' models drift apart,
- * which the epoch line says.
+ * epoch step: it turns its gradient sums into means and waits while the
+ * loop averages them with the group that forms for the epoch (the
+ * averager's matchmaking through the DHT, then its round, weighted by
+ * samples), then one optimizer step with the result, then the next epoch.
+ * Every member of a group gets the same mean to the bit, so their
+ * parameters stay the same; the step line prints their hash.
  *
  * Test accuracy (--eval-every) is measured on a third thread, the
  * evaluator, on a copy of the parameters the worker makes right after the
@@ -25,6 +24,7 @@
  * the evaluator is idle, under mu); the loop thread touches only the
  * shared counters (under mu) and starts and joins the two.
  */
+#include "averager.h"
 #include "bee.h"
 #include "dht.h"
 #include "trainer.h"
@@ -40,6 +40,9 @@
 #define TICK_MS 250  /* counters, publication, steps */
 #define VIEW_MS 1000 /* how often the swarm's records are read */
 #define STEP_RING 64 /* epoch steps the worker may be ahead of the log */
+#define MATCH_MS 2000     /* matchmaking: the latest we start a round */
+#define MATCH_DEADLINE_MS 10000 /* no group by then: the local step */
+#define ROUND_DEADLINE_MS 30000
 
 /* Fashion-MNIST's training-set mean and deviation, as tools/train uses. */
 #define DATA_MEAN 0.2860f
@@ -64,7 +67,18 @@ typedef struct shared {
   struct step_report {
     uint64_t epoch, samples;
     double loss;
+    int avg_status;       /* 0: averaged; else why not */
+    size_t group;         /* members of the round */
+    double by_all;        /* share of the tensor every member averaged */
+    uint8_t hash[8];      /* of the parameters after the step */
   } steps[STEP_RING];
+  /* worker <-> loop: the gradients to average */
+  bool avg_req, avg_done;
+  uint64_t avg_epoch;
+  double avg_weight;
+  int avg_status;
+  size_t avg_group;
+  double avg_by_all;
   uint64_t steps_head, steps_tail; /* written, logged; head - tail <= ring */
   bool evaluated;        /* a test evaluation to report */
   uint64_t eval_epoch;
@@ -88,6 +102,7 @@ struct bee_train {
   bool eval_started;
   uv_mutex_t mu;
   uv_cond_t eval_cv;
+  uv_cond_t avg_cv; /* the worker waits there for its round */
   shared sh;
   /* the worker's */
   trn_model *m;
@@ -98,6 +113,11 @@ struct bee_train {
   float *x;
   int32_t *y;
   /* the loop's */
+  proto_host *host;
+  avg_node *avg;
+  bool averaging; /* a round is under way */
+  char addr[PROTO_ADDR_MAX];
+  uint8_t schema[PROTO_SCHEMA_HASH_BYTES];
   uint8_t key[PROTO_DHT_KEY_BYTES];
   uint8_t sub[PROTO_DHT_OWNED_SUBKEY_BYTES];
   bee_rate rate;
@@ -133,28 +153,59 @@ static void worker_fail(bee_train *t, int rc, const char *what) {
   uv_async_send(&t->async);
 }
 
-/* The epoch step: the mean gradient over the samples gathered, one
- * optimizer step, a clean gradient buffer, the next epoch. */
+/* The epoch step: the mean gradient over the samples gathered, averaged
+ * with the group the swarm formed (the loop runs the round while we wait),
+ * one optimizer step, a clean gradient buffer, the next epoch.  Returns 1
+ * when stopped while waiting. */
 static int epoch_step(bee_train *t) {
   uv_mutex_lock(&t->mu);
   uint64_t n = t->sh.samples, epoch = t->sh.epoch;
   double loss = t->sh.loss_sum;
   uv_mutex_unlock(&t->mu);
+  float *g = trn_model_grads(t->m);
+  size_t np = trn_model_nparams(t->m);
+  if (n) { /* sums to means: the round weighs them by n */
+    float inv = 1.0f / (float)n;
+    for (size_t i = 0; i < np; i++)
+      g[i] *= inv;
+  }
+  uv_mutex_lock(&t->mu);
+  t->sh.avg_req = true;
+  t->sh.avg_done = false;
+  t->sh.avg_epoch = epoch;
+  t->sh.avg_weight = (double)n;
+  uv_mutex_unlock(&t->mu);
+  uv_async_send(&t->async);
+  uv_mutex_lock(&t->mu);
+  while (!t->sh.avg_done && !t->sh.stop)
+    uv_cond_wait(&t->avg_cv, &t->mu);
+  bool stop = t->sh.stop;
+  int avg_status = t->sh.avg_status;
+  size_t group = t->sh.avg_group;
+  double by_all = t->sh.avg_by_all;
+  uv_mutex_unlock(&t->mu);
+  if (stop)
+    return 1;
+  /* Nothing here and nothing averaged in: no step (momentum would still
+   * move the weights). */
   int rc = 0;
-  if (n)
-    rc = trn_optim_step(t->o, trn_model_params(t->m), trn_model_grads(t->m),
-                        1.0f / (float)n);
+  if (n || avg_status == 0)
+    rc = trn_optim_step(t->o, trn_model_params(t->m), g, 1.0f);
   trn_model_zero_grad(t->m);
   if (rc)
     return rc;
+  struct step_report rep = {epoch, n, n ? loss / (double)n : 0, avg_status,
+                            group, by_all, {0}};
+  crypto_generichash(rep.hash, sizeof rep.hash,
+                     (const uint8_t *)trn_model_params(t->m),
+                     np * sizeof(float), NULL, 0);
   uv_mutex_lock(&t->mu);
   t->sh.epoch = epoch + 1;
   t->sh.samples = 0;
   t->sh.loss_sum = 0;
   if (t->sh.steps_head - t->sh.steps_tail == STEP_RING)
     t->sh.steps_tail++; /* the oldest report goes unlogged */
-  t->sh.steps[t->sh.steps_head++ % STEP_RING] =
-      (struct step_report){epoch, n, n ? loss / (double)n : 0};
+  t->sh.steps[t->sh.steps_head++ % STEP_RING] = rep;
   uv_mutex_unlock(&t->mu);
   uv_async_send(&t->async);
   unsigned every = t->cfg->eval_every;
@@ -234,7 +285,7 @@ static void worker(void *arg) {
       return;
     int rc;
     if (step) {
-      if ((rc = epoch_step(t))) {
+      if ((rc = epoch_step(t)) < 0) {
         worker_fail(t, rc, "epoch step");
         return;
       }
@@ -378,6 +429,159 @@ static void log_view(bee_train *t) {
            w->samples_per_second, eta, bee_rate_get(&t->rate));
 }
 
+/* ---- averaging (loop thread) --------------------------------------------- */
+
+/* The matchmaking's declarations live in the DHT as bee.match records. */
+static void match_put_cb(dht_node *n, int status, unsigned stored,
+                         const dht_stats *st, void *arg) {
+  (void)n, (void)stored, (void)st, (void)arg;
+  if (status && status != BEE_ECANCELED)
+    bee_debug(COMP, "matchmaking declaration not stored: %s",
+              bee_strerror(status));
+}
+
+static void match_declare(void *ctx, const proto_match *info,
+                          uint64_t expiration) {
+  bee_train *t = ctx;
+  uint8_t buf[PROTO_RECORD_MAX], key[PROTO_DHT_KEY_BYTES];
+  size_t len;
+  if (!t->dht || proto_match_encode(info, buf, sizeof buf, &len))
+    return;
+  proto_record_key(PROTO_REC_MATCH, info->run, info->round, info->bits, key);
+  dht_put(t->dht, key, (proto_bytes){t->sub, sizeof t->sub},
+          (proto_bytes){buf, len}, expiration, match_put_cb, NULL);
+}
+
+typedef struct fetch_ctx {
+  bee_train *t;
+  avg_node *node;
+} fetch_ctx;
+
+static void match_fetch_cb(dht_node *n, int status, const dht_value *v,
+                           const dht_stats *st, void *arg) {
+  (void)n, (void)st;
+  fetch_ctx *f = arg;
+  bee_train *t = f->t;
+  if (status == 0 && !t->stopped && t->avg == f->node) {
+    avg_decl *d = calloc(v->n ? v->n : 1, sizeof *d);
+    size_t k = 0;
+    for (size_t i = 0; d && i < v->n; i++) {
+      const proto_dht_record *r = &v->records[i];
+      if (r->subkey.n != PROTO_DHT_OWNED_SUBKEY_BYTES ||
+          proto_match_decode(r->value.p, r->value.n, &d[k].info))
+        continue; /* the DHT checked owner and schema: not expected */
+      proto_peer_id(r->subkey.p + 1, d[k].id);
+      d[k].expiration = r->expiration;
+      k++;
+    }
+    if (d)
+      avg_node_declared(f->node, d, k);
+    free(d);
+  }
+  free(f);
+}
+
+static void match_fetch(void *ctx, avg_node *node, const proto_match *info) {
+  bee_train *t = ctx;
+  uint8_t key[PROTO_DHT_KEY_BYTES];
+  fetch_ctx *f = malloc(sizeof *f);
+  if (!t->dht || !f) {
+    free(f);
+    return;
+  }
+  *f = (fetch_ctx){t, node};
+  proto_record_key(PROTO_REC_MATCH, info->run, info->round, info->bits, key);
+  if (dht_get(t->dht, key, true, match_fetch_cb, f))
+    free(f);
+}
+
+/* The worker's round is over, one way or another: wake it. */
+static void round_over(bee_train *t, int status, size_t group,
+                       double by_all) {
+  t->averaging = false;
+  uv_mutex_lock(&t->mu);
+  t->sh.avg_req = false;
+  t->sh.avg_done = true;
+  t->sh.avg_status = status;
+  t->sh.avg_group = group;
+  t->sh.avg_by_all = by_all;
+  uv_cond_signal(&t->avg_cv);
+  uv_mutex_unlock(&t->mu);
+}
+
+static void round_cb(avg_node *n, const avg_node_result *r, void *arg) {
+  (void)n;
+  bee_train *t = arg;
+  size_t group = r->group ? r->group->nmembers : 0;
+  double by_all = 0;
+  int status = r->status;
+  if (status == 0 && r->summary) {
+    size_t np = trn_model_nparams(t->m);
+    by_all = np ? (double)r->summary->floats_by_k[r->summary->nmembers] /
+                      (double)np
+                : 1;
+    if (r->summary->floats_by_k[0] == np)
+      status = BEE_ETIMEOUT; /* nothing was averaged */
+  }
+  round_over(t, status, group, by_all);
+}
+
+/* Starts the round the worker asked for: every peer at the epoch, by the
+ * last view, is a candidate; alone, there is nothing to average. */
+static void start_round(bee_train *t) {
+  uv_mutex_lock(&t->mu);
+  bool want = t->sh.avg_req && !t->sh.avg_done;
+  uint64_t epoch = t->sh.avg_epoch;
+  double weight = t->sh.avg_weight;
+  uv_mutex_unlock(&t->mu);
+  if (!want || t->averaging || t->stopped)
+    return;
+  size_t peers = t->view.epoch == epoch ? t->view.peers_at_epoch : 1;
+  if (!t->avg || peers < 2) {
+    round_over(t, -ENOENT, 1, 0);
+    return;
+  }
+  avg_node_request req;
+  avg_node_request_default(&req);
+  avg_match_config *mc = &req.match;
+  snprintf(mc->info.run, sizeof mc->info.run, "%s", t->cfg->run);
+  mc->info.round = epoch;
+  snprintf(mc->info.addr, sizeof mc->info.addr, "%s", t->addr);
+  memcpy(mc->info.schema_hash, t->schema, sizeof t->schema);
+  mc->info.mode = t->cfg->client ? PROTO_MODE_CLIENT : PROTO_MODE_NODE;
+  mc->info.bandwidth_mbit = 1000;
+  mc->info.weight = weight;
+  /* Begin as soon as every peer at the epoch has joined; at the latest
+   * MATCH_MS from now with whoever has. */
+  mc->target_size = peers > 16 ? 16 : peers;
+  mc->min_size = 2;
+  mc->matchmaking_ms = MATCH_MS;
+  mc->fetch_interval_ms = 250;
+  mc->deadline_ms = MATCH_DEADLINE_MS;
+  req.round.x = trn_model_grads(t->m); /* the worker waits meanwhile */
+  req.round.n = trn_model_nparams(t->m);
+  req.round.weight = weight;
+  req.round.deadline_ms = ROUND_DEADLINE_MS;
+  int rc = avg_node_average(t->avg, &req, round_cb, t);
+  if (rc) {
+    bee_warn(COMP, "epoch %llu: cannot start averaging: %s",
+             (unsigned long long)epoch, bee_strerror(rc));
+    round_over(t, rc, 1, 0);
+    return;
+  }
+  t->averaging = true;
+}
+
+void bee_train_drain(bee_train *t, proto_conn *c) {
+  if (t && t->avg)
+    avg_node_drain(t->avg, c);
+}
+
+void bee_train_conn_down(bee_train *t, proto_conn *c) {
+  if (t && t->avg)
+    avg_node_conn_down(t->avg, c);
+}
+
 static void tick(uv_timer_t *h) {
   bee_train *t = h->data;
   uint64_t now = uv_now(t->loop);
@@ -396,6 +600,7 @@ static void tick(uv_timer_t *h) {
     else
       update_view(t, NULL);
   }
+  start_round(t);
   unsigned every = t->cfg->status_interval_s;
   if (every && t->have_view && now - t->status_ms >= every * 1000ull) {
     t->status_ms = now;
@@ -416,12 +621,23 @@ static void async_cb(uv_async_t *h) {
   uv_mutex_unlock(&t->mu);
   for (uint64_t i = s.steps_tail; i != s.steps_head; i++) {
     const struct step_report *r = &s.steps[i % STEP_RING];
+    char how[96], hash[17];
+    if (r->avg_status == 0)
+      snprintf(how, sizeof how, "averaged in a group of %zu (%.1f%% by all)",
+               r->group, 100 * r->by_all);
+    else if (r->avg_status == -ENOENT)
+      snprintf(how, sizeof how, "alone at the epoch: local gradients");
+    else
+      snprintf(how, sizeof how, "not averaged (%s): local gradients",
+               bee_strerror(r->avg_status));
+    proto_hex(r->hash, sizeof r->hash, hash);
     bee_info(COMP,
-             "epoch %llu done: step over %llu local samples, training loss "
-             "%.4f (%zu peers at the epoch; gradients not averaged yet)",
+             "epoch %llu done: %llu local samples, training loss %.4f, %s, "
+             "parameters %s",
              (unsigned long long)r->epoch, (unsigned long long)r->samples,
-             r->loss, t->view.peers_at_epoch);
+             r->loss, how, hash);
   }
+  start_round(t); /* the worker may be waiting for one */
   if (s.evaluated)
     bee_info(COMP,
              "epoch %llu: test accuracy %.2f%%, loss %.4f (%llu epochs not "
@@ -491,6 +707,11 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     uv_mutex_destroy(&t->mu);
     return -ENOMEM;
   }
+  if (uv_cond_init(&t->avg_cv)) {
+    uv_cond_destroy(&t->eval_cv);
+    uv_mutex_destroy(&t->mu);
+    return -ENOMEM;
+  }
   uv_timer_init(loop, &t->timer);
   uv_async_init(loop, &t->async, async_cb);
   t->timer.data = t->async.data = t;
@@ -506,13 +727,45 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   return 0;
 }
 
-int bee_train_start(bee_train *t, struct dht_node *dht,
-                    void (*on_fatal)(void *arg), void *arg) {
+int bee_train_start(bee_train *t, proto_host *host, unsigned port,
+                    struct dht_node *dht, void (*on_fatal)(void *arg),
+                    void *arg) {
   t->dht = dht;
+  t->host = host;
   t->on_fatal = on_fatal;
   t->fatal_arg = arg;
   dht_owned_subkey(dht, t->sub);
-  int rc = uv_thread_create(&t->thread, worker, t);
+  /* The address the matchmaking declares: the listen address, or the
+   * loopback one when listening on every address (the group's members
+   * use the connections the swarm already has; an address to announce is
+   * still to come). */
+  char lh[BEE_HOST_MAX] = "";
+  unsigned lp;
+  if (bee_addr_parse(t->cfg->listen, true, lh, sizeof lh, &lp) ||
+      !lh[0] || strcmp(lh, "0.0.0.0") == 0 || strcmp(lh, "::") == 0)
+    snprintf(lh, sizeof lh, "127.0.0.1");
+  snprintf(t->addr, sizeof t->addr, strchr(lh, ':') ? "[%s]:%u" : "%s:%u",
+           lh, port ? port : 1);
+  /* Only bees whose gradients have the same layout average together. */
+  char schema[64];
+  snprintf(schema, sizeof schema, "beed grads fp32 %s %zu", t->cfg->model,
+           trn_model_nparams(t->m));
+  crypto_generichash(t->schema, sizeof t->schema, (const uint8_t *)schema,
+                     strlen(schema), NULL, 0);
+  uint8_t self_id[PROTO_ID_BYTES];
+  memcpy(self_id, t->id->id, sizeof self_id);
+  avg_node_config nc = {.loop = t->loop,
+                        .host = host,
+                        .self_id = self_id,
+                        .dht = {.ctx = t,
+                                .declare = match_declare,
+                                .fetch = match_fetch}};
+  int rc = avg_node_new(&nc, &t->avg);
+  if (rc) {
+    bee_err(COMP, "cannot start the averager: %s", bee_strerror(rc));
+    return rc;
+  }
+  rc = uv_thread_create(&t->thread, worker, t);
   if (rc) {
     bee_err(COMP, "cannot start the training thread: %s", uv_strerror(rc));
     return rc;
@@ -539,6 +792,7 @@ void bee_train_stop(bee_train *t) {
     uv_mutex_lock(&t->mu);
     t->sh.stop = t->sh.eval_stop = true;
     uv_cond_signal(&t->eval_cv);
+    uv_cond_signal(&t->avg_cv);
     uint64_t epoch = t->sh.epoch, samples = t->sh.samples;
     uv_mutex_unlock(&t->mu);
     uv_thread_join(&t->thread); /* at most one batch or epoch step */
@@ -547,6 +801,10 @@ void bee_train_stop(bee_train *t) {
     bee_info(COMP, "stopped at epoch %llu with %llu samples gathered",
              (unsigned long long)epoch, (unsigned long long)samples);
   }
+  /* A round under way ends now (its callback sees BEE_ECANCELED); the
+   * worker no longer waits for it. */
+  avg_node_close(t->avg);
+  t->avg = NULL;
   if (t->handles) {
     uv_close((uv_handle_t *)&t->timer, NULL);
     uv_close((uv_handle_t *)&t->async, NULL);
@@ -557,6 +815,7 @@ void bee_train_free(bee_train *t) {
   if (!t)
     return;
   if (t->handles) {
+    uv_cond_destroy(&t->avg_cv);
     uv_cond_destroy(&t->eval_cv);
     uv_mutex_destroy(&t->mu);
   }

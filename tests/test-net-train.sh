@@ -5,11 +5,13 @@
 # --run-id.  Each publishes its progress record in the DHT; beectl finds
 # all three under "<run>_progress".  The epoch ends for the swarm when the
 # three together have gathered the target batch: for every epoch after
-# the first, the samples the three stepped over add up to the target
-# (give or take what a second of stale records lets through), and no bee
-# gathered the target alone.  Test accuracy is reported and rises.  Every
-# bee exits 0 on SIGTERM.  (The step is still local: averaging comes with
-# the averager's wiring, issue 6.)
+# the first, the samples the three gathered add up to the target (give or
+# take what a second of stale records lets through), and no bee gathered
+# the target alone.  At each step the three average their gradients in
+# one group (matchmaking through the DHT, butterfly all-reduce) and take
+# the same optimizer step: their parameters hash the same after every
+# epoch.  Test accuracy is reported and rises.  Every bee exits 0 on
+# SIGTERM.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
 
@@ -34,9 +36,14 @@ out=$(cd "$work" && "$BEECTL" dht get "${RUN}_progress" --latest \
 n=$(grep -c '^owner .*6265652e70726f6772657373' <<<"$out" || true)
 [ "$n" = 3 ] || fail "found $n progress records, want 3: $out"
 
-# Samples per epoch: "epoch E done: step over N local samples".
+# Samples per epoch: "epoch E done: N local samples, ...".
 samples() { # LOG EPOCH
-  sed -nE "s/.*train: epoch $2 done: step over ([0-9]+) local samples.*/\1/p" \
+  sed -nE "s/.*train: epoch $2 done: ([0-9]+) local samples.*/\1/p" \
+    "$work/$1.log"
+}
+# How the epoch's step went and the parameters' hash after it.
+step_how() { # LOG EPOCH
+  sed -nE "s/.*train: epoch $2 done: [0-9]+ local samples, [^,]*, (.*)/\1/p" \
     "$work/$1.log"
 }
 for ((e = 1; e <= EPOCHS; e++)); do
@@ -53,7 +60,16 @@ for ((e = 1; e <= EPOCHS; e++)); do
     fail "epoch $e: $sum samples in all, under 90% of $TARGET"
   [ $((sum * 10)) -le $((TARGET * 16)) ] ||
     fail "epoch $e: $sum samples in all, over 160% of $TARGET"
-  echo "epoch $e: $sum samples over 3 bees (target $TARGET)"
+  # One group of three, the whole tensor averaged by all, the same
+  # parameters everywhere.
+  h0=$(step_how b0 "$e")
+  [[ $h0 = "averaged in a group of 3 (100.0% by all), parameters "* ]] ||
+    fail "epoch $e: b0's step: '$h0'"
+  for b in b1 b2; do
+    [ "$(step_how "$b" "$e")" = "$h0" ] ||
+      fail "epoch $e: $b's step '$(step_how "$b" "$e")' differs from b0's '$h0'"
+  done
+  echo "epoch $e: $sum samples over 3 bees (target $TARGET), ${h0}"
 done
 
 # Accuracy on the test set, every second epoch, rising from epoch 2 to 4.
@@ -73,4 +89,4 @@ stop_all
 for b in b0 b1 b2; do
   grep -q 'train: stopped at epoch' "$work/$b.log" || fail "$b: no stop line"
 done
-echo "train 3: epochs shared by 3 bees, progress in the DHT, clean stops"
+echo "train 3: epochs shared and averaged by 3 bees (the same parameters), progress in the DHT, clean stops"
