@@ -294,6 +294,11 @@ typedef struct bee_swarm_view {
 void bee_swarm_view_compute(const proto_progress *v, size_t n,
                             const char *run, uint64_t target,
                             uint64_t now_ms, bee_swarm_view *out);
+/* The peers of run among v[0..n) expected in the group of the step that
+ * ends epoch: those at epoch, and those at epoch - 1 (they see the swarm
+ * past them and step at once).  The caller's own record counts. */
+size_t bee_round_candidates(const proto_progress *v, size_t n,
+                            const char *run, uint64_t epoch);
 /* Whether a bee at epoch with samples gathered takes the epoch step, by
  * the last view v and the samples others had gathered at v's epoch then
  * (v->samples less its own share): when the swarm's epoch is past its

@@ -16,7 +16,8 @@
  *     never more than a second ahead of its time;
  *   - when to take the epoch step: once this bee's samples and the
  *     others' at its epoch reach the target, or as soon as the swarm has
- *     stepped past it;
+ *     stepped past it; and whom to expect in the step's group: the peers
+ *     at its epoch and those one behind, who step as soon as they see it;
  *   - the swarm view: the global epoch is the highest among peers that
  *     are not clients (clients follow; with none but clients, the highest
  *     of all); the samples toward the target are those of the peers at
@@ -72,6 +73,16 @@ uint64_t bee_progress_published(bee_publisher *p, uint64_t now_ms,
   p->epoch = epoch;
   p->samples = samples;
   return p->last_exp;
+}
+
+size_t bee_round_candidates(const proto_progress *v, size_t n,
+                            const char *run, uint64_t epoch) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(v[i].run, run) == 0 &&
+        (v[i].epoch == epoch || v[i].epoch + 1 == epoch))
+      k++;
+  return k;
 }
 
 bool bee_epoch_ready(uint64_t epoch, uint64_t samples,

@@ -41,8 +41,9 @@
 #define VIEW_MS 1000 /* how often the swarm's records are read */
 #define STEP_RING 64 /* epoch steps the worker may be ahead of the log */
 #define MATCH_MS 2000     /* matchmaking: the latest we start a round */
-#define MATCH_DEADLINE_MS 10000 /* no group by then: the local step */
+#define MATCH_DEADLINE_MS 4000 /* no group by then: the local step */
 #define ROUND_DEADLINE_MS 30000
+#define MIN_EPOCH_S 2.0 /* epochs shorter than this are not shared */
 
 /* Fashion-MNIST's training-set mean and deviation, as tools/train uses. */
 #define DATA_MEAN 0.2860f
@@ -126,7 +127,10 @@ struct bee_train {
   uint64_t last_get_ms;
   uint64_t behind_warned; /* the swarm epoch last warned about */
   bee_swarm_view view;
+  uint64_t cand_epoch; /* the epoch the candidates were counted for */
+  size_t candidates;   /* bee_round_candidates, by the last view */
   bool have_view;
+  bool short_warned; /* epochs too short to share: said once */
   uint64_t status_ms;
 };
 
@@ -384,6 +388,8 @@ static void update_view(bee_train *t, const dht_value *v) {
   own_progress(t, epoch, samples, &all[n++]);
   bee_swarm_view_compute(all, n, t->cfg->run, t->cfg->target_batch_size,
                          all[n - 1].time_ms, &t->view);
+  t->candidates = bee_round_candidates(all, n, t->cfg->run, epoch);
+  t->cand_epoch = epoch;
   t->sh.view = t->view;
   bool here = t->view.epoch == epoch;
   t->sh.others = here ? t->view.samples - samples : t->view.samples;
@@ -394,6 +400,21 @@ static void update_view(bee_train *t, const dht_value *v) {
   uv_mutex_unlock(&t->mu);
   free(all);
   t->have_view = true;
+  /* Progress takes a second or two to travel through the DHT: an epoch
+   * the swarm finishes faster than that cannot be shared. */
+  double epoch_s = t->view.samples_per_second > 0
+                       ? t->cfg->target_batch_size / t->view.samples_per_second
+                       : 1e9;
+  if (t->view.peers > 1 && epoch_s < MIN_EPOCH_S && !t->short_warned) {
+    t->short_warned = true;
+    bee_warn(COMP,
+             "the swarm (%zu peers, %.0f samples/s) gathers the target batch "
+             "in %.2f s, less than the %.0f s progress needs to travel "
+             "through the DHT: bees will step alone; give "
+             "--target-batch-size %.0f or more",
+             t->view.peers, t->view.samples_per_second, epoch_s, MIN_EPOCH_S,
+             ceil(MIN_EPOCH_S * t->view.samples_per_second));
+  }
   if (t->view.epoch > epoch + 1 && t->behind_warned != t->view.epoch) {
     t->behind_warned = t->view.epoch;
     bee_warn(COMP,
@@ -526,8 +547,9 @@ static void round_cb(avg_node *n, const avg_node_result *r, void *arg) {
   round_over(t, status, group, by_all);
 }
 
-/* Starts the round the worker asked for: every peer at the epoch, by the
- * last view, is a candidate; alone, there is nothing to average. */
+/* Starts the round the worker asked for, expecting the peers at its epoch
+ * and one behind by the last view (bee_round_candidates); alone, there is
+ * nothing to average. */
 static void start_round(bee_train *t) {
   uv_mutex_lock(&t->mu);
   bool want = t->sh.avg_req && !t->sh.avg_done;
@@ -536,7 +558,7 @@ static void start_round(bee_train *t) {
   uv_mutex_unlock(&t->mu);
   if (!want || t->averaging || t->stopped)
     return;
-  size_t peers = t->view.epoch == epoch ? t->view.peers_at_epoch : 1;
+  size_t peers = t->cand_epoch == epoch ? t->candidates : 1;
   if (!t->avg || peers < 2) {
     round_over(t, -ENOENT, 1, 0);
     return;
@@ -626,7 +648,7 @@ static void async_cb(uv_async_t *h) {
       snprintf(how, sizeof how, "averaged in a group of %zu (%.1f%% by all)",
                r->group, 100 * r->by_all);
     else if (r->avg_status == -ENOENT)
-      snprintf(how, sizeof how, "alone at the epoch: local gradients");
+      snprintf(how, sizeof how, "alone at its epoch: local gradients");
     else
       snprintf(how, sizeof how, "not averaged (%s): local gradients",
                bee_strerror(r->avg_status));

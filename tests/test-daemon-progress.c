@@ -177,10 +177,27 @@ static void test_epoch_ready(void) {
   ASSERT(bee_epoch_ready(6, 1000, &v, 5000, 1000));
 }
 
+static void test_candidates(void) {
+  const uint64_t now = 1700000000000ull;
+  proto_progress p[6] = {
+      rec("r", 5, 0, 0, now, PROTO_MODE_NODE),
+      rec("r", 5, 0, 0, now, PROTO_MODE_CLIENT),
+      rec("r", 4, 0, 0, now, PROTO_MODE_NODE), /* one behind: steps soon */
+      rec("r", 3, 0, 0, now, PROTO_MODE_NODE), /* too far behind */
+      rec("r", 6, 0, 0, now, PROTO_MODE_NODE), /* ahead: its round is over */
+      rec("q", 5, 0, 0, now, PROTO_MODE_NODE), /* another run */
+  };
+  ASSERT_EQ(bee_round_candidates(p, 6, "r", 5), 3);
+  ASSERT_EQ(bee_round_candidates(p, 6, "r", 0), 0);
+  ASSERT_EQ(bee_round_candidates(p, 6, "r", 6), 3);
+  ASSERT_EQ(bee_round_candidates(p, 6, "q", 5), 1);
+}
+
 int main(void) {
   test_rate();
   test_publisher();
   test_view();
   test_epoch_ready();
+  test_candidates();
   return 0;
 }
