@@ -238,6 +238,9 @@ void bee_revoke_stop(bee_revoke *r);
 #ifndef BEE_PROGRESS_TTL_S
 #define BEE_PROGRESS_TTL_S 30 /* a record's lifetime from its publication */
 #endif
+#ifndef BEE_PROGRESS_EXTRAP_S
+#define BEE_PROGRESS_EXTRAP_S 3 /* a record's samples grow this long at most */
+#endif
 #ifndef BEE_RATE_TAU_S
 #define BEE_RATE_TAU_S 10.0 /* the rate's memory, seconds of computing */
 #endif
@@ -290,7 +293,7 @@ typedef struct bee_swarm_view {
  * run (others are skipped), as read from the DHT (signatures and schema
  * checked there); the caller puts its own up-to-date progress among them
  * in place of its published one.  Each peer's samples are extrapolated at
- * its rate from its record's time_ms, for at most BEE_PROGRESS_TTL_S. */
+ * its rate from its record's time_ms, for at most BEE_PROGRESS_EXTRAP_S. */
 void bee_swarm_view_compute(const proto_progress *v, size_t n,
                             const char *run, uint64_t target,
                             uint64_t now_ms, bee_swarm_view *out);

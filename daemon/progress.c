@@ -22,9 +22,10 @@
  *     are not clients (clients follow; with none but clients, the highest
  *     of all); the samples toward the target are those of the peers at
  *     that epoch, each extrapolated at its own rate from the time its
- *     record was written (records are up to a second or two old, and an
- *     epoch may last only a few); the rate is every peer's; the time to
- *     the target is what is missing over that rate.
+ *     record was written, for at most BEE_PROGRESS_EXTRAP_S (records are
+ *     up to a second or two old, and an epoch may last only a few); the
+ *     rate is every peer's; the time to the target is what is missing
+ *     over that rate.
  */
 #include "bee.h"
 
@@ -96,14 +97,16 @@ bool bee_epoch_ready(uint64_t epoch, uint64_t samples,
 }
 
 /* A peer's samples now: its record's count, plus its rate over the time
- * since it wrote the record (at most a record's lifetime: a clock far
- * off must not make up an epoch). */
+ * since it wrote the record, for at most BEE_PROGRESS_EXTRAP_S: a peer
+ * that trains publishes every second or so, so an older record is a peer
+ * that stopped (averaging, or gone), and a clock far off must not make
+ * up an epoch. */
 static uint64_t samples_now(const proto_progress *p, uint64_t now_ms) {
   if (now_ms <= p->time_ms)
     return p->samples;
   double age = (double)(now_ms - p->time_ms) / 1000;
-  if (age > BEE_PROGRESS_TTL_S)
-    age = BEE_PROGRESS_TTL_S;
+  if (age > BEE_PROGRESS_EXTRAP_S)
+    age = BEE_PROGRESS_EXTRAP_S;
   double more = p->samples_per_second * age;
   if (more >= (double)(UINT64_MAX - p->samples))
     return UINT64_MAX;

@@ -44,6 +44,13 @@
 #define MATCH_DEADLINE_MS 4000 /* no group by then: the local step */
 #define ROUND_DEADLINE_MS 30000
 #define MIN_EPOCH_S 2.0 /* epochs shorter than this are not shared */
+#define STATE_METHOD "state.get"
+#define STATE_CHUNK (1u << 20)     /* bytes asked per request */
+#define STATE_CALL_MS 10000        /* one chunk's answer */
+#define STATE_RESTARTS 3           /* snapshots that may change under us */
+#define STATE_HDR 32               /* four u64: params, state, buffers, steps */
+#define DONORS_MAX 16
+#define START_WAIT_MS 3000 /* a first view before training, at most */
 
 /* Fashion-MNIST's training-set mean and deviation, as tools/train uses. */
 #define DATA_MEAN 0.2860f
@@ -73,6 +80,16 @@ typedef struct shared {
     double by_all;        /* share of the tensor every member averaged */
     uint8_t hash[8];      /* of the parameters after the step */
   } steps[STEP_RING];
+  /* loop -> worker: start (after the first view), a state to load */
+  bool go;
+  uint8_t *load;      /* a downloaded snapshot, checked; the worker frees */
+  size_t load_len;
+  uint64_t load_epoch;
+  /* worker -> loop: the latest snapshot, swapped in under mu */
+  uint8_t *snap;
+  size_t snap_len;
+  uint64_t snap_epoch;
+  uint8_t snap_sum[PROTO_STATE_SUM_BYTES];
   /* worker <-> loop: the gradients to average */
   bool avg_req, avg_done;
   uint64_t avg_epoch;
@@ -104,6 +121,7 @@ struct bee_train {
   uv_mutex_t mu;
   uv_cond_t eval_cv;
   uv_cond_t avg_cv; /* the worker waits there for its round */
+  uv_cond_t go_cv;  /* and there to start, or for a state to load */
   shared sh;
   /* the worker's */
   trn_model *m;
@@ -128,11 +146,28 @@ struct bee_train {
   uint64_t behind_warned; /* the swarm epoch last warned about */
   bee_swarm_view view;
   uint64_t cand_epoch; /* the epoch the candidates were counted for */
+  /* donors: peers at the swarm's epoch by the last view */
+  uint8_t donors[DONORS_MAX][PROTO_ID_BYTES];
+  size_t ndonors;
+  /* the download under way */
+  bool fetching;
+  proto_conn *fconn;
+  uint64_t fcall;
+  uint8_t fpeer[PROTO_ID_BYTES];
+  uint8_t *fbuf;
+  uint64_t foffset, ftotal, fepoch;
+  uint8_t fsum[PROTO_STATE_SUM_BYTES];
+  unsigned frestarts;
+  size_t fdonor;       /* next donor to try */
+  uint64_t fshown;     /* percent last logged */
+  uint64_t started_ms; /* bee_train_start's loop time */
   size_t candidates;   /* bee_round_candidates, by the last view */
   bool have_view;
   bool short_warned; /* epochs too short to share: said once */
   uint64_t status_ms;
 };
+
+static void make_snapshot(bee_train *t, uint64_t epoch);
 
 static double mono_s(void) {
   struct timespec ts;
@@ -212,6 +247,7 @@ static int epoch_step(bee_train *t) {
   t->sh.steps[t->sh.steps_head++ % STEP_RING] = rep;
   uv_mutex_unlock(&t->mu);
   uv_async_send(&t->async);
+  make_snapshot(t, epoch + 1);
   unsigned every = t->cfg->eval_every;
   if (t->em && every && (epoch + 1) % every == 0) {
     /* The evaluator tests a copy, so training never waits for it; while
@@ -270,12 +306,113 @@ static void evaluator(void *arg) {
   }
 }
 
+/* ---- snapshots: what a donor serves, what a newcomer loads ------------- */
+
+/* The snapshot's size for this model: a header of four little-endian
+ * u64 (parameters, optimizer state, buffers, optimizer steps), then the
+ * three float arrays. */
+static size_t snapshot_size(bee_train *t) {
+  size_t ns, nb;
+  trn_optim_state(t->o, &ns);
+  trn_model_buffers(t->m, &nb);
+  return STATE_HDR + (trn_model_nparams(t->m) + ns + nb) * sizeof(float);
+}
+
+static void put_u64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_u64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++)
+    v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+/* Worker: the state after the step that began epoch, for donors. */
+static void make_snapshot(bee_train *t, uint64_t epoch) {
+  size_t np = trn_model_nparams(t->m), ns, nb;
+  float *st = trn_optim_state(t->o, &ns);
+  float *bf = trn_model_buffers(t->m, &nb);
+  size_t len = snapshot_size(t);
+  uint8_t *b = malloc(len);
+  if (!b)
+    return; /* no new snapshot: donors serve the last one */
+  put_u64(b, np);
+  put_u64(b + 8, ns);
+  put_u64(b + 16, nb);
+  put_u64(b + 24, trn_optim_steps(t->o));
+  uint8_t *p = b + STATE_HDR;
+  memcpy(p, trn_model_params(t->m), np * sizeof(float));
+  p += np * sizeof(float);
+  if (ns)
+    memcpy(p, st, ns * sizeof(float));
+  p += ns * sizeof(float);
+  if (nb)
+    memcpy(p, bf, nb * sizeof(float));
+  uint8_t sum[PROTO_STATE_SUM_BYTES];
+  crypto_generichash(sum, sizeof sum, b, len, NULL, 0);
+  uv_mutex_lock(&t->mu);
+  uint8_t *old = t->sh.snap;
+  t->sh.snap = b;
+  t->sh.snap_len = len;
+  t->sh.snap_epoch = epoch;
+  memcpy(t->sh.snap_sum, sum, sizeof sum);
+  uv_mutex_unlock(&t->mu);
+  free(old);
+}
+
+/* Worker: loads a snapshot the loop checked (size and checksum), as of
+ * its epoch: parameters, optimizer state and steps, buffers; no
+ * gradients, no samples. */
+static void load_snapshot(bee_train *t, const uint8_t *b, uint64_t epoch) {
+  size_t np = trn_model_nparams(t->m), ns, nb;
+  float *st = trn_optim_state(t->o, &ns);
+  float *bf = trn_model_buffers(t->m, &nb);
+  const uint8_t *p = b + STATE_HDR;
+  memcpy(trn_model_params(t->m), p, np * sizeof(float));
+  p += np * sizeof(float);
+  if (ns)
+    memcpy(st, p, ns * sizeof(float));
+  p += ns * sizeof(float);
+  if (nb)
+    memcpy(bf, p, nb * sizeof(float));
+  trn_optim_set_steps(t->o, get_u64(b + 24));
+  trn_model_zero_grad(t->m);
+  uv_mutex_lock(&t->mu);
+  t->sh.epoch = epoch;
+  t->sh.samples = 0;
+  t->sh.loss_sum = 0;
+  uv_mutex_unlock(&t->mu);
+}
+
 static void worker(void *arg) {
   bee_train *t = arg;
   const float mean = DATA_MEAN, std = DATA_STD;
   size_t b = t->cfg->batch_size;
   trn_cpu_threads_set((int)t->cfg->threads);
+  /* Training starts once the loop has seen the swarm: from a peer's
+   * state when the swarm is ahead, else from the run's first weights. */
+  uv_mutex_lock(&t->mu);
+  while (!t->sh.go && !t->sh.stop)
+    uv_cond_wait(&t->go_cv, &t->mu);
+  bool fresh = !t->sh.load;
+  uv_mutex_unlock(&t->mu);
+  if (fresh)
+    make_snapshot(t, 0);
   for (;;) {
+    uv_mutex_lock(&t->mu);
+    uint8_t *load = t->sh.load;
+    uint64_t load_epoch = t->sh.load_epoch;
+    t->sh.load = NULL;
+    uv_mutex_unlock(&t->mu);
+    if (load) {
+      load_snapshot(t, load, load_epoch);
+      free(load);
+      make_snapshot(t, load_epoch);
+      continue;
+    }
     uv_mutex_lock(&t->mu);
     bool stop = t->sh.stop;
     /* The others' samples by now, at their rate since the view. */
@@ -367,6 +504,208 @@ static void publish(bee_train *t, uint64_t epoch, uint64_t samples) {
   t->put_busy = true;
 }
 
+/* ---- state download (loop thread) ---------------------------------------- */
+
+static void set_go(bee_train *t) {
+  uv_mutex_lock(&t->mu);
+  t->sh.go = true;
+  uv_cond_signal(&t->go_cv);
+  uv_mutex_unlock(&t->mu);
+}
+
+static void fetch_next(bee_train *t);
+static void fetch_from_next_donor(bee_train *t);
+
+static void fetch_failed(bee_train *t, const char *why) {
+  char id8[9];
+  bee_id8(t->fpeer, id8);
+  bee_warn(COMP, "state from %s: %s", id8, why);
+  free(t->fbuf);
+  t->fbuf = NULL;
+  fetch_from_next_donor(t);
+}
+
+static void fetch_cb(proto_conn *c, int status, int64_t remote_code,
+                     proto_bytes payload, void *arg) {
+  (void)c;
+  bee_train *t = arg;
+  char why[160];
+  if (t->stopped || !t->fetching)
+    return;
+  if (status) {
+    snprintf(why, sizeof why, "%s",
+             bee_strerror(status == BEE_EREMOTE ? (int)remote_code : status));
+    fetch_failed(t, why);
+    return;
+  }
+  proto_state_msg m;
+  int rc = proto_state_decode(payload.p, payload.n, &m);
+  if (rc || m.type != PROTO_T_STATE_CHUNK || strcmp(m.run, t->cfg->run) != 0 ||
+      m.offset != t->foffset) {
+    snprintf(why, sizeof why, "a malformed answer (%s)",
+             rc ? bee_strerror(rc) : "not the chunk asked for");
+    fetch_failed(t, why);
+    return;
+  }
+  if (m.total != snapshot_size(t)) {
+    snprintf(why, sizeof why,
+             "a state of %llu bytes, where this model's takes %zu",
+             (unsigned long long)m.total, snapshot_size(t));
+    fetch_failed(t, why);
+    return;
+  }
+  if (t->foffset == 0) {
+    free(t->fbuf);
+    t->fbuf = malloc(m.total);
+    if (!t->fbuf) {
+      fetch_failed(t, "out of memory");
+      return;
+    }
+    t->ftotal = m.total;
+    t->fepoch = m.epoch;
+    memcpy(t->fsum, m.checksum, sizeof t->fsum);
+  } else if (m.epoch != t->fepoch ||
+             memcmp(m.checksum, t->fsum, sizeof t->fsum) != 0) {
+    /* The donor stepped meanwhile: start over on its new snapshot. */
+    if (++t->frestarts > STATE_RESTARTS) {
+      fetch_failed(t, "its state kept changing under the download");
+      return;
+    }
+    t->foffset = 0;
+    fetch_next(t);
+    return;
+  }
+  if (m.data.n == 0 && t->foffset < t->ftotal) {
+    fetch_failed(t, "an empty chunk before the end");
+    return;
+  }
+  memcpy(t->fbuf + t->foffset, m.data.p, m.data.n);
+  t->foffset += m.data.n;
+  uint64_t pct = t->foffset * 100 / t->ftotal;
+  char id8[9];
+  bee_id8(t->fpeer, id8);
+  if (pct / 25 > t->fshown / 25 || t->foffset == t->ftotal) {
+    t->fshown = pct;
+    bee_info(COMP, "state: %llu%% of %.1f MiB from %s (epoch %llu)",
+             (unsigned long long)pct, (double)t->ftotal / (1 << 20), id8,
+             (unsigned long long)t->fepoch);
+  }
+  if (t->foffset < t->ftotal) {
+    fetch_next(t);
+    return;
+  }
+  uint8_t sum[PROTO_STATE_SUM_BYTES];
+  crypto_generichash(sum, sizeof sum, t->fbuf, t->ftotal, NULL, 0);
+  if (memcmp(sum, t->fsum, sizeof sum) != 0) {
+    fetch_failed(t, "the checksum does not match");
+    return;
+  }
+  size_t ns, nb;
+  trn_optim_state(t->o, &ns);
+  trn_model_buffers(t->m, &nb);
+  if (get_u64(t->fbuf) != trn_model_nparams(t->m) ||
+      get_u64(t->fbuf + 8) != ns || get_u64(t->fbuf + 16) != nb) {
+    fetch_failed(t, "a state of another shape");
+    return;
+  }
+  bee_info(COMP, "state: loaded epoch %llu from %s",
+           (unsigned long long)t->fepoch, id8);
+  uv_mutex_lock(&t->mu);
+  free(t->sh.load);
+  t->sh.load = t->fbuf;
+  t->sh.load_len = t->ftotal;
+  t->sh.load_epoch = t->fepoch;
+  t->sh.go = true;
+  uv_cond_signal(&t->go_cv);
+  uv_mutex_unlock(&t->mu);
+  t->fbuf = NULL;
+  t->fetching = false;
+}
+
+static void fetch_next(bee_train *t) {
+  proto_state_msg q = {.type = PROTO_T_STATE_REQ,
+                       .offset = t->foffset,
+                       .len = STATE_CHUNK};
+  uint8_t buf[PROTO_RUN_MAX + 64];
+  size_t len;
+  snprintf(q.run, sizeof q.run, "%s", t->cfg->run);
+  int rc = proto_state_encode(&q, buf, sizeof buf, &len);
+  if (rc == 0)
+    rc = proto_conn_call(t->fconn, STATE_METHOD, buf, len, STATE_CALL_MS,
+                         fetch_cb, t, &t->fcall);
+  if (rc)
+    fetch_failed(t, bee_strerror(rc));
+}
+
+/* The next donor we have a connection to; none left: train on. */
+static void fetch_from_next_donor(bee_train *t) {
+  while (t->fdonor < t->ndonors) {
+    const uint8_t *id = t->donors[t->fdonor++];
+    proto_conn *c = proto_host_find(t->host, id);
+    if (!c)
+      continue;
+    t->fconn = c;
+    memcpy(t->fpeer, id, PROTO_ID_BYTES);
+    t->foffset = 0;
+    t->frestarts = 0;
+    t->fshown = 0;
+    fetch_next(t);
+    return;
+  }
+  t->fetching = false;
+  bee_warn(COMP, "state: no donor could serve it; training on from here");
+  set_go(t);
+}
+
+static void start_fetch(bee_train *t) {
+  t->fetching = true;
+  t->fdonor = 0;
+  fetch_from_next_donor(t);
+}
+
+/* A peer asks for our state: the bytes of the latest snapshot. */
+static void state_req_cb(proto_conn *c, uint64_t id, proto_bytes method,
+                         proto_bytes payload, void *data) {
+  (void)method;
+  bee_train *t = data;
+  proto_state_msg q;
+  if (proto_state_decode(payload.p, payload.n, &q) ||
+      q.type != PROTO_T_STATE_REQ) {
+    proto_conn_reply_error(c, id, BEE_EMALFORMED, "bad state request");
+    return;
+  }
+  if (strcmp(q.run, t->cfg->run) != 0) {
+    proto_conn_reply_error(c, id, BEE_ERANGE, "not training in that run");
+    return;
+  }
+  uv_mutex_lock(&t->mu);
+  if (!t->sh.snap || q.offset > t->sh.snap_len) {
+    const char *why = t->sh.snap ? "offset past the state" : "no state yet";
+    uv_mutex_unlock(&t->mu);
+    proto_conn_reply_error(c, id, BEE_ERANGE, why);
+    return;
+  }
+  size_t n = t->sh.snap_len - q.offset;
+  if (n > q.len)
+    n = q.len;
+  proto_state_msg m = {.type = PROTO_T_STATE_CHUNK,
+                       .epoch = t->sh.snap_epoch,
+                       .total = t->sh.snap_len,
+                       .offset = q.offset,
+                       .data = {t->sh.snap + q.offset, n}};
+  memcpy(m.run, q.run, sizeof m.run);
+  memcpy(m.checksum, t->sh.snap_sum, sizeof m.checksum);
+  size_t cap = n + 256, len;
+  uint8_t *buf = malloc(cap);
+  int rc = buf ? proto_state_encode(&m, buf, cap, &len) : -ENOMEM;
+  uv_mutex_unlock(&t->mu);
+  if (rc)
+    proto_conn_reply_error(c, id, rc, "cannot send the state");
+  else
+    proto_conn_reply(c, id, buf, len);
+  free(buf);
+}
+
 /* The swarm view from the records found (v may be NULL) and our own
  * current progress; asks for the epoch step when the target is met. */
 static void update_view(bee_train *t, const dht_value *v) {
@@ -374,13 +713,21 @@ static void update_view(bee_train *t, const dht_value *v) {
   proto_progress *all = malloc(cap * sizeof *all);
   if (!all)
     return;
+  uint8_t (*ids)[PROTO_ID_BYTES] = malloc(cap * sizeof *ids);
+  if (!ids) {
+    free(all);
+    return;
+  }
   for (size_t i = 0; v && i < v->n; i++) {
     const proto_dht_record *r = &v->records[i];
-    if (r->subkey.n == sizeof t->sub &&
-        memcmp(r->subkey.p, t->sub, sizeof t->sub) == 0)
+    if (r->subkey.n != sizeof t->sub)
+      continue; /* the DHT checked the owned subkey: not expected */
+    if (memcmp(r->subkey.p, t->sub, sizeof t->sub) == 0)
       continue; /* ours: the current one goes in below */
-    if (proto_progress_decode(r->value.p, r->value.n, &all[n]) == 0)
+    if (proto_progress_decode(r->value.p, r->value.n, &all[n]) == 0) {
+      proto_peer_id(r->subkey.p + 1, ids[n]);
       n++;
+    }
   }
   /* Our own share as of now, and the others' as read. */
   uv_mutex_lock(&t->mu);
@@ -390,6 +737,13 @@ static void update_view(bee_train *t, const dht_value *v) {
                          all[n - 1].time_ms, &t->view);
   t->candidates = bee_round_candidates(all, n, t->cfg->run, epoch);
   t->cand_epoch = epoch;
+  /* Donors: the others at the swarm's epoch that serve (not clients). */
+  t->ndonors = 0;
+  for (size_t i = 0; i + 1 < n && t->ndonors < DONORS_MAX; i++)
+    if (strcmp(all[i].run, t->cfg->run) == 0 &&
+        all[i].epoch == t->view.epoch && all[i].mode != PROTO_MODE_CLIENT)
+      memcpy(t->donors[t->ndonors++], ids[i], PROTO_ID_BYTES);
+  free(ids);
   t->sh.view = t->view;
   bool here = t->view.epoch == epoch;
   t->sh.others = here ? t->view.samples - samples : t->view.samples;
@@ -400,6 +754,18 @@ static void update_view(bee_train *t, const dht_value *v) {
   uv_mutex_unlock(&t->mu);
   free(all);
   t->have_view = true;
+  /* Behind the swarm (at start, or more than one epoch later on): the
+   * state from a peer at the swarm's epoch. */
+  uv_mutex_lock(&t->mu);
+  bool go = t->sh.go;
+  uv_mutex_unlock(&t->mu);
+  bool behind = go ? t->view.epoch > epoch + 1 : t->view.epoch > epoch;
+  if (behind && t->ndonors && !t->fetching)
+    start_fetch(t);
+  else if (!go && !t->fetching &&
+           (t->view.peers > 1 ||
+            uv_now(t->loop) - t->started_ms >= START_WAIT_MS))
+    set_go(t); /* level with the swarm, or alone for START_WAIT_MS */
   /* Progress takes a second or two to travel through the DHT: an epoch
    * the swarm finishes faster than that cannot be shared. */
   double epoch_s = t->view.samples_per_second > 0
@@ -415,11 +781,11 @@ static void update_view(bee_train *t, const dht_value *v) {
              t->view.peers, t->view.samples_per_second, epoch_s, MIN_EPOCH_S,
              ceil(MIN_EPOCH_S * t->view.samples_per_second));
   }
-  if (t->view.epoch > epoch + 1 && t->behind_warned != t->view.epoch) {
+  if (behind && !t->ndonors && t->behind_warned != t->view.epoch) {
     t->behind_warned = t->view.epoch;
     bee_warn(COMP,
-             "behind the swarm: epoch %llu here, %llu there (downloading "
-             "the state from a peer is not implemented yet)",
+             "behind the swarm (epoch %llu here, %llu there) and no peer "
+             "there serves its state",
              (unsigned long long)epoch, (unsigned long long)t->view.epoch);
   }
 }
@@ -558,7 +924,9 @@ static void start_round(bee_train *t) {
   uv_mutex_unlock(&t->mu);
   if (!want || t->averaging || t->stopped)
     return;
-  size_t peers = t->cand_epoch == epoch ? t->candidates : 1;
+  if (t->cand_epoch != epoch)
+    return; /* no view at this epoch yet (a state just loaded): next tick */
+  size_t peers = t->candidates;
   if (!t->avg || peers < 2) {
     round_over(t, -ENOENT, 1, 0);
     return;
@@ -734,6 +1102,12 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     uv_mutex_destroy(&t->mu);
     return -ENOMEM;
   }
+  if (uv_cond_init(&t->go_cv)) {
+    uv_cond_destroy(&t->avg_cv);
+    uv_cond_destroy(&t->eval_cv);
+    uv_mutex_destroy(&t->mu);
+    return -ENOMEM;
+  }
   uv_timer_init(loop, &t->timer);
   uv_async_init(loop, &t->async, async_cb);
   t->timer.data = t->async.data = t;
@@ -793,6 +1167,11 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
     return rc;
   }
   t->started = true;
+  t->started_ms = uv_now(t->loop);
+  if ((rc = proto_host_on(host, STATE_METHOD, state_req_cb, t))) {
+    bee_err(COMP, "cannot serve the state: %s", bee_strerror(rc));
+    return rc;
+  }
   if (t->em) {
     if ((rc = uv_thread_create(&t->eval_thread, evaluator, t))) {
       bee_err(COMP, "cannot start the evaluation thread: %s", uv_strerror(rc));
@@ -815,6 +1194,7 @@ void bee_train_stop(bee_train *t) {
     t->sh.stop = t->sh.eval_stop = true;
     uv_cond_signal(&t->eval_cv);
     uv_cond_signal(&t->avg_cv);
+    uv_cond_signal(&t->go_cv);
     uint64_t epoch = t->sh.epoch, samples = t->sh.samples;
     uv_mutex_unlock(&t->mu);
     uv_thread_join(&t->thread); /* at most one batch or epoch step */
@@ -824,7 +1204,11 @@ void bee_train_stop(bee_train *t) {
              (unsigned long long)epoch, (unsigned long long)samples);
   }
   /* A round under way ends now (its callback sees BEE_ECANCELED); the
-   * worker no longer waits for it. */
+   * worker no longer waits for it.  A download's answer, if one still
+   * comes, finds us stopped. */
+  if (t->host)
+    proto_host_on(t->host, STATE_METHOD, NULL, NULL);
+  t->fetching = false;
   avg_node_close(t->avg);
   t->avg = NULL;
   if (t->handles) {
@@ -837,6 +1221,7 @@ void bee_train_free(bee_train *t) {
   if (!t)
     return;
   if (t->handles) {
+    uv_cond_destroy(&t->go_cv);
     uv_cond_destroy(&t->avg_cv);
     uv_cond_destroy(&t->eval_cv);
     uv_mutex_destroy(&t->mu);
@@ -844,6 +1229,9 @@ void bee_train_free(bee_train *t) {
   trn_optim_free(t->o);
   trn_model_free(t->m);
   trn_model_free(t->em);
+  free(t->sh.snap);
+  free(t->sh.load);
+  free(t->fbuf);
   trn_order_free(&t->ord);
   trn_images_free(&t->tr);
   trn_images_free(&t->te);

@@ -355,6 +355,41 @@ static void gen_groupmsg(void) {
   put_group("begin-one", &b);
 }
 
+/* DIR/statemsg/: a REQUEST, CHUNKs (middle, last, empty at the end) and
+ * refused ones (len 0, data past total, a float where a uint goes). */
+static void gen_statemsg(void) {
+  uint8_t buf[4096], data[200];
+  size_t len;
+  for (size_t i = 0; i < sizeof data; i++)
+    data[i] = (uint8_t)(i * 7);
+  proto_state_msg q = {.type = PROTO_T_STATE_REQ, .offset = 1 << 20,
+                       .len = 1 << 20};
+  snprintf(q.run, sizeof q.run, "fuzz-run");
+  must(proto_state_encode(&q, buf, sizeof buf, &len), "state req");
+  put("statemsg", "req", buf, len);
+  proto_state_msg c = {.type = PROTO_T_STATE_CHUNK, .epoch = 12,
+                       .total = 1000, .offset = 400,
+                       .data = {data, sizeof data}};
+  snprintf(c.run, sizeof c.run, "fuzz-run");
+  memset(c.checksum, 0xab, sizeof c.checksum);
+  must(proto_state_encode(&c, buf, sizeof buf, &len), "state chunk");
+  put("statemsg", "chunk", buf, len);
+  c.offset = 800;
+  must(proto_state_encode(&c, buf, sizeof buf, &len), "state last");
+  put("statemsg", "chunk-last", buf, len);
+  c.offset = 1000, c.data.n = 0;
+  must(proto_state_encode(&c, buf, sizeof buf, &len), "state empty");
+  put("statemsg", "chunk-empty", buf, len);
+  /* Refused: the encoder will not write them, so patch valid bytes. */
+  q.len = 1;
+  must(proto_state_encode(&q, buf, sizeof buf, &len), "state req 1");
+  buf[len - 1] = 0; /* len 0 */
+  put("statemsg", "bad-req-len0", buf, len);
+  c.offset = 900, c.data.n = 100;
+  must(proto_state_encode(&c, buf, sizeof buf, &len), "state chunk 900");
+  put("statemsg", "ok-chunk-900", buf, len);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: gen-corpus DIR\n");
@@ -368,5 +403,6 @@ int main(int argc, char **argv) {
   gen_token();
   gen_records();
   gen_groupmsg();
+  gen_statemsg();
   return 0;
 }

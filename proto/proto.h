@@ -169,6 +169,8 @@ enum proto_type {
   PROTO_T_AVG_REPLY = 64,
   PROTO_T_AVG_BEGIN = 65,
   PROTO_T_AVG_LEAVE = 66,
+  PROTO_T_STATE_REQ = 70,   /* state download, see proto_state_msg */
+  PROTO_T_STATE_CHUNK = 71,
 };
 
 /* One envelope message, decoded.  Views point into the decoded buffer.
@@ -723,6 +725,39 @@ int proto_group_encode(const proto_group_msg *m, uint8_t *buf, size_t cap,
  * lists one id twice is BEE_ERANGE.  On failure *m is all zero. */
 int proto_group_decode(const uint8_t *buf, size_t len, proto_group_msg *m,
                        proto_group_member *members, size_t cap);
+
+/* ------------------------------------------------------------------------ */
+/* State download (issue 6): a bee behind the swarm fetches the run's
+ * training state from a peer with "state.get" requests (state-msg.c,
+ * docs/PROTOCOL.md section 12):
+ *   REQUEST [1, 70, run, offset, len]
+ *   CHUNK   [1, 71, run, epoch, total, checksum, offset, data]
+ * checksum is the BLAKE2b-256 of the whole snapshot of total bytes.      */
+
+#define PROTO_STATE_CHUNK_MAX (1u << 20) /* bytes of one chunk */
+#define PROTO_STATE_MAX (1ull << 40)     /* bytes of one snapshot */
+#define PROTO_STATE_SUM_BYTES 32
+
+typedef struct proto_state_msg {
+  int type;                     /* PROTO_T_STATE_REQ or _CHUNK */
+  char run[PROTO_RUN_MAX + 1];  /* both */
+  uint64_t offset;              /* both: where the bytes start */
+  uint64_t len;                 /* REQ: bytes asked, 1..CHUNK_MAX */
+  uint64_t epoch;               /* CHUNK: the snapshot's epoch */
+  uint64_t total;               /* CHUNK: the snapshot's size */
+  uint8_t checksum[PROTO_STATE_SUM_BYTES]; /* CHUNK */
+  proto_bytes data;             /* CHUNK: a view, at most CHUNK_MAX */
+} proto_state_msg;
+
+/* Encodes m; BEE_EUNKNOWN for another type, BEE_ERANGE or BEE_ETOOBIG for
+ * what the decoder would refuse (a bad run name, len 0 or over the
+ * chunk, an offset past the end, data past total), BEE_ETOOBIG for a
+ * small buf. */
+int proto_state_encode(const proto_state_msg *m, uint8_t *buf, size_t cap,
+                       size_t *len);
+/* Strictly decodes one state message that fills buf; data is a view into
+ * buf.  On failure *m is all zero. */
+int proto_state_decode(const uint8_t *buf, size_t len, proto_state_msg *m);
 
 /* ------------------------------------------------------------------------ */
 /* Session core: handshake and sealed frames, no I/O.                        */

@@ -134,15 +134,15 @@ static void test_view(void) {
   ASSERT_UEQ(v.epoch, 9);
   ASSERT_UEQ(v.samples, 999);
 
-  /* Old records are extrapolated at their rate, for at most a record's
-   * lifetime; a record from the future counts as it is. */
+  /* Old records are extrapolated at their rate, for at most
+   * BEE_PROGRESS_EXTRAP_S; a record from the future counts as it is. */
   proto_progress q[3] = {
       rec("r", 1, 100, 50, now - 2000, PROTO_MODE_NODE), /* +100 */
-      rec("r", 1, 0, 10, now - 3600000, PROTO_MODE_NODE), /* +10 TTL */
+      rec("r", 1, 0, 10, now - 3600000, PROTO_MODE_NODE), /* +10 x3 */
       rec("r", 1, 7, 1e6, now + 5000, PROTO_MODE_NODE),
   };
   bee_swarm_view_compute(q, 3, "r", 1000000, now, &v);
-  ASSERT_UEQ(v.samples, 200 + 10 * BEE_PROGRESS_TTL_S + 7);
+  ASSERT_UEQ(v.samples, 200 + 10 * BEE_PROGRESS_EXTRAP_S + 7);
 
   /* Forged numbers cannot wrap the sums around. */
   proto_progress f[2] = {

@@ -10,8 +10,9 @@
 # the target alone.  At each step the three average their gradients in
 # one group (matchmaking through the DHT, butterfly all-reduce) and take
 # the same optimizer step: their parameters hash the same after every
-# epoch.  Test accuracy is reported and rises.  Every bee exits 0 on
-# SIGTERM.
+# epoch.  Test accuracy is reported and rises.  Then churn: one bee is
+# killed, a newcomer downloads the state from a peer and steps in line
+# with the others.  Every bee left exits 0 on SIGTERM.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
 
@@ -85,8 +86,37 @@ for b in b0 b1 b2; do
 done
 echo "test accuracy at epoch 4: $(acc b0 4) $(acc b1 4) $(acc b2 4) (% x 100)"
 
+# Churn: b2 dies between two rounds (SIGKILL, as a preempted VM) and a
+# newcomer joins through b1.  It downloads the state from a peer at the
+# swarm's epoch, and from its first step on holds the same parameters as
+# the others; b0 and b1 go on.
+wait_log b2 "train: epoch $((EPOCHS + 1)) done" 60
+kill -9 "${pid[b2]}"
+wait "${pid[b2]}" 2>/dev/null || true
+unset "pid[b2]"
+key b3
+start b3 $((base + 3)) "${train[@]}" --join "127.0.0.1:$((base + 1))" \
+  --label "newcomer"
+wait_log b3 'train: state: loaded epoch [0-9]+ from' 60
+loaded=$(sed -nE 's/.*train: state: loaded epoch ([0-9]+) from.*/\1/p' \
+  "$work/b3.log" | head -n 1)
+[ "$loaded" -gt "$EPOCHS" ] || fail "b3 loaded epoch $loaded, not the swarm's"
+# Its first epoch may be partial (it joined midway); from the next on, the
+# step is shared and the parameters are the same as b0's.
+e=$((loaded + 1))
+for b in b0 b1 b3; do wait_log "$b" "train: epoch $e done" 90; done
+h0=$(step_how b0 "$e")
+for b in b1 b3; do
+  [ "$(step_how "$b" "$e")" = "$h0" ] ||
+    fail "after the churn, epoch $e: $b's step '$(step_how "$b" "$e")'" \
+      "differs from b0's '$h0'"
+done
+[[ $h0 = "averaged in a group of 3 "* ]] ||
+  fail "after the churn, epoch $e: b0's step: '$h0'"
+echo "churn: b2 killed, b3 loaded epoch $loaded; epoch $e: $h0"
+
 stop_all
-for b in b0 b1 b2; do
+for b in b0 b1 b3; do
   grep -q 'train: stopped at epoch' "$work/$b.log" || fail "$b: no stop line"
 done
-echo "train 3: epochs shared and averaged by 3 bees (the same parameters), progress in the DHT, clean stops"
+echo "train 3: epochs shared and averaged by 3 bees (the same parameters), progress in the DHT, a newcomer after a death in line, clean stops"
