@@ -84,6 +84,10 @@ typedef struct bee_config {
   char label[PROTO_LABEL_MAX + 1];
   unsigned threads;
   unsigned eval_every;          /* epochs; 0: never */
+  char checkpoint_dir[BEE_PATH_MAX]; /* "": no checkpoints */
+  unsigned checkpoint_every;    /* epochs */
+  unsigned keep_checkpoints;
+  bool resume;
   bool help;    /* --help was given: print usage, nothing else is checked */
   bool version; /* --version was given */
 } bee_config;
@@ -336,6 +340,29 @@ void bee_train_conn_down(bee_train *t, proto_conn *c);
 void bee_train_stop(bee_train *t);
 /* Frees t once the loop has ended.  Accepts NULL. */
 void bee_train_free(bee_train *t);
+
+/* ------------------------------------------------------------------------ */
+/* Checkpoint files (ckpt.c): a state snapshot behind a header (magic,     */
+/* version, run, epoch, length, BLAKE2b-256), written atomically.           */
+
+/* Writes payload (len bytes) as run's checkpoint of epoch in dir, then
+ * removes all but the newest keep of run's; the file's path goes to path.
+ * Returns 0, or -errno / BEE_ERANGE / BEE_ETOOBIG with err set. */
+int bee_ckpt_write(const char *dir, const char *run, uint64_t epoch,
+                   const uint8_t *payload, size_t len, unsigned keep,
+                   char *path, size_t pathcap, char *err, size_t errlen);
+/* Reads the checkpoint at path, which must be run's and hold want_len
+ * bytes of state: 0 and *payload (heap, the caller frees) and *epoch; or
+ * -errno, -EBADMSG (not a checkpoint, another version, damaged, short),
+ * -EINVAL (another run or model), with err naming the file and why. */
+int bee_ckpt_read(const char *path, const char *run, size_t want_len,
+                  uint8_t **payload, uint64_t *epoch, char *err,
+                  size_t errlen);
+/* The newest valid checkpoint of run in dir (the ones refused on the way
+ * are logged); -ENOENT when there is none. */
+int bee_ckpt_newest(const char *dir, const char *run, size_t want_len,
+                    uint8_t **payload, uint64_t *epoch, char *path,
+                    size_t pathcap, char *err, size_t errlen);
 
 /* First 8 hex digits of a peer id (out: 9 bytes). */
 void bee_id8(const uint8_t id[PROTO_ID_BYTES], char out[9]);

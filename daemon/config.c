@@ -43,6 +43,10 @@ enum opt_id {
   O_LABEL,
   O_THREADS,
   O_EVAL_EVERY,
+  O_CHECKPOINT_DIR,
+  O_CHECKPOINT_EVERY,
+  O_KEEP_CHECKPOINTS,
+  O_RESUME,
   O_HELP,
   O_VERSION,
 };
@@ -83,6 +87,10 @@ static const struct opt {
     {"label", O_LABEL, K_VALUE, true},
     {"threads", O_THREADS, K_VALUE, true},
     {"eval-every", O_EVAL_EVERY, K_VALUE, true},
+    {"checkpoint-dir", O_CHECKPOINT_DIR, K_VALUE, true},
+    {"checkpoint-every", O_CHECKPOINT_EVERY, K_VALUE, true},
+    {"keep-checkpoints", O_KEEP_CHECKPOINTS, K_VALUE, true},
+    {"resume", O_RESUME, K_BOOL, true},
     {"help", O_HELP, K_ACTION, false},
     {"version", O_VERSION, K_ACTION, false},
 };
@@ -128,6 +136,8 @@ void bee_config_init(bee_config *cfg) {
   cfg->lr = BEE_DEFAULT_LR;
   cfg->threads = 1;
   cfg->eval_every = 1;
+  cfg->checkpoint_every = 1;
+  cfg->keep_checkpoints = 3;
 }
 
 /* ---- values ------------------------------------------------------------ */
@@ -375,8 +385,20 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
                   "bad number '%.80s' (want epochs, 0..1000000; 0: never)", v);
     cfg->eval_every = u;
     return 0;
+  case O_CHECKPOINT_DIR: return set_path(cfg->checkpoint_dir, v, msg, cap);
+  case O_CHECKPOINT_EVERY:
+  case O_KEEP_CHECKPOINTS:
+    if (parse_uint(v, 1, 1000000, &u))
+      return fail(msg, cap, BEE_ECONFIG, "bad number '%.80s' (want 1..1000000)",
+                  v);
+    if (o->id == O_CHECKPOINT_EVERY)
+      cfg->checkpoint_every = u;
+    else
+      cfg->keep_checkpoints = u;
+    return 0;
   case O_OPEN:
   case O_NO_LISTEN:
+  case O_RESUME:
   case O_CLIENT: {
     bool b;
     if (strcmp(v, "true") == 0)
@@ -388,6 +410,8 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
                   "bad value '%.80s' (want true or false)", v);
     if (o->id == O_OPEN)
       cfg->open = b;
+    else if (o->id == O_RESUME)
+      cfg->resume = b;
     else if (o->id == O_CLIENT)
       cfg->client = b;
     else
@@ -592,6 +616,12 @@ int bee_config_check(const bee_config *cfg, char *err, size_t errlen) {
   if (cfg->open && cfg->revocations[0])
     return fail(err, errlen, BEE_ECONFIG,
                 "--revocations needs --moderator to check its signature");
+  if ((cfg->checkpoint_dir[0] || cfg->resume) && !cfg->run[0])
+    return fail(err, errlen, BEE_ECONFIG,
+                "--checkpoint-dir and --resume are for training: give --run-id");
+  if (cfg->resume && !cfg->checkpoint_dir[0])
+    return fail(err, errlen, BEE_ECONFIG,
+                "--resume needs --checkpoint-dir to resume from");
   return 0;
 }
 
@@ -687,6 +717,11 @@ void bee_config_usage(FILE *f) {
       "  --threads N              compute threads, 1..64 (default 1)\n"
       "  --eval-every N           test accuracy every N epochs; 0 = never\n"
       "                           (default 1)\n"
+      "  --checkpoint-dir DIR     write checkpoints there, in the background\n"
+      "  --checkpoint-every N     every N epochs (default 1), and at shutdown\n"
+      "  --keep-checkpoints K     keep the newest K (default 3)\n"
+      "  --resume                 start from the newest valid checkpoint (or\n"
+      "                           from a peer when the swarm is ahead)\n"
       "\n"
       "A config file holds 'name = value' lines with the flag names without\n"
       "their dashes ('open = true'); '#' starts a comment.  Flags override\n"

@@ -104,6 +104,9 @@ typedef struct shared {
   bool eval_req, eval_busy, eval_stop; /* worker -> evaluator */
   uint64_t eval_req_epoch;
   uint64_t eval_skipped; /* epochs not evaluated: the last one still ran */
+  bool ckpt_req, ckpt_stop; /* worker/loop -> writer */
+  uint64_t ckpt_written;    /* epoch of the last checkpoint on disk */
+  bool ckpt_any;
 } shared;
 
 struct bee_train {
@@ -122,6 +125,9 @@ struct bee_train {
   uv_cond_t eval_cv;
   uv_cond_t avg_cv; /* the worker waits there for its round */
   uv_cond_t go_cv;  /* and there to start, or for a state to load */
+  uv_cond_t ckpt_cv; /* the writer waits there for a snapshot to write */
+  uv_thread_t ckpt_thread;
+  bool ckpt_started;
   shared sh;
   /* the worker's */
   trn_model *m;
@@ -248,6 +254,12 @@ static int epoch_step(bee_train *t) {
   uv_mutex_unlock(&t->mu);
   uv_async_send(&t->async);
   make_snapshot(t, epoch + 1);
+  if (t->ckpt_started && (epoch + 1) % t->cfg->checkpoint_every == 0) {
+    uv_mutex_lock(&t->mu);
+    t->sh.ckpt_req = true;
+    uv_cond_signal(&t->ckpt_cv);
+    uv_mutex_unlock(&t->mu);
+  }
   unsigned every = t->cfg->eval_every;
   if (t->em && every && (epoch + 1) % every == 0) {
     /* The evaluator tests a copy, so training never waits for it; while
@@ -385,6 +397,55 @@ static void load_snapshot(bee_train *t, const uint8_t *b, uint64_t epoch) {
   t->sh.samples = 0;
   t->sh.loss_sum = 0;
   uv_mutex_unlock(&t->mu);
+}
+
+/* ---- checkpoints: the writer thread --------------------------------------- */
+
+/* Writes the latest snapshot (a copy taken under mu, so training goes on)
+ * when asked; the last request before stopping is written too. */
+static void ckpt_write_latest(bee_train *t) {
+  uv_mutex_lock(&t->mu);
+  size_t len = t->sh.snap_len;
+  uint64_t epoch = t->sh.snap_epoch;
+  uint8_t *copy = t->sh.snap && (!t->sh.ckpt_any || epoch != t->sh.ckpt_written)
+                      ? malloc(len)
+                      : NULL;
+  if (copy)
+    memcpy(copy, t->sh.snap, len);
+  uv_mutex_unlock(&t->mu);
+  if (!copy)
+    return; /* nothing new since the last one */
+  char path[BEE_PATH_MAX + 96], err[BEE_PATH_MAX + 160];
+  int rc = bee_ckpt_write(t->cfg->checkpoint_dir, t->cfg->run, epoch, copy,
+                          len, t->cfg->keep_checkpoints, path, sizeof path,
+                          err, sizeof err);
+  free(copy);
+  if (rc) {
+    bee_warn(COMP, "%s", err); /* training goes on; the next one may do */
+    return;
+  }
+  uv_mutex_lock(&t->mu);
+  t->sh.ckpt_written = epoch;
+  t->sh.ckpt_any = true;
+  uv_mutex_unlock(&t->mu);
+  bee_info(COMP, "checkpoint: epoch %llu in %s", (unsigned long long)epoch,
+           path);
+}
+
+static void ckpt_writer(void *arg) {
+  bee_train *t = arg;
+  for (;;) {
+    uv_mutex_lock(&t->mu);
+    while (!t->sh.ckpt_req && !t->sh.ckpt_stop)
+      uv_cond_wait(&t->ckpt_cv, &t->mu);
+    bool req = t->sh.ckpt_req, stop = t->sh.ckpt_stop;
+    t->sh.ckpt_req = false;
+    uv_mutex_unlock(&t->mu);
+    if (req)
+      ckpt_write_latest(t);
+    if (stop)
+      return;
+  }
 }
 
 static void worker(void *arg) {
@@ -1108,11 +1169,38 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     uv_mutex_destroy(&t->mu);
     return -ENOMEM;
   }
+  if (uv_cond_init(&t->ckpt_cv)) {
+    uv_cond_destroy(&t->go_cv);
+    uv_cond_destroy(&t->avg_cv);
+    uv_cond_destroy(&t->eval_cv);
+    uv_mutex_destroy(&t->mu);
+    return -ENOMEM;
+  }
   uv_timer_init(loop, &t->timer);
   uv_async_init(loop, &t->async, async_cb);
   t->timer.data = t->async.data = t;
   t->handles = true;
   proto_record_key(PROTO_REC_PROGRESS, cfg->run, 0, NULL, t->key);
+  if (cfg->resume) { /* the newest valid checkpoint, loaded before go */
+    char path[BEE_PATH_MAX + 96];
+    uint8_t *blob;
+    uint64_t epoch;
+    rc = bee_ckpt_newest(cfg->checkpoint_dir, cfg->run, snapshot_size(t),
+                         &blob, &epoch, path, sizeof path, err, sizeof err);
+    if (rc == 0) {
+      t->sh.load = blob;
+      t->sh.load_len = snapshot_size(t);
+      t->sh.load_epoch = epoch;
+      t->sh.epoch = epoch; /* what the first view compares */
+      bee_info(COMP, "resuming from %s (epoch %llu)", path,
+               (unsigned long long)epoch);
+    } else if (rc == -ENOENT) {
+      bee_info(COMP, "--resume: %s; starting afresh", err);
+    } else {
+      bee_err(COMP, "--resume: %s", err);
+      return rc;
+    }
+  }
   bee_info(COMP,
            "run '%s': %s (%zu parameters), %zu training and %zu test images "
            "from %s, batch %u, target %u samples per epoch, lr %g, %u "
@@ -1168,6 +1256,13 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
   }
   t->started = true;
   t->started_ms = uv_now(t->loop);
+  if (t->cfg->checkpoint_dir[0]) {
+    if ((rc = uv_thread_create(&t->ckpt_thread, ckpt_writer, t))) {
+      bee_err(COMP, "cannot start the checkpoint thread: %s", uv_strerror(rc));
+      return rc;
+    }
+    t->ckpt_started = true;
+  }
   if ((rc = proto_host_on(host, STATE_METHOD, state_req_cb, t))) {
     bee_err(COMP, "cannot serve the state: %s", bee_strerror(rc));
     return rc;
@@ -1198,6 +1293,13 @@ void bee_train_stop(bee_train *t) {
     uint64_t epoch = t->sh.epoch, samples = t->sh.samples;
     uv_mutex_unlock(&t->mu);
     uv_thread_join(&t->thread); /* at most one batch or epoch step */
+    if (t->ckpt_started) { /* the state after the last step, on disk */
+      uv_mutex_lock(&t->mu);
+      t->sh.ckpt_req = t->sh.ckpt_stop = true;
+      uv_cond_signal(&t->ckpt_cv);
+      uv_mutex_unlock(&t->mu);
+      uv_thread_join(&t->ckpt_thread);
+    }
     if (t->eval_started)
       uv_thread_join(&t->eval_thread); /* at most one evaluation */
     bee_info(COMP, "stopped at epoch %llu with %llu samples gathered",
@@ -1221,6 +1323,7 @@ void bee_train_free(bee_train *t) {
   if (!t)
     return;
   if (t->handles) {
+    uv_cond_destroy(&t->ckpt_cv);
     uv_cond_destroy(&t->go_cv);
     uv_cond_destroy(&t->avg_cv);
     uv_cond_destroy(&t->eval_cv);

@@ -139,6 +139,36 @@ static void test_training_flags(void) {
   expect_flag_error("--threads", "0");
   expect_flag_error("--threads", "65");
   expect_flag_error("--eval-every", "-1");
+
+  /* Checkpoints. */
+  ASSERT_OK(parse(&c, "--open", "--run-id", "r", NULL));
+  ASSERT_STREQ(c.checkpoint_dir, "");
+  ASSERT_EQ(c.checkpoint_every, 1);
+  ASSERT_EQ(c.keep_checkpoints, 3);
+  ASSERT(!c.resume);
+  ASSERT_OK(parse(&c, "--open", "--run-id", "r", "--checkpoint-dir", "/var/ck",
+                  "--checkpoint-every", "5", "--keep-checkpoints", "1",
+                  "--resume", NULL));
+  ASSERT_STREQ(c.checkpoint_dir, "/var/ck");
+  ASSERT_EQ(c.checkpoint_every, 5);
+  ASSERT_EQ(c.keep_checkpoints, 1);
+  ASSERT(c.resume);
+  ASSERT_RC(parse(&c, "--open", "--checkpoint-dir", "/var/ck", NULL),
+            BEE_ECONFIG);
+  ASSERT_ERR("--run-id");
+  ASSERT_RC(parse(&c, "--open", "--run-id", "r", "--resume", NULL),
+            BEE_ECONFIG);
+  ASSERT_ERR("--resume needs --checkpoint-dir");
+  ASSERT_RC(parse(&c, "--open", "--run-id", "r", "--checkpoint-dir", "d",
+                  "--checkpoint-every", "0", NULL),
+            BEE_ECONFIG);
+  ASSERT_ERR("--checkpoint-every");
+  ASSERT_RC(parse(&c, "--open", "--run-id", "r", "--checkpoint-dir", "d",
+                  "--keep-checkpoints", "x", NULL),
+            BEE_ECONFIG);
+  ASSERT_ERR("--keep-checkpoints");
+  ASSERT_RC(parse(&c, "--open", "--run-id", "r", "--checkpoint-dir", "", NULL),
+            BEE_ECONFIG);
 }
 
 static void test_every_flag(void) {

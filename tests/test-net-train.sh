@@ -12,7 +12,9 @@
 # the same optimizer step: their parameters hash the same after every
 # epoch.  Test accuracy is reported and rises.  Then churn: one bee is
 # killed, a newcomer downloads the state from a peer and steps in line
-# with the others.  Every bee left exits 0 on SIGTERM.
+# with the others.  Then preemption: SIGTERM to a bee writes its checkpoint
+# and it exits 0 within 25 s; restarted with --resume it steps in line
+# again.  Every bee left exits 0 on SIGTERM.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
 
@@ -25,7 +27,9 @@ key client
 train=(--open --run-id "$RUN" --target-batch-size "$TARGET" --eval-every 2)
 start b0 "$base" "${train[@]}" --label "queen"
 wait_log b0 'listening on' 10
-start b1 $((base + 1)) "${train[@]}" --join "127.0.0.1:$base" --label "bee 1"
+mkdir "$work/ck-b1"
+start b1 $((base + 1)) "${train[@]}" --join "127.0.0.1:$base" --label "bee 1" \
+  --checkpoint-dir ck-b1
 start b2 $((base + 2)) "${train[@]}" --join "127.0.0.1:$base" --label "bee 2"
 for b in b0 b1 b2; do wait_log "$b" "train: epoch $EPOCHS done" 120; done
 
@@ -114,6 +118,31 @@ done
 [[ $h0 = "averaged in a group of 3 "* ]] ||
   fail "after the churn, epoch $e: b0's step: '$h0'"
 echo "churn: b2 killed, b3 loaded epoch $loaded; epoch $e: $h0"
+
+# Preemption: SIGTERM to b1 (started with a checkpoint directory below):
+# it exits 0 well within 25 s, with its state on disk; restarted with
+# --resume it loads that, catches up with the swarm and steps in line.
+t0=$(date +%s%N)
+kill -TERM "${pid[b1]}"
+rc=0
+wait "${pid[b1]}" || rc=$?
+unset "pid[b1]"
+ms=$((($(date +%s%N) - t0) / 1000000))
+[ "$rc" = 0 ] || fail "b1 exited $rc after SIGTERM"
+[ "$ms" -lt 25000 ] || fail "b1 took $ms ms to stop"
+ls "$work"/ck-b1/"$RUN"-*.ckpt >/dev/null 2>&1 || fail "b1 left no checkpoint"
+mv "$work/b1.log" "$work/b1-first.log"
+start b1 $((base + 1)) "${train[@]}" --join "127.0.0.1:$base" \
+  --checkpoint-dir ck-b1 --resume
+wait_log b1 'train: resuming from .*ck-b1/' 20
+now=$(sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/b0.log" | tail -n 1)
+e=$((now + 2))
+for b in b0 b1 b3; do wait_log "$b" "train: epoch $e done" 90; done
+h0=$(step_how b0 "$e")
+[ "$(step_how b1 "$e")" = "$h0" ] ||
+  fail "after the restart, epoch $e: b1's step '$(step_how b1 "$e")'" \
+    "differs from b0's '$h0'"
+echo "preemption: b1 stopped in $ms ms with a checkpoint, resumed; epoch $e: $h0"
 
 stop_all
 for b in b0 b1 b3; do
