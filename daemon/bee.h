@@ -364,6 +364,24 @@ int bee_ckpt_newest(const char *dir, const char *run, size_t want_len,
                     uint8_t **payload, uint64_t *epoch, char *path,
                     size_t pathcap, char *err, size_t errlen);
 
+/* ------------------------------------------------------------------------ */
+/* The systemd notify protocol (notify.c).                                  */
+
+/* Sends one datagram of "KEY=VALUE" lines (printf-style) to
+ * $NOTIFY_SOCKET; 0 and nothing sent when it is unset, -errno on
+ * failure. */
+int bee_notify(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+/* How often to send WATCHDOG=1: half of $WATCHDOG_USEC in ms, or 0 when
+ * the unit has no watchdog for this process (or no notify socket). */
+uint64_t bee_notify_watchdog_ms(void);
+
+/* A one-line summary of the training for STATUS= (loop thread). */
+void bee_train_status(const bee_train *t, char *buf, size_t cap);
+
 /* First 8 hex digits of a peer id (out: 9 bytes). */
 void bee_id8(const uint8_t id[PROTO_ID_BYTES], char out[9]);
 

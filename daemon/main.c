@@ -56,6 +56,8 @@ struct bee_daemon {
   uv_signal_t sigint, sigterm;
   uv_timer_t status_timer;
   uv_timer_t ask_timer; /* asks the join targets for their peers */
+  uv_timer_t notify_timer; /* systemd: STATUS= and WATCHDOG=1 */
+  uint64_t watchdog_ms;
   uint64_t ask_ms;
   bee_join joins[BEE_JOIN_MAX];
   bool stopping;
@@ -204,6 +206,21 @@ static void status_cb(uv_timer_t *t) {
   }
 }
 
+/* systemd's STATUS= line: what `systemctl status beed@...` shows. */
+static void notify_status(bee_daemon *d, const char *extra) {
+  char line[256];
+  if (d->train)
+    bee_train_status(d->train, line, sizeof line);
+  else
+    snprintf(line, sizeof line, "%zu peers", d->members.n);
+  bee_notify("%sSTATUS=%s", extra, line);
+}
+
+static void notify_cb(uv_timer_t *t) {
+  bee_daemon *d = t->data;
+  notify_status(d, d->watchdog_ms ? "WATCHDOG=1\n" : "");
+}
+
 static void dht_boot_cb(dht_node *n, int status, const dht_stats *st,
                         void *arg) {
   bee_daemon *d = arg;
@@ -223,6 +240,7 @@ static void daemon_stop(bee_daemon *d) {
   if (d->stopping)
     return;
   d->stopping = true;
+  bee_notify("STOPPING=1\nSTATUS=stopping");
   bee_train_stop(d->train); /* before the DHT it publishes in */
   bee_members_stop(&d->members);
   bee_revoke_stop(&d->revoke);
@@ -235,6 +253,7 @@ static void daemon_stop(bee_daemon *d) {
   uv_close((uv_handle_t *)&d->sigterm, NULL);
   uv_close((uv_handle_t *)&d->status_timer, NULL);
   uv_close((uv_handle_t *)&d->ask_timer, NULL);
+  uv_close((uv_handle_t *)&d->notify_timer, NULL);
   for (size_t i = 0; i < d->cfg.njoin; i++)
     uv_close((uv_handle_t *)&d->joins[i].timer, NULL);
 }
@@ -261,6 +280,8 @@ static int handles_init(bee_daemon *d) {
   uv_signal_init(&d->loop, &d->sigterm);
   uv_timer_init(&d->loop, &d->status_timer);
   uv_timer_init(&d->loop, &d->ask_timer);
+  uv_timer_init(&d->loop, &d->notify_timer);
+  d->notify_timer.data = d;
   bee_revoke_init(&d->revoke, &d->loop, &d->revoked,
                   d->cfg.moderated ? d->cfg.moderator_pk : NULL, d->cfg.swarm,
                   d->cfg.revocation_interval_s);
@@ -409,6 +430,15 @@ static int daemon_start(bee_daemon *d) {
                    (uint64_t)cfg->status_interval_s * 1000);
   for (size_t i = 0; i < cfg->njoin; i++)
     join_dial(&d->joins[i]);
+  /* systemd: serving now; then STATUS every 5 s, and WATCHDOG=1 at half
+   * the unit's watchdog interval when it has one. */
+  if (getenv("NOTIFY_SOCKET")) {
+    d->watchdog_ms = bee_notify_watchdog_ms();
+    uint64_t every = d->watchdog_ms && d->watchdog_ms < 5000 ? d->watchdog_ms
+                                                             : 5000;
+    notify_status(d, "READY=1\n");
+    uv_timer_start(&d->notify_timer, notify_cb, every, every);
+  }
   return 0;
 }
 

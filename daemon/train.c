@@ -1023,6 +1023,13 @@ static void start_round(bee_train *t) {
   t->averaging = true;
 }
 
+void bee_train_status(const bee_train *t, char *buf, size_t cap) {
+  snprintf(buf, cap,
+           "run %s: swarm epoch %llu, %zu peers, %.0f samples/s here",
+           t->cfg->run, (unsigned long long)t->view.epoch, t->view.peers,
+           bee_rate_get(&t->rate));
+}
+
 void bee_train_drain(bee_train *t, proto_conn *c) {
   if (t && t->avg)
     avg_node_drain(t->avg, c);

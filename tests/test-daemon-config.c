@@ -83,6 +83,19 @@ static void test_defaults(void) {
 
 static void expect_flag_error(const char *flag, const char *value);
 
+/* tools/systemd's example config is one beed accepts as it is. */
+static void test_systemd_example(void) {
+  bee_config c;
+  bee_config_init(&c);
+  ASSERT_OK(bee_config_load_file(
+      &c, BEE_SOURCE_ROOT "/tools/systemd/beed.conf.example", err, sizeof err));
+  ASSERT_OK(bee_config_check(&c, err, sizeof err));
+  ASSERT(c.moderated && c.resume);
+  ASSERT_STREQ(c.run, "fmnist-cnn");
+  ASSERT_STREQ(c.checkpoint_dir, "checkpoints");
+  ASSERT_EQ(c.njoin, 1);
+}
+
 static void test_training_flags(void) {
   bee_config c;
   ASSERT_OK(parse(&c, "--open", "--run-id", "fmnist-1.a_b", "--model", "cnn",
@@ -575,6 +588,7 @@ int main(void) {
   test_defaults();
   test_every_flag();
   test_training_flags();
+  test_systemd_example();
   test_help_version();
   test_file();
   test_crlf();

@@ -1,0 +1,23 @@
+#!/bin/bash
+# test-systemd-unit.sh: tools/systemd/beed@.service passes
+# `systemd-analyze verify` (as beed@test.service, with beed's path pointed
+# at the built binary).  Exits 77 (skipped) where systemd-analyze is
+# missing.
+set -u
+command -v systemd-analyze >/dev/null || { echo "no systemd-analyze"; exit 77; }
+BEED=$(realpath "${BEED:?set BEED to the beed binary}")
+src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tools/systemd/beed@.service
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/test-systemd-unit.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+sed "s#/usr/local/bin/beed#$BEED#" "$src" >"$tmp/beed@test.service"
+out=$(cd "$tmp" && SYSTEMD_LOG_LEVEL=warning systemd-analyze verify \
+  --man=no "$tmp/beed@test.service" 2>&1)
+
+# Lines about the host's own units are not ours to judge.
+ours=$(grep -F 'beed@' <<<"$out" || true)
+if [ -n "$ours" ]; then
+  echo "FAIL: systemd-analyze verify:"
+  echo "$out"
+  exit 1
+fi
+echo "beed@.service verifies${out:+ (host notes: $(wc -l <<<"$out") lines)}"
