@@ -51,6 +51,7 @@
 #define STATE_HDR 32               /* four u64: params, state, buffers, steps */
 #define DONORS_MAX 16
 #define START_WAIT_MS 3000 /* a first view before training, at most */
+#define METRICS_TTL_S 300  /* a metrics record lives this long */
 
 /* Fashion-MNIST's training-set mean and deviation, as tools/train uses. */
 #define DATA_MEAN 0.2860f
@@ -79,7 +80,13 @@ typedef struct shared {
     size_t group;         /* members of the round */
     double by_all;        /* share of the tensor every member averaged */
     uint8_t hash[8];      /* of the parameters after the step */
+    /* for the metrics record */
+    double compute_s, averaging_s;
+    uint64_t bytes_sent, bytes_recv;
+    double grad_sq_local, grad_sq_avg;
+    uint64_t batch_avg;   /* the group's samples (its members' weights) */
   } steps[STEP_RING];
+  double compute_s;       /* this epoch's computing time, worker */
   /* loop -> worker: start (after the first view), a state to load */
   bool go;
   uint8_t *load;      /* a downloaded snapshot, checked; the worker frees */
@@ -97,6 +104,7 @@ typedef struct shared {
   int avg_status;
   size_t avg_group;
   double avg_by_all;
+  uint64_t avg_bytes_sent, avg_bytes_recv, avg_batch;
   uint64_t steps_head, steps_tail; /* written, logged; head - tail <= ring */
   bool evaluated;        /* a test evaluation to report */
   uint64_t eval_epoch;
@@ -170,6 +178,8 @@ struct bee_train {
   size_t candidates;   /* bee_round_candidates, by the last view */
   bool have_view;
   bool short_warned; /* epochs too short to share: said once */
+  uint64_t metrics_exp; /* the last metrics record's expiration */
+  uint8_t mkey[PROTO_DHT_KEY_BYTES];
   uint64_t status_ms;
 };
 
@@ -209,11 +219,15 @@ static int epoch_step(bee_train *t) {
   uv_mutex_unlock(&t->mu);
   float *g = trn_model_grads(t->m);
   size_t np = trn_model_nparams(t->m);
+  double sq_local = 0, sq_avg = 0;
   if (n) { /* sums to means: the round weighs them by n */
     float inv = 1.0f / (float)n;
-    for (size_t i = 0; i < np; i++)
+    for (size_t i = 0; i < np; i++) {
       g[i] *= inv;
+      sq_local += (double)g[i] * g[i];
+    }
   }
+  double wait0 = mono_s();
   uv_mutex_lock(&t->mu);
   t->sh.avg_req = true;
   t->sh.avg_done = false;
@@ -228,9 +242,15 @@ static int epoch_step(bee_train *t) {
   int avg_status = t->sh.avg_status;
   size_t group = t->sh.avg_group;
   double by_all = t->sh.avg_by_all;
+  uint64_t sent = t->sh.avg_bytes_sent, recv = t->sh.avg_bytes_recv;
+  uint64_t batch_avg = avg_status == 0 ? t->sh.avg_batch : n;
+  double compute_s = t->sh.compute_s;
   uv_mutex_unlock(&t->mu);
   if (stop)
     return 1;
+  double waited = mono_s() - wait0;
+  for (size_t i = 0; i < np; i++)
+    sq_avg += (double)g[i] * g[i];
   /* Nothing here and nothing averaged in: no step (momentum would still
    * move the weights). */
   int rc = 0;
@@ -239,8 +259,11 @@ static int epoch_step(bee_train *t) {
   trn_model_zero_grad(t->m);
   if (rc)
     return rc;
-  struct step_report rep = {epoch, n, n ? loss / (double)n : 0, avg_status,
-                            group, by_all, {0}};
+  struct step_report rep = {epoch,     n,         n ? loss / (double)n : 0,
+                            avg_status, group,    by_all,
+                            {0},       compute_s, waited,
+                            sent,      recv,      sq_local,
+                            sq_avg,    batch_avg};
   crypto_generichash(rep.hash, sizeof rep.hash,
                      (const uint8_t *)trn_model_params(t->m),
                      np * sizeof(float), NULL, 0);
@@ -248,6 +271,7 @@ static int epoch_step(bee_train *t) {
   t->sh.epoch = epoch + 1;
   t->sh.samples = 0;
   t->sh.loss_sum = 0;
+  t->sh.compute_s = 0;
   if (t->sh.steps_head - t->sh.steps_tail == STEP_RING)
     t->sh.steps_tail++; /* the oldest report goes unlogged */
   t->sh.steps[t->sh.steps_head++ % STEP_RING] = rep;
@@ -506,6 +530,7 @@ static void worker(void *arg) {
     t->sh.samples += b;
     t->sh.pend_samples += b;
     t->sh.pend_s += dt;
+    t->sh.compute_s += dt;
     t->sh.loss_sum += loss;
     uv_mutex_unlock(&t->mu);
   }
@@ -945,14 +970,20 @@ static void match_fetch(void *ctx, avg_node *node, const proto_match *info) {
 
 /* The worker's round is over, one way or another: wake it. */
 static void round_over(bee_train *t, int status, size_t group,
-                       double by_all) {
+                       double by_all, const avg_node_result *r) {
   t->averaging = false;
+  uint64_t batch = 0;
+  for (size_t i = 0; r && r->group && i < r->group->nmembers; i++)
+    batch += (uint64_t)r->group->members[i].weight;
   uv_mutex_lock(&t->mu);
   t->sh.avg_req = false;
   t->sh.avg_done = true;
   t->sh.avg_status = status;
   t->sh.avg_group = group;
   t->sh.avg_by_all = by_all;
+  t->sh.avg_batch = batch;
+  t->sh.avg_bytes_sent = r && r->summary ? r->summary->bytes_sent : 0;
+  t->sh.avg_bytes_recv = r && r->summary ? r->summary->bytes_recv : 0;
   uv_cond_signal(&t->avg_cv);
   uv_mutex_unlock(&t->mu);
 }
@@ -971,7 +1002,7 @@ static void round_cb(avg_node *n, const avg_node_result *r, void *arg) {
     if (r->summary->floats_by_k[0] == np)
       status = BEE_ETIMEOUT; /* nothing was averaged */
   }
-  round_over(t, status, group, by_all);
+  round_over(t, status, group, by_all, r);
 }
 
 /* Starts the round the worker asked for, expecting the peers at its epoch
@@ -989,7 +1020,7 @@ static void start_round(bee_train *t) {
     return; /* no view at this epoch yet (a state just loaded): next tick */
   size_t peers = t->candidates;
   if (!t->avg || peers < 2) {
-    round_over(t, -ENOENT, 1, 0);
+    round_over(t, -ENOENT, 1, 0, NULL);
     return;
   }
   avg_node_request req;
@@ -1017,7 +1048,7 @@ static void start_round(bee_train *t) {
   if (rc) {
     bee_warn(COMP, "epoch %llu: cannot start averaging: %s",
              (unsigned long long)epoch, bee_strerror(rc));
-    round_over(t, rc, 1, 0);
+    round_over(t, rc, 1, 0, NULL);
     return;
   }
   t->averaging = true;
@@ -1066,6 +1097,47 @@ static void tick(uv_timer_t *h) {
   }
 }
 
+/* One epoch's metrics under "<run>_metrics" (subkey: our key), for the
+ * monitor: loss, samples/s, computing and averaging time, bytes, the
+ * group, and the squared gradient norms before and after averaging with
+ * their batches (the gradient noise scale's inputs). */
+static void metrics_put_cb(dht_node *n, int status, unsigned stored,
+                           const dht_stats *st, void *arg) {
+  (void)n, (void)stored, (void)st, (void)arg;
+  if (status && status != BEE_ECANCELED)
+    bee_debug(COMP, "metrics not published: %s", bee_strerror(status));
+}
+
+static void publish_metrics(bee_train *t, const struct step_report *r) {
+  if (!t->dht)
+    return;
+  proto_metrics m = {.step = r->epoch,
+                     .has_loss = r->samples > 0,
+                     .loss = r->loss,
+                     .samples_per_second = bee_rate_get(&t->rate),
+                     .compute_s = r->compute_s,
+                     .averaging_s = r->averaging_s,
+                     .bytes_sent = r->bytes_sent,
+                     .bytes_received = r->bytes_recv,
+                     .group_size = r->avg_status == 0 ? r->group : 1,
+                     .grad_sq_local = r->grad_sq_local,
+                     .batch_local = r->samples,
+                     .grad_sq_avg = r->grad_sq_avg,
+                     .batch_avg = r->batch_avg,
+                     .time_ms = wall_ms()};
+  snprintf(m.run, sizeof m.run, "%s", t->cfg->run);
+  uint8_t buf[PROTO_RECORD_MAX];
+  size_t len;
+  if (proto_metrics_encode(&m, buf, sizeof buf, &len))
+    return; /* a NaN loss, say: nothing worth a record */
+  uint64_t exp = m.time_ms / 1000 + METRICS_TTL_S;
+  if (exp <= t->metrics_exp)
+    exp = t->metrics_exp + 1; /* the DHT keeps only a later one */
+  if (dht_put(t->dht, t->mkey, (proto_bytes){t->sub, sizeof t->sub},
+              (proto_bytes){buf, len}, exp, metrics_put_cb, NULL) == 0)
+    t->metrics_exp = exp;
+}
+
 /* The worker's news: an epoch step, an evaluation, or its end. */
 static void async_cb(uv_async_t *h) {
   bee_train *t = h->data;
@@ -1094,6 +1166,8 @@ static void async_cb(uv_async_t *h) {
              "parameters %s",
              (unsigned long long)r->epoch, (unsigned long long)r->samples,
              r->loss, how, hash);
+    if (!t->stopped)
+      publish_metrics(t, r);
   }
   start_round(t); /* the worker may be waiting for one */
   if (s.evaluated)
@@ -1188,6 +1262,7 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   t->timer.data = t->async.data = t;
   t->handles = true;
   proto_record_key(PROTO_REC_PROGRESS, cfg->run, 0, NULL, t->key);
+  proto_record_key(PROTO_REC_METRICS, cfg->run, 0, NULL, t->mkey);
   if (cfg->resume) { /* the newest valid checkpoint, loaded before go */
     char path[BEE_PATH_MAX + 96];
     uint8_t *blob;

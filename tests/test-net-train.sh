@@ -2,8 +2,9 @@
 # test-net-train.sh: three beed processes on loopback train one run.
 #
 # A queen and two bees (an open swarm) train mlp on Fashion-MNIST with
-# --run-id.  Each publishes its progress record in the DHT; beectl finds
-# all three under "<run>_progress".  The epoch ends for the swarm when the
+# --run-id.  Each publishes its progress and metrics records in the DHT;
+# beectl finds all three of each under "<run>_progress" and
+# "<run>_metrics".  The epoch ends for the swarm when the
 # three together have gathered the target batch: for every epoch after
 # the first, the samples the three gathered add up to the target (give or
 # take what a second of stale records lets through), and no bee gathered
@@ -40,6 +41,14 @@ out=$(cd "$work" && "$BEECTL" dht get "${RUN}_progress" --latest \
   fail "beectl dht get ${RUN}_progress failed"
 n=$(grep -c '^owner .*6265652e70726f6772657373' <<<"$out" || true)
 [ "$n" = 3 ] || fail "found $n progress records, want 3: $out"
+
+# And each bee's metrics record of its last epoch.
+out=$(cd "$work" && "$BEECTL" dht get "${RUN}_metrics" --latest \
+  --join "127.0.0.1:$((base + 2))" --open --swarm beed \
+  --identity client.key 2>>"$work/beectl.log") ||
+  fail "beectl dht get ${RUN}_metrics failed"
+n=$(grep -c '^owner .*6265652e6d657472696373' <<<"$out" || true)
+[ "$n" = 3 ] || fail "found $n metrics records, want 3: $out"
 
 # Samples per epoch: "epoch E done: N local samples, ...".
 samples() { # LOG EPOCH
