@@ -88,6 +88,7 @@ typedef struct bee_config {
   unsigned checkpoint_every;    /* epochs */
   unsigned keep_checkpoints;
   bool resume;
+  char control[BEE_PATH_MAX];   /* "": no control socket */
   bool help;    /* --help was given: print usage, nothing else is checked */
   bool version; /* --version was given */
 } bee_config;
@@ -381,6 +382,32 @@ uint64_t bee_notify_watchdog_ms(void);
 
 /* A one-line summary of the training for STATUS= (loop thread). */
 void bee_train_status(const bee_train *t, char *buf, size_t cap);
+
+/* ------------------------------------------------------------------------ */
+/* The local control socket (control.c).                                    */
+
+typedef struct bee_control {
+  uv_loop_t *loop;
+  uv_pipe_t pipe;
+  bool open, bound;
+  char path[BEE_PATH_MAX];
+  /* Writes "key value" lines into buf (cap bytes); returns their length. */
+  size_t (*status)(void *arg, char *buf, size_t cap);
+  void (*leave)(void *arg); /* stop as on SIGTERM */
+  void *arg;
+} bee_control;
+
+/* Listens on the unix socket path (mode 0600), replacing a socket file no
+ * daemon answers on.  Errors are logged; returns 0 or an error. */
+int bee_control_start(bee_control *c, uv_loop_t *loop, const char *path,
+                      size_t (*status)(void *arg, char *buf, size_t cap),
+                      void (*leave)(void *arg), void *arg);
+/* Closes the socket and removes its file. */
+void bee_control_stop(bee_control *c);
+
+/* "key value" lines on the training for `beectl status` (loop thread);
+ * returns their length. */
+size_t bee_train_report(const bee_train *t, char *buf, size_t cap);
 
 /* First 8 hex digits of a peer id (out: 9 bytes). */
 void bee_id8(const uint8_t id[PROTO_ID_BYTES], char out[9]);

@@ -47,6 +47,7 @@ enum opt_id {
   O_CHECKPOINT_EVERY,
   O_KEEP_CHECKPOINTS,
   O_RESUME,
+  O_CONTROL,
   O_HELP,
   O_VERSION,
 };
@@ -91,6 +92,7 @@ static const struct opt {
     {"checkpoint-every", O_CHECKPOINT_EVERY, K_VALUE, true},
     {"keep-checkpoints", O_KEEP_CHECKPOINTS, K_VALUE, true},
     {"resume", O_RESUME, K_BOOL, true},
+    {"control", O_CONTROL, K_VALUE, true},
     {"help", O_HELP, K_ACTION, false},
     {"version", O_VERSION, K_ACTION, false},
 };
@@ -386,6 +388,7 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
     cfg->eval_every = u;
     return 0;
   case O_CHECKPOINT_DIR: return set_path(cfg->checkpoint_dir, v, msg, cap);
+  case O_CONTROL: return set_path(cfg->control, v, msg, cap);
   case O_CHECKPOINT_EVERY:
   case O_KEEP_CHECKPOINTS:
     if (parse_uint(v, 1, 1000000, &u))
@@ -702,6 +705,8 @@ void bee_config_usage(FILE *f) {
       "  --status-interval SECS   log a swarm status line this often; 0 = off\n"
       "                           (default %d)\n"
       "  --log-level LEVEL        error, warn, info or debug (default info)\n"
+      "  --control PATH           a unix socket (mode 0600) for beectl status\n"
+      "                           and beectl leave (default: none)\n"
       "  --config FILE            read settings from FILE first\n"
       "  --help, --version\n"
       "\n"

@@ -53,6 +53,7 @@ struct bee_daemon {
   bee_revoke revoke;
   bee_members members;
   bee_train *train; /* NULL without --run-id */
+  bee_control control;
   uv_signal_t sigint, sigterm;
   uv_timer_t status_timer;
   uv_timer_t ask_timer; /* asks the join targets for their peers */
@@ -206,6 +207,37 @@ static void status_cb(uv_timer_t *t) {
   }
 }
 
+/* `beectl status`: who we are, our peers, the DHT, the training. */
+static size_t control_status(void *arg, char *buf, size_t cap) {
+  bee_daemon *d = arg;
+  char hex[2 * PROTO_ID_BYTES + 1];
+  proto_hex(d->id.id, PROTO_ID_BYTES, hex);
+  size_t n = 0;
+  int k = snprintf(buf, cap, "beed %s\npeer-id %s\nswarm %s\nconnected %zu\n",
+                   BEE_VERSION, hex, d->cfg.swarm, d->members.n);
+  if (k > 0)
+    n = (size_t)k < cap ? (size_t)k : cap - 1;
+  if (d->dht && n < cap) {
+    dht_info in;
+    dht_node_info(dht_glue_node(d->dht), &in);
+    k = snprintf(buf + n, cap - n, "dht-contacts %zu\ndht-keys %zu\n",
+                 in.contacts, in.keys);
+    if (k > 0)
+      n += (size_t)k < cap - n ? (size_t)k : cap - n - 1;
+  }
+  if (d->train && n < cap)
+    n += bee_train_report(d->train, buf + n, cap - n);
+  return n;
+}
+
+static void daemon_stop(bee_daemon *d);
+
+static void control_leave(void *arg) {
+  bee_daemon *d = arg;
+  bee_info(COMP, "shutting down (beectl leave)");
+  daemon_stop(d);
+}
+
 /* systemd's STATUS= line: what `systemctl status beed@...` shows. */
 static void notify_status(bee_daemon *d, const char *extra) {
   char line[256];
@@ -241,6 +273,7 @@ static void daemon_stop(bee_daemon *d) {
     return;
   d->stopping = true;
   bee_notify("STOPPING=1\nSTATUS=stopping");
+  bee_control_stop(&d->control);
   bee_train_stop(d->train); /* before the DHT it publishes in */
   bee_members_stop(&d->members);
   bee_revoke_stop(&d->revoke);
@@ -430,6 +463,10 @@ static int daemon_start(bee_daemon *d) {
                    (uint64_t)cfg->status_interval_s * 1000);
   for (size_t i = 0; i < cfg->njoin; i++)
     join_dial(&d->joins[i]);
+  if (cfg->control[0] &&
+      (rc = bee_control_start(&d->control, &d->loop, cfg->control,
+                              control_status, control_leave, d)))
+    return rc;
   /* systemd: serving now; then STATUS every 5 s, and WATCHDOG=1 at half
    * the unit's watchdog interval when it has one. */
   if (getenv("NOTIFY_SOCKET")) {

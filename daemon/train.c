@@ -179,6 +179,7 @@ struct bee_train {
   bool have_view;
   bool short_warned; /* epochs too short to share: said once */
   uint64_t metrics_exp; /* the last metrics record's expiration */
+  char last_step[160];  /* the last epoch line's gist, for beectl status */
   uint8_t mkey[PROTO_DHT_KEY_BYTES];
   uint64_t status_ms;
 };
@@ -1061,6 +1062,21 @@ void bee_train_status(const bee_train *t, char *buf, size_t cap) {
            bee_rate_get(&t->rate));
 }
 
+size_t bee_train_report(const bee_train *t, char *buf, size_t cap) {
+  const bee_swarm_view *w = &t->view;
+  int n = snprintf(
+      buf, cap,
+      "run %s\nmodel %s\nswarm-epoch %llu\nswarm-samples %llu\n"
+      "target %u\nswarm-samples-per-second %.0f\neta-seconds %.1f\n"
+      "peers %zu\npeers-at-epoch %zu\nsamples-per-second %.0f\n"
+      "last-step %s\n",
+      t->cfg->run, t->cfg->model, (unsigned long long)w->epoch,
+      (unsigned long long)w->samples, t->cfg->target_batch_size,
+      w->samples_per_second, w->eta_s, w->peers, w->peers_at_epoch,
+      bee_rate_get(&t->rate), t->last_step[0] ? t->last_step : "none yet");
+  return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+}
+
 void bee_train_drain(bee_train *t, proto_conn *c) {
   if (t && t->avg)
     avg_node_drain(t->avg, c);
@@ -1166,6 +1182,10 @@ static void async_cb(uv_async_t *h) {
              "parameters %s",
              (unsigned long long)r->epoch, (unsigned long long)r->samples,
              r->loss, how, hash);
+    snprintf(t->last_step, sizeof t->last_step,
+             "epoch %llu, %llu local samples, loss %.4f, %s",
+             (unsigned long long)r->epoch, (unsigned long long)r->samples,
+             r->loss, how);
     if (!t->stopped)
       publish_metrics(t, r);
   }

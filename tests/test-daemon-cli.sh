@@ -8,17 +8,10 @@
 # Needs $BEED (and $BEECTL for the token checks) from meson's test_env.
 set -u
 
-BEED=$(realpath "${BEED:?set BEED to the beed binary}")
+. "$(dirname "${BASH_SOURCE[0]}")/proclib.sh"
 BEECTL=${BEECTL:+$(realpath "$BEECTL")}
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/test-daemon-cli.XXXXXX")
-pids=()
-cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
 
+# Every check runs; failures are counted and reported at the end.
 failures=0
 fail() {
   echo "FAIL: $*" >&2

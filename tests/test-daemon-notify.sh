@@ -10,22 +10,7 @@
 # runs with --no-listen and no --join.
 set -u
 
-BEED=$(realpath "${BEED:?set BEED to the beed binary}")
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/test-daemon-notify.XXXXXX")
-pids=()
-cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$tmp"/*.log "$tmp"/*.got; do
-    [ -f "$f" ] && { echo "--- $f" >&2; cat "$f" >&2; }
-  done
-  exit 1
-}
+. "$(dirname "${BASH_SOURCE[0]}")/proclib.sh"
 
 # run ADDR NAME: the receiver on ADDR, beed for 1.5 s, then SIGTERM.
 run() {

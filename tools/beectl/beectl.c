@@ -44,6 +44,9 @@ static const char usage_text[] =
     "      Use a swarm's DHT through any of its peers, as a client node.\n"
     "      put stores VALUE under the caller's own signed subkey of KEY\n"
     "      (--plain: as the key's plain value).\n"
+    "  status [--control PATH] | leave [--control PATH]\n"
+    "      Ask the beed on this machine (started with --control PATH;\n"
+    "      default beed.sock) for its state, or to leave the swarm cleanly.\n"
     "  --help, --version\n"
     "\n"
     "PUBKEY is 64 hex digits, as printed by keygen and pubkey.\n";
@@ -452,6 +455,8 @@ int main(int argc, char **argv) {
     rc = cmd_revocation_show(argc - 3, argv + 3);
   else if (!strcmp(cmd, "dht"))
     rc = beectl_dht(argc - 2, argv + 2);
+  else if (!strcmp(cmd, "status") || !strcmp(cmd, "leave"))
+    rc = beectl_control(cmd, argc - 2, argv + 2);
   else if (!strcmp(cmd, "token") || !strcmp(cmd, "revocation")) {
     beectl_errorf("unknown %s command '%s'", cmd, sub);
     rc = EXIT_USAGE;

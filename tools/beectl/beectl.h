@@ -39,5 +39,7 @@ int beectl_parse_duration(const char *s, uint64_t *secs);
 
 /* dht.c: beectl dht get|put|peers. */
 int beectl_dht(int argc, char **argv);
+/* control.c: beectl status|leave [--control PATH]. */
+int beectl_control(const char *cmd, int argc, char **argv);
 
 #endif
