@@ -15,14 +15,23 @@
  * Every member of a group gets the same mean to the bit, so their
  * parameters stay the same; the step line prints their hash.
  *
- * Test accuracy (--eval-every) is measured on a third thread, the
+ * After each step the worker also copies the state (parameters, optimizer
+ * state, buffers) into a checksummed snapshot: peers behind the swarm
+ * download it with "state.get" (a bee behind loads one the same way
+ * before it trains on), and with --checkpoint-dir a writer thread puts it
+ * on disk.  A metrics record per epoch goes to "<run>_metrics".
+ *
+ * Test accuracy (--eval-every) is measured on another thread, the
  * evaluator, on a copy of the parameters the worker makes right after the
  * step, so training never waits for it.
  *
  * Threads: the worker owns the model, optimizer and data while it runs,
  * the evaluator its copy of the model (written by the worker only while
- * the evaluator is idle, under mu); the loop thread touches only the
- * shared counters (under mu) and starts and joins the two.
+ * the evaluator is idle, under mu), the checkpoint writer its copies of
+ * the snapshot; the loop thread touches only what they share (under mu),
+ * runs the averager, the DHT records and the downloads, and starts and
+ * joins the threads.  Images are normalized with Fashion-MNIST's mean and
+ * deviation, for MNIST too.
  */
 #include "averager.h"
 #include "bee.h"
