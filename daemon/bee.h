@@ -246,6 +246,9 @@ void bee_revoke_stop(bee_revoke *r);
 #ifndef BEE_PROGRESS_EXTRAP_S
 #define BEE_PROGRESS_EXTRAP_S 3 /* a record's samples grow this long at most */
 #endif
+#ifndef BEE_LEAVE_GRACE_MS
+#define BEE_LEAVE_GRACE_MS 10000 /* a peer that left may restart so soon */
+#endif
 #ifndef BEE_RATE_TAU_S
 #define BEE_RATE_TAU_S 10.0 /* the rate's memory, seconds of computing */
 #endif
@@ -304,9 +307,12 @@ void bee_swarm_view_compute(const proto_progress *v, size_t n,
                             uint64_t now_ms, bee_swarm_view *out);
 /* The peers of run among v[0..n) expected in the group of the step that
  * ends epoch: those at epoch, and those at epoch - 1 (they see the swarm
- * past them and step at once).  The caller's own record counts. */
+ * past them and step at once); one whose last record says it left only
+ * for BEE_LEAVE_GRACE_MS after it (now_ms, unix ms).  The caller's own
+ * record counts. */
 size_t bee_round_candidates(const proto_progress *v, size_t n,
-                            const char *run, uint64_t epoch);
+                            const char *run, uint64_t epoch,
+                            uint64_t now_ms);
 /* Whether a bee at epoch with samples gathered takes the epoch step, by
  * the last view v and the samples others had gathered at v's epoch then
  * (v->samples less its own share): when the swarm's epoch is past its
@@ -336,6 +342,11 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
 /* The host's on_drain and on_down, for the averager's round. */
 void bee_train_drain(bee_train *t, proto_conn *c);
 void bee_train_conn_down(bee_train *t, proto_conn *c);
+/* Leaves the run: stops the threads (the last state goes to disk), then
+ * publishes a last progress record that says the bee is leaving, so the
+ * others stop counting it at once; done(arg) runs once it is stored, or
+ * after 2 s, or at once when there is nothing to publish. */
+void bee_train_leave(bee_train *t, void (*done)(void *arg), void *arg);
 /* Stops the worker (waits for the batch in hand) and closes the handles.
  * Call before closing the DHT. */
 void bee_train_stop(bee_train *t);

@@ -62,6 +62,7 @@ struct bee_daemon {
   uint64_t ask_ms;
   bee_join joins[BEE_JOIN_MAX];
   bool stopping;
+  bool leaving; /* telling the run we leave, then stopping */
   int exit_code;
 };
 
@@ -232,11 +233,9 @@ static size_t control_status(void *arg, char *buf, size_t cap) {
 
 static void daemon_stop(bee_daemon *d);
 
-static void control_leave(void *arg) {
-  bee_daemon *d = arg;
-  bee_info(COMP, "shutting down (beectl leave)");
-  daemon_stop(d);
-}
+static void begin_stop(bee_daemon *d, const char *why);
+
+static void control_leave(void *arg) { begin_stop(arg, "beectl leave"); }
 
 /* systemd's STATUS= line: what `systemctl status beed@...` shows. */
 static void notify_status(bee_daemon *d, const char *extra) {
@@ -297,10 +296,22 @@ static void train_fatal(void *arg) {
   daemon_stop(d);
 }
 
-static void signal_cb(uv_signal_t *s, int signum) {
-  bee_daemon *d = s->data;
-  bee_info(COMP, "shutting down (%s)", signum == SIGINT ? "SIGINT" : "SIGTERM");
+static void leave_done(void *arg) { daemon_stop(arg); }
+
+/* A clean stop: a training bee first tells its run it leaves (at most
+ * 2 s); a second request, or a bee that does not train, stops at once. */
+static void begin_stop(bee_daemon *d, const char *why) {
+  bee_info(COMP, "shutting down (%s)", why);
+  if (d->train && !d->leaving && !d->stopping) {
+    d->leaving = true;
+    bee_train_leave(d->train, leave_done, d);
+    return;
+  }
   daemon_stop(d);
+}
+
+static void signal_cb(uv_signal_t *s, int signum) {
+  begin_stop(s->data, signum == SIGINT ? "SIGINT" : "SIGTERM");
 }
 
 /* Makes every handle, so daemon_stop can close them all whatever fails

@@ -18,7 +18,8 @@
  *     others' at its epoch reach the target, or as soon as the swarm has
  *     stepped past it; and whom to expect in the step's group: the peers
  *     at its epoch and those one behind, who step as soon as they see it;
- *   - the swarm view: the global epoch is the highest among peers that
+ *   - the swarm view (records of peers that left, their last ones, do
+ *     not count): the global epoch is the highest among peers that
  *     are not clients (clients follow; with none but clients, the highest
  *     of all); the samples toward the target are those of the peers at
  *     that epoch, each extrapolated at its own rate from the time its
@@ -77,12 +78,18 @@ uint64_t bee_progress_published(bee_publisher *p, uint64_t now_ms,
 }
 
 size_t bee_round_candidates(const proto_progress *v, size_t n,
-                            const char *run, uint64_t epoch) {
+                            const char *run, uint64_t epoch,
+                            uint64_t now_ms) {
   size_t k = 0;
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
+    /* One that just left may be back in seconds (a service restarts it):
+     * expected for BEE_LEAVE_GRACE_MS, lest a group close without it. */
+    if (v[i].leaving && now_ms >= v[i].time_ms + BEE_LEAVE_GRACE_MS)
+      continue;
     if (strcmp(v[i].run, run) == 0 &&
         (v[i].epoch == epoch || v[i].epoch + 1 == epoch))
       k++;
+  }
   return k;
 }
 
@@ -122,7 +129,7 @@ void bee_swarm_view_compute(const proto_progress *v, size_t n,
   uint64_t top_all = 0, top_nodes = 0;
   for (size_t i = 0; i < n; i++) {
     const proto_progress *p = &v[i];
-    if (strcmp(p->run, run) != 0)
+    if (strcmp(p->run, run) != 0 || p->leaving)
       continue;
     out->peers++;
     out->samples_per_second += p->samples_per_second;
@@ -137,7 +144,7 @@ void bee_swarm_view_compute(const proto_progress *v, size_t n,
   out->epoch = any_node ? top_nodes : top_all;
   for (size_t i = 0; i < n; i++) {
     const proto_progress *p = &v[i];
-    if (strcmp(p->run, run) != 0 || p->epoch != out->epoch)
+    if (strcmp(p->run, run) != 0 || p->leaving || p->epoch != out->epoch)
       continue;
     out->peers_at_epoch++;
     out->rate_at_epoch += p->samples_per_second;

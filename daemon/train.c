@@ -61,6 +61,7 @@
 #define DONORS_MAX 16
 #define START_WAIT_MS 3000 /* a first view before training, at most */
 #define METRICS_TTL_S 300  /* a metrics record lives this long */
+#define LEAVE_MS 2000      /* leaving: the last record's store, at most */
 
 /* Fashion-MNIST's training-set mean and deviation, as tools/train uses. */
 #define DATA_MEAN 0.2860f
@@ -189,6 +190,10 @@ struct bee_train {
   bool short_warned; /* epochs too short to share: said once */
   uint64_t metrics_exp; /* the last metrics record's expiration */
   char last_step[160];  /* the last epoch line's gist, for beectl status */
+  bool halted;          /* the threads are stopped */
+  void (*leave_done)(void *arg); /* leaving: called once the last record
+                                    is stored or LEAVE_MS passed */
+  void *leave_arg;
   uint8_t mkey[PROTO_DHT_KEY_BYTES];
   uint64_t status_ms;
 };
@@ -831,12 +836,13 @@ static void update_view(bee_train *t, const dht_value *v) {
   own_progress(t, epoch, samples, &all[n++]);
   bee_swarm_view_compute(all, n, t->cfg->run, t->cfg->target_batch_size,
                          all[n - 1].time_ms, &t->view);
-  t->candidates = bee_round_candidates(all, n, t->cfg->run, epoch);
+  t->candidates =
+      bee_round_candidates(all, n, t->cfg->run, epoch, all[n - 1].time_ms);
   t->cand_epoch = epoch;
   /* Donors: the others at the swarm's epoch that serve (not clients). */
   t->ndonors = 0;
   for (size_t i = 0; i + 1 < n && t->ndonors < DONORS_MAX; i++)
-    if (strcmp(all[i].run, t->cfg->run) == 0 &&
+    if (strcmp(all[i].run, t->cfg->run) == 0 && !all[i].leaving &&
         all[i].epoch == t->view.epoch && all[i].mode != PROTO_MODE_CLIENT)
       memcpy(t->donors[t->ndonors++], ids[i], PROTO_ID_BYTES);
   free(ids);
@@ -1390,11 +1396,12 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
   return 0;
 }
 
-void bee_train_stop(bee_train *t) {
-  if (!t || t->stopped)
+/* Stops the threads (the worker at its next batch, a round it waits for
+ * abandoned) and puts the last state on disk.  Once. */
+static void halt_threads(bee_train *t) {
+  if (t->halted)
     return;
-  t->stopped = true;
-  t->dht = NULL;
+  t->halted = true;
   if (t->started) {
     uv_mutex_lock(&t->mu);
     t->sh.stop = t->sh.eval_stop = true;
@@ -1416,6 +1423,68 @@ void bee_train_stop(bee_train *t) {
     bee_info(COMP, "stopped at epoch %llu with %llu samples gathered",
              (unsigned long long)epoch, (unsigned long long)samples);
   }
+}
+
+static void leave_over(bee_train *t) {
+  void (*done)(void *) = t->leave_done;
+  t->leave_done = NULL;
+  if (!done)
+    return;
+  uv_timer_stop(&t->timer);
+  done(t->leave_arg);
+}
+
+static void leave_put_cb(dht_node *n, int status, unsigned stored,
+                         const dht_stats *st, void *arg) {
+  (void)n, (void)stored, (void)st;
+  bee_train *t = arg;
+  if (status == 0)
+    bee_info(COMP, "left the run: the last progress record says so");
+  leave_over(t);
+}
+
+static void leave_timeout(uv_timer_t *h) {
+  bee_train *t = h->data;
+  bee_warn(COMP, "left the run; the last progress record was not stored "
+                 "within %d ms (it expires within %d s)",
+           LEAVE_MS, BEE_PROGRESS_TTL_S);
+  leave_over(t);
+}
+
+void bee_train_leave(bee_train *t, void (*done)(void *arg), void *arg) {
+  halt_threads(t);
+  if (t->stopped || !t->dht || !t->handles) {
+    done(arg);
+    return;
+  }
+  uv_mutex_lock(&t->mu);
+  uint64_t epoch = t->sh.epoch, samples = t->sh.samples;
+  uv_mutex_unlock(&t->mu);
+  proto_progress p;
+  uint8_t buf[PROTO_RECORD_MAX];
+  size_t len;
+  own_progress(t, epoch, samples, &p);
+  p.leaving = true;
+  p.samples_per_second = 0;
+  uint64_t exp = bee_progress_published(&t->pub, uv_now(t->loop),
+                                        p.time_ms / 1000, epoch, samples);
+  t->leave_done = done;
+  t->leave_arg = arg;
+  uv_timer_stop(&t->timer);
+  uv_timer_start(&t->timer, leave_timeout, LEAVE_MS, 0);
+  if (proto_progress_encode(&p, buf, sizeof buf, &len) ||
+      dht_put(t->dht, t->key, (proto_bytes){t->sub, sizeof t->sub},
+              (proto_bytes){buf, len}, exp, leave_put_cb, t))
+    leave_over(t);
+}
+
+void bee_train_stop(bee_train *t) {
+  if (!t || t->stopped)
+    return;
+  t->stopped = true;
+  t->dht = NULL;
+  halt_threads(t);
+  t->leave_done = NULL; /* stopping now: nobody waits for the record */
   /* A round under way ends now (its callback sees BEE_ECANCELED); the
    * worker no longer waits for it.  A download's answer, if one still
    * comes, finds us stopped. */

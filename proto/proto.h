@@ -491,6 +491,8 @@ typedef struct proto_progress {
   uint64_t time_ms;            /* unix ms */
   int mode;                    /* PROTO_MODE_* */
   char label[PROTO_LABEL_MAX + 1]; /* 0..64 bytes, no control chars */
+  bool leaving;                /* an optional eighth field: the peer has
+                                  left the run (its last record) */
 } proto_progress;
 
 typedef struct proto_metrics {

@@ -3,7 +3,7 @@
  * Besides the revocation list, the swarm publishes four kinds of records
  * in the DHT (docs/PROTOCOL.md, section 9), each value one msgpack array:
  *   ["bee.progress", 1, run, epoch, samples, samples_per_second, time_ms,
- *    mode, label]
+ *    mode, label, leaving (optional: only true is written)]
  *   ["bee.metrics", 1, run, step, loss, samples_per_second, compute_s,
  *    averaging_s, bytes_sent, bytes_received, group_size, grad_sq_local,
  *    batch_local, grad_sq_avg, batch_avg, time_ms]
@@ -274,8 +274,8 @@ static int rd_loss(proto_rd *r, proto_metrics *m) {
 
 /* ---- writing ----------------------------------------------------------- */
 
-static void wr_head(proto_wr *w, int type) {
-  proto__wr_array(w, 2 + schemas[type].nfields);
+static void wr_head(proto_wr *w, int type, uint32_t more) {
+  proto__wr_array(w, 2 + schemas[type].nfields + more);
   proto__wr_str(w, schemas[type].tag, strlen(schemas[type].tag));
   proto__wr_uint(w, PROTO_RECORD_VERSION);
 }
@@ -302,7 +302,7 @@ int proto_progress_encode(const proto_progress *p, uint8_t *buf, size_t cap,
   if ((rc = proto__str_check(p->label, sizeof p->label, text_ok, &label_n)))
     return rc;
   proto__wr_init(&w, buf, cap);
-  wr_head(&w, PROTO_REC_PROGRESS);
+  wr_head(&w, PROTO_REC_PROGRESS, p->leaving ? 1 : 0);
   proto__wr_str(&w, p->run, run_n);
   proto__wr_uint(&w, p->epoch);
   proto__wr_uint(&w, p->samples);
@@ -310,6 +310,8 @@ int proto_progress_encode(const proto_progress *p, uint8_t *buf, size_t cap,
   proto__wr_uint(&w, p->time_ms);
   proto__wr_uint(&w, (uint64_t)p->mode);
   proto__wr_str(&w, p->label, label_n);
+  if (p->leaving) /* an eighth field, written only when true */
+    proto__wr_bool(&w, true);
   return wr_done(&w, len);
 }
 
@@ -324,9 +326,21 @@ int proto_progress_decode(const uint8_t *buf, size_t len, proto_progress *out) {
       (rc = rd_float(&r, F_NONNEG, &out->samples_per_second)) ||
       (rc = proto__rd_uint(&r, &out->time_ms)) ||
       (rc = proto__rd_mode(&r, &out->mode)) ||
-      (rc = proto__rd_cstr(&r, out->label, PROTO_LABEL_MAX, text_ok)) ||
-      (rc = rd_tail(&r, extra)))
-    memset(out, 0, sizeof *out);
+      (rc = proto__rd_cstr(&r, out->label, PROTO_LABEL_MAX, text_ok)))
+    goto fail;
+  /* An eighth field that is a bool says whether the peer is leaving;
+   * anything else there is a later version's field, skipped as such. */
+  if (extra) {
+    rc = proto__rd_bool(&r, &out->leaving);
+    if (rc == 0)
+      extra--;
+    else if (rc != BEE_ETYPE)
+      goto fail;
+  }
+  if ((rc = rd_tail(&r, extra)) == 0)
+    return 0;
+fail:
+  memset(out, 0, sizeof *out);
   return rc;
 }
 
@@ -353,7 +367,7 @@ int proto_metrics_encode(const proto_metrics *m, uint8_t *buf, size_t cap,
   if (rc)
     return rc;
   proto__wr_init(&w, buf, cap);
-  wr_head(&w, PROTO_REC_METRICS);
+  wr_head(&w, PROTO_REC_METRICS, 0);
   proto__wr_str(&w, m->run, run_n);
   proto__wr_uint(&w, m->step);
   if (m->has_loss)
@@ -421,7 +435,7 @@ int proto_match_encode(const proto_match *m, uint8_t *buf, size_t cap,
   if (rc)
     return rc;
   proto__wr_init(&w, buf, cap);
-  wr_head(&w, PROTO_REC_MATCH);
+  wr_head(&w, PROTO_REC_MATCH, 0);
   proto__wr_str(&w, m->run, run_n);
   proto__wr_uint(&w, m->round);
   proto__wr_str(&w, m->bits, bits_n);
@@ -463,7 +477,7 @@ int proto_donor_encode(const proto_donor *d, uint8_t *buf, size_t cap,
   if (d->slots > PROTO_DONOR_SLOTS_MAX)
     return BEE_ERANGE;
   proto__wr_init(&w, buf, cap);
-  wr_head(&w, PROTO_REC_DONOR);
+  wr_head(&w, PROTO_REC_DONOR, 0);
   proto__wr_str(&w, d->run, run_n);
   proto__wr_str(&w, d->addr, addr_n);
   proto__wr_uint(&w, d->epoch);

@@ -153,6 +153,20 @@ static void test_view(void) {
   ASSERT_UEQ(v.samples, UINT64_MAX);
   ASSERT(v.target_reached);
 
+  /* A peer's last record, saying it left, counts for nothing. */
+  proto_progress l[2] = {rec("r", 9, 500, 100, now, PROTO_MODE_NODE),
+                         rec("r", 2, 100, 10, now, PROTO_MODE_NODE)};
+  l[0].leaving = true;
+  bee_swarm_view_compute(l, 2, "r", 1000, now, &v);
+  ASSERT_UEQ(v.epoch, 2);
+  ASSERT_UEQ(v.peers, 1);
+  ASSERT_UEQ(v.samples, 100);
+  /* ... but it is expected in a round for a while: it may be back. */
+  ASSERT_EQ(bee_round_candidates(l, 2, "r", 9, now), 1);
+  ASSERT_EQ(bee_round_candidates(l, 2, "r", 9,
+                                 now + BEE_LEAVE_GRACE_MS - 1), 1);
+  ASSERT_EQ(bee_round_candidates(l, 2, "r", 9, now + BEE_LEAVE_GRACE_MS), 0);
+
   /* No rate: the time to the target is unknown. */
   proto_progress z = rec("r", 0, 10, 0, now, PROTO_MODE_NODE);
   bee_swarm_view_compute(&z, 1, "r", 1000, now, &v);
@@ -187,10 +201,10 @@ static void test_candidates(void) {
       rec("r", 6, 0, 0, now, PROTO_MODE_NODE), /* ahead: its round is over */
       rec("q", 5, 0, 0, now, PROTO_MODE_NODE), /* another run */
   };
-  ASSERT_EQ(bee_round_candidates(p, 6, "r", 5), 3);
-  ASSERT_EQ(bee_round_candidates(p, 6, "r", 0), 0);
-  ASSERT_EQ(bee_round_candidates(p, 6, "r", 6), 3);
-  ASSERT_EQ(bee_round_candidates(p, 6, "q", 5), 1);
+  ASSERT_EQ(bee_round_candidates(p, 6, "r", 5, now), 3);
+  ASSERT_EQ(bee_round_candidates(p, 6, "r", 0, now), 0);
+  ASSERT_EQ(bee_round_candidates(p, 6, "r", 6, now), 3);
+  ASSERT_EQ(bee_round_candidates(p, 6, "q", 5, now), 1);
 }
 
 int main(void) {

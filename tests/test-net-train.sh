@@ -129,8 +129,9 @@ done
 echo "churn: b2 killed, b3 loaded epoch $loaded; epoch $e: $h0"
 
 # Preemption: SIGTERM to b1 (started with a checkpoint directory below):
-# it exits 0 well within 25 s, with its state on disk; restarted with
-# --resume it loads that, catches up with the swarm and steps in line.
+# it exits 0 well within 25 s, with its state on disk and a last progress
+# record that says it left; restarted with --resume it loads that,
+# catches up with the swarm and steps in line.
 t0=$(date +%s%N)
 kill -TERM "${pid[b1]}"
 rc=0
@@ -140,6 +141,15 @@ ms=$((($(date +%s%N) - t0) / 1000000))
 [ "$rc" = 0 ] || fail "b1 exited $rc after SIGTERM"
 [ "$ms" -lt 25000 ] || fail "b1 took $ms ms to stop"
 ls "$work"/ck-b1/"$RUN"-*.ckpt >/dev/null 2>&1 || fail "b1 left no checkpoint"
+grep -q 'train: left the run: the last progress record says so' "$work/b1.log" ||
+  fail "b1 did not tell the run it left"
+# Its last progress record says so: an eighth field, true (0xc3).
+id_b1=$(field peer-id "$work/b1.txt")
+out=$(cd "$work" && "$BEECTL" dht get "${RUN}_progress" --latest \
+  --join "127.0.0.1:$base" --open --swarm beed --identity client.key \
+  2>>"$work/beectl.log") || fail "beectl dht get after b1 left failed"
+grep -q "^owner $id_b1.*c3 (hex)\$" <<<"$out" ||
+  fail "b1's last progress record does not say it left: $out"
 mv "$work/b1.log" "$work/b1-first.log"
 start b1 $((base + 1)) "${train[@]}" --join "127.0.0.1:$base" \
   --checkpoint-dir ck-b1 --resume
@@ -148,9 +158,13 @@ now=$(sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/b0.log" | tail -n 
 e=$((now + 2))
 for b in b0 b1 b3; do wait_log "$b" "train: epoch $e done" 90; done
 h0=$(step_how b0 "$e")
-[ "$(step_how b1 "$e")" = "$h0" ] ||
-  fail "after the restart, epoch $e: b1's step '$(step_how b1 "$e")'" \
-    "differs from b0's '$h0'"
+for b in b1 b3; do
+  [ "$(step_how "$b" "$e")" = "$h0" ] ||
+    fail "after the restart, epoch $e: $b's step '$(step_how "$b" "$e")'" \
+      "differs from b0's '$h0'"
+done
+[[ $h0 = "averaged in a group of 3 "* ]] ||
+  fail "after the restart, epoch $e: b0's step: '$h0'"
 echo "preemption: b1 stopped in $ms ms with a checkpoint, resumed; epoch $e: $h0"
 
 stop_all

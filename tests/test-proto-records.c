@@ -944,6 +944,45 @@ static void test_check(void) {
   ASSERT_RC(check(buf, len, key, true, &type), BEE_EAUTH);
 }
 
+/* bee.progress's optional eighth field: leaving, written only when true;
+ * a false one reads as absent, and a non-bool there is a later version's
+ * field, skipped. */
+static void test_leaving(void) {
+  proto_progress p = {.epoch = 3, .samples = 7, .samples_per_second = 2.5,
+                      .time_ms = 1700000000000ull, .mode = PROTO_MODE_NODE},
+                 d;
+  snprintf(p.run, sizeof p.run, "run");
+  snprintf(p.label, sizeof p.label, "eu");
+  uint8_t a[PROTO_RECORD_MAX], b[PROTO_RECORD_MAX];
+  size_t an, bn;
+  ASSERT_OK(proto_progress_encode(&p, a, sizeof a, &an));
+  p.leaving = true;
+  ASSERT_OK(proto_progress_encode(&p, b, sizeof b, &bn));
+  ASSERT_UEQ(bn, an + 1);
+  ASSERT_EQ(b[0], a[0] + 1); /* one more element in the fixarray */
+  ASSERT_EQ(b[bn - 1], 0xc3);
+  ASSERT_MEMEQ(b + 1, a + 1, an - 1);
+  ASSERT_OK(proto_progress_decode(b, bn, &d));
+  ASSERT(d.leaving && d.epoch == 3);
+  ASSERT_OK(proto_progress_decode(a, an, &d));
+  ASSERT(!d.leaving);
+  b[bn - 1] = 0xc2; /* false, spelled out */
+  ASSERT_OK(proto_progress_decode(b, bn, &d));
+  ASSERT(!d.leaving);
+  b[bn - 1] = 0x05; /* a later field of another type */
+  ASSERT_OK(proto_progress_decode(b, bn, &d));
+  ASSERT(!d.leaving);
+  b[bn - 1] = 0xc1;
+  ASSERT_RC(proto_progress_decode(b, bn, &d), BEE_EMALFORMED);
+  /* leaving, then a later field: both read. */
+  memcpy(b, a, an);
+  b[0] = (uint8_t)(a[0] + 2);
+  b[an] = 0xc3;
+  b[an + 1] = 0x2a;
+  ASSERT_OK(proto_progress_decode(b, an + 2, &d));
+  ASSERT(d.leaving);
+}
+
 int main(void) {
   if (sodium_init() < 0)
     FAIL("sodium_init");
@@ -956,6 +995,7 @@ int main(void) {
   test_fields();
   test_shape();
   test_check();
+  test_leaving();
   printf("typed records: all checks passed\n");
   return 0;
 }
