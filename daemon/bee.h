@@ -93,6 +93,14 @@ typedef struct bee_config {
   bool version; /* --version was given */
 } bee_config;
 
+/* Formats an error line into err (errlen bytes; NULL or 0: none) and
+ * returns code: how config.c and ckpt.c report what went wrong. */
+int bee_failf(char *err, size_t errlen, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
 /* Fills cfg with the defaults. */
 void bee_config_init(bee_config *cfg);
 

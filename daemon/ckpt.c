@@ -24,7 +24,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sodium.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -33,21 +32,6 @@
 #define MAGIC "BEEDCKPT"
 #define VERSION 1
 #define SUM 32
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 4, 5)))
-#endif
-    ;
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
 
 static void le(uint8_t *p, uint64_t v, int n) {
   for (int i = 0; i < n; i++)
@@ -107,7 +91,7 @@ static int list_epochs(const char *dir, const char *run, int64_t **out,
   *out = NULL;
   *n = 0;
   if (!d)
-    return fail(err, errlen, -errno, "checkpoint directory %s: %s", dir,
+    return bee_failf(err, errlen, -errno, "checkpoint directory %s: %s", dir,
                 strerror(errno));
   size_t cap = 0;
   int rc = 0;
@@ -120,7 +104,7 @@ static int list_epochs(const char *dir, const char *run, int64_t **out,
       cap = cap ? 2 * cap : 16;
       int64_t *g = realloc(*out, cap * sizeof *g);
       if (!g) {
-        rc = fail(err, errlen, -ENOMEM, "out of memory");
+        rc = bee_failf(err, errlen, -ENOMEM, "out of memory");
         break;
       }
       *out = g;
@@ -142,12 +126,12 @@ int bee_ckpt_write(const char *dir, const char *run, uint64_t epoch,
                    char *path, size_t pathcap, char *err, size_t errlen) {
   size_t rn = strlen(run);
   if (rn == 0 || rn > PROTO_RUN_MAX || epoch > 999999999999ull)
-    return fail(err, errlen, BEE_ERANGE, "checkpoint: bad run or epoch");
+    return bee_failf(err, errlen, BEE_ERANGE, "checkpoint: bad run or epoch");
   char tmp[BEE_PATH_MAX + 96];
   int n = snprintf(path, pathcap, "%s/%s-%012llu.ckpt", dir, run,
                    (unsigned long long)epoch);
   if (n < 0 || (size_t)n >= pathcap)
-    return fail(err, errlen, BEE_ETOOBIG, "checkpoint: path too long");
+    return bee_failf(err, errlen, BEE_ETOOBIG, "checkpoint: path too long");
   snprintf(tmp, sizeof tmp, "%s/.%s-%012llu.ckpt.tmp", dir, run,
            (unsigned long long)epoch);
   uint8_t head[8 + 4 + 4 + PROTO_RUN_MAX + 8 + 8 + SUM];
@@ -161,7 +145,7 @@ int bee_ckpt_write(const char *dir, const char *run, uint64_t epoch,
   checksum(head, hl, payload, len, head + hl);
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0)
-    return fail(err, errlen, -errno, "checkpoint %s: %s", tmp, strerror(errno));
+    return bee_failf(err, errlen, -errno, "checkpoint %s: %s", tmp, strerror(errno));
   int rc = write_all(fd, head, hl + SUM);
   if (!rc)
     rc = write_all(fd, payload, len);
@@ -173,7 +157,7 @@ int bee_ckpt_write(const char *dir, const char *run, uint64_t epoch,
     rc = -errno;
   if (rc) {
     unlink(tmp);
-    return fail(err, errlen, rc, "checkpoint %s: %s", path, strerror(-rc));
+    return bee_failf(err, errlen, rc, "checkpoint %s: %s", path, strerror(-rc));
   }
   int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) { /* the rename itself, on disk */
@@ -200,11 +184,11 @@ int bee_ckpt_read(const char *path, const char *run, size_t want_len,
   *payload = NULL;
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
-    return fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
+    return bee_failf(err, errlen, -errno, "%s: %s", path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
     close(fd);
-    return fail(err, errlen, -EINVAL, "%s: not a regular file", path);
+    return bee_failf(err, errlen, -EINVAL, "%s: not a regular file", path);
   }
   size_t rn = strlen(run), hl = head_len(rn);
   uint64_t size = (uint64_t)st.st_size;
@@ -215,7 +199,7 @@ int bee_ckpt_read(const char *path, const char *run, size_t want_len,
   buf = malloc(size ? size : 1);
   if (!buf) {
     close(fd);
-    return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+    return bee_failf(err, errlen, -ENOMEM, "%s: out of memory", path);
   }
   size_t got = 0;
   while (got < size) {
@@ -231,19 +215,19 @@ int bee_ckpt_read(const char *path, const char *run, size_t want_len,
   close(fd);
   if (rc) {
     free(buf);
-    return fail(err, errlen, rc, "%s: %s", path,
+    return bee_failf(err, errlen, rc, "%s: %s", path,
                 rc == -EBADMSG ? "shorter than it said" : strerror(-rc));
   }
   if (size < 16 || memcmp(buf, MAGIC, 8) != 0)
-    rc = fail(err, errlen, -EBADMSG, "%s: not a beed checkpoint", path);
+    rc = bee_failf(err, errlen, -EBADMSG, "%s: not a beed checkpoint", path);
   else if (rle(buf + 8, 4) != VERSION)
-    rc = fail(err, errlen, -EBADMSG, "%s: format version %llu, not %d", path,
+    rc = bee_failf(err, errlen, -EBADMSG, "%s: format version %llu, not %d", path,
               (unsigned long long)rle(buf + 8, 4), VERSION);
   else if (rle(buf + 12, 4) != rn || size < 16 + rn ||
            memcmp(buf + 16, run, rn) != 0)
-    rc = fail(err, errlen, -EINVAL, "%s: from another run", path);
+    rc = bee_failf(err, errlen, -EINVAL, "%s: from another run", path);
   else if (size != hl + SUM + want_len || rle(buf + 24 + rn, 8) != want_len)
-    rc = fail(err, errlen, -EINVAL,
+    rc = bee_failf(err, errlen, -EINVAL,
               "%s: %llu bytes, where this model's checkpoint takes %zu (another "
               "model, or truncated)",
               path, (unsigned long long)st.st_size, hl + SUM + want_len);
@@ -251,7 +235,7 @@ int bee_ckpt_read(const char *path, const char *run, size_t want_len,
     uint8_t sum[SUM];
     checksum(buf, hl, buf + hl + SUM, want_len, sum);
     if (memcmp(sum, buf + hl, SUM) != 0)
-      rc = fail(err, errlen, -EBADMSG, "%s: checksum mismatch (damaged)",
+      rc = bee_failf(err, errlen, -EBADMSG, "%s: checksum mismatch (damaged)",
                 path);
   }
   if (rc) {
@@ -284,6 +268,6 @@ int bee_ckpt_newest(const char *dir, const char *run, size_t want_len,
     bee_warn("ckpt", "skipped %s", why);
   }
   free(eps);
-  return fail(err, errlen, -ENOENT, "no valid checkpoint of run '%s' in %s",
+  return bee_failf(err, errlen, -ENOENT, "no valid checkpoint of run '%s' in %s",
               run, dir);
 }

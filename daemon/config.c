@@ -106,13 +106,7 @@ static const struct opt *opt_find(const char *name, size_t len) {
   return NULL;
 }
 
-/* Formats an error line into err (errlen bytes) and returns code. */
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 4, 5)))
-#endif
-    ;
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+int bee_failf(char *err, size_t errlen, int code, const char *fmt, ...) {
   if (err && errlen) {
     va_list ap;
     va_start(ap, fmt);
@@ -250,9 +244,9 @@ static int parse_hex32(const char *s, uint8_t out[PROTO_PK_BYTES]) {
 static int set_path(char *dst, const char *v, char *msg, size_t cap) {
   size_t n = strlen(v);
   if (n == 0)
-    return fail(msg, cap, BEE_ECONFIG, "empty file name");
+    return bee_failf(msg, cap, BEE_ECONFIG, "empty file name");
   if (n >= BEE_PATH_MAX)
-    return fail(msg, cap, BEE_ECONFIG, "file name longer than %d bytes",
+    return bee_failf(msg, cap, BEE_ECONFIG, "file name longer than %d bytes",
                 BEE_PATH_MAX - 1);
   memcpy(dst, v, n + 1);
   return 0;
@@ -270,7 +264,7 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
     bool listen = o->id == O_LISTEN;
     if (strlen(v) >= BEE_ADDR_MAX ||
         bee_addr_parse(v, listen, host, sizeof host, &u))
-      return fail(msg, cap, BEE_ECONFIG, "bad address '%.80s' (want %s)", v,
+      return bee_failf(msg, cap, BEE_ECONFIG, "bad address '%.80s' (want %s)", v,
                   listen ? "ADDR:PORT, [V6ADDR]:PORT or :PORT"
                          : "HOST:PORT or [V6ADDR]:PORT");
     if (listen) {
@@ -278,7 +272,7 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
       return 0;
     }
     if (cfg->njoin >= BEE_JOIN_MAX)
-      return fail(msg, cap, BEE_ECONFIG, "more than %d join targets",
+      return bee_failf(msg, cap, BEE_ECONFIG, "more than %d join targets",
                   BEE_JOIN_MAX);
     snprintf(cfg->join[cfg->njoin++], BEE_ADDR_MAX, "%s", v);
     return 0;
@@ -289,26 +283,26 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
   case O_CONFIG: return set_path(cfg->config, v, msg, cap);
   case O_MODERATOR:
     if (parse_hex32(v, cfg->moderator_pk))
-      return fail(msg, cap, BEE_ECONFIG,
+      return bee_failf(msg, cap, BEE_ECONFIG,
                   "bad public key '%.80s' (want %d hex digits)", v,
                   2 * PROTO_PK_BYTES);
     cfg->moderated = true;
     return 0;
   case O_SWARM:
     if (!proto_swarm_valid(v))
-      return fail(msg, cap, BEE_ECONFIG,
+      return bee_failf(msg, cap, BEE_ECONFIG,
                   "bad swarm name '%.80s' (want 1..%d of A-Z a-z 0-9 . _ -)", v,
                   PROTO_SWARM_MAX);
     snprintf(cfg->swarm, sizeof cfg->swarm, "%s", v);
     return 0;
   case O_LOG_LEVEL:
     if (bee_log_level_parse(v, &cfg->log_level))
-      return fail(msg, cap, BEE_ECONFIG,
+      return bee_failf(msg, cap, BEE_ECONFIG,
                   "bad log level '%.80s' (want error, warn, info or debug)", v);
     return 0;
   case O_MAX_CONNS:
     if (parse_uint(v, 1, 65536, &u))
-      return fail(msg, cap, BEE_ECONFIG, "bad number '%.80s' (want 1..65536)",
+      return bee_failf(msg, cap, BEE_ECONFIG, "bad number '%.80s' (want 1..65536)",
                   v);
     cfg->max_conns = u;
     return 0;
@@ -316,7 +310,7 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
   case O_STATUS_INTERVAL: {
     unsigned min = o->id == O_STATUS_INTERVAL ? 0 : 1; /* 0: no status */
     if (parse_uint(v, min, BEE_STATUS_MAX_S, &u))
-      return fail(msg, cap, BEE_ECONFIG,
+      return bee_failf(msg, cap, BEE_ECONFIG,
                   "bad number '%.80s' (want seconds, %u..%d)", v, min,
                   BEE_STATUS_MAX_S);
     if (o->id == O_STATUS_INTERVAL)
@@ -338,7 +332,7 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
       snprintf(pr.label, sizeof pr.label, "%s", v);
     if (strlen(v) > (run ? PROTO_RUN_MAX : PROTO_LABEL_MAX) ||
         proto_progress_encode(&pr, buf, sizeof buf, &n))
-      return fail(msg, cap, BEE_ECONFIG,
+      return bee_failf(msg, cap, BEE_ECONFIG,
                   run ? "bad run name '%.80s' (want 1..%d of A-Z a-z 0-9 . _ -)"
                       : "bad label '%.80s' (want at most %d bytes of "
                         "printable UTF-8)",
@@ -349,20 +343,20 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
   }
   case O_MODEL:
     if (strcmp(v, "mlp") != 0 && strcmp(v, "cnn") != 0)
-      return fail(msg, cap, BEE_ECONFIG, "bad model '%.80s' (want mlp or cnn)",
+      return bee_failf(msg, cap, BEE_ECONFIG, "bad model '%.80s' (want mlp or cnn)",
                   v);
     snprintf(cfg->model, sizeof cfg->model, "%s", v);
     return 0;
   case O_DATA: return set_path(cfg->data, v, msg, cap);
   case O_BATCH_SIZE:
     if (parse_uint(v, 1, BEE_BATCH_MAX, &u))
-      return fail(msg, cap, BEE_ECONFIG, "bad number '%.80s' (want 1..%d)", v,
+      return bee_failf(msg, cap, BEE_ECONFIG, "bad number '%.80s' (want 1..%d)", v,
                   BEE_BATCH_MAX);
     cfg->batch_size = u;
     return 0;
   case O_TARGET_BATCH_SIZE:
     if (parse_uint(v, 1, 1000000000, &u))
-      return fail(msg, cap, BEE_ECONFIG,
+      return bee_failf(msg, cap, BEE_ECONFIG,
                   "bad number '%.80s' (want samples, 1..1000000000)", v);
     cfg->target_batch_size = u;
     return 0;
@@ -371,19 +365,19 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
     errno = 0;
     double lr = strtod(v, &end);
     if (end == v || *end || errno || !(lr > 0) || lr > 100)
-      return fail(msg, cap, BEE_ECONFIG,
+      return bee_failf(msg, cap, BEE_ECONFIG,
                   "bad learning rate '%.80s' (want a number in (0, 100])", v);
     cfg->lr = lr;
     return 0;
   }
   case O_THREADS:
     if (parse_uint(v, 1, 64, &u))
-      return fail(msg, cap, BEE_ECONFIG, "bad number '%.80s' (want 1..64)", v);
+      return bee_failf(msg, cap, BEE_ECONFIG, "bad number '%.80s' (want 1..64)", v);
     cfg->threads = u;
     return 0;
   case O_EVAL_EVERY:
     if (parse_uint(v, 0, 1000000, &u))
-      return fail(msg, cap, BEE_ECONFIG,
+      return bee_failf(msg, cap, BEE_ECONFIG,
                   "bad number '%.80s' (want epochs, 0..1000000; 0: never)", v);
     cfg->eval_every = u;
     return 0;
@@ -392,7 +386,7 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
   case O_CHECKPOINT_EVERY:
   case O_KEEP_CHECKPOINTS:
     if (parse_uint(v, 1, 1000000, &u))
-      return fail(msg, cap, BEE_ECONFIG, "bad number '%.80s' (want 1..1000000)",
+      return bee_failf(msg, cap, BEE_ECONFIG, "bad number '%.80s' (want 1..1000000)",
                   v);
     if (o->id == O_CHECKPOINT_EVERY)
       cfg->checkpoint_every = u;
@@ -409,7 +403,7 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
     else if (strcmp(v, "false") == 0)
       b = false;
     else
-      return fail(msg, cap, BEE_ECONFIG,
+      return bee_failf(msg, cap, BEE_ECONFIG,
                   "bad value '%.80s' (want true or false)", v);
     if (o->id == O_OPEN)
       cfg->open = b;
@@ -422,7 +416,7 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
     return 0;
   }
   }
-  return fail(msg, cap, BEE_ECONFIG, "not a setting");
+  return bee_failf(msg, cap, BEE_ECONFIG, "not a setting");
 }
 
 /* ---- config file ------------------------------------------------------- */
@@ -473,7 +467,7 @@ static int file_line(bee_config *cfg, char *line, const char *path,
     return 0;
   char *eq = strchr(s, '=');
   if (!eq)
-    return fail(err, errlen, BEE_ECONFIG,
+    return bee_failf(err, errlen, BEE_ECONFIG,
                 "%s:%u: expected 'key = value', got '%.80s'", path, lineno, s);
   *eq = '\0';
   char *key = trim(s), *val = eq + 1;
@@ -486,18 +480,18 @@ static int file_line(bee_config *cfg, char *line, const char *path,
   val = trim(val);
   const struct opt *o = opt_find(key, strlen(key));
   if (!o)
-    return fail(err, errlen, BEE_ECONFIG, "%s:%u: unknown setting '%.80s'",
+    return bee_failf(err, errlen, BEE_ECONFIG, "%s:%u: unknown setting '%.80s'",
                 path, lineno, key);
   if (!o->in_file)
-    return fail(err, errlen, BEE_ECONFIG,
+    return bee_failf(err, errlen, BEE_ECONFIG,
                 "%s:%u: %s: only allowed on the command line", path, lineno,
                 o->name);
   if (*val == '\0')
-    return fail(err, errlen, BEE_ECONFIG, "%s:%u: %s: missing value", path,
+    return bee_failf(err, errlen, BEE_ECONFIG, "%s:%u: %s: missing value", path,
                 lineno, o->name);
   int rc = apply(cfg, o, val, msg, sizeof msg);
   if (rc)
-    return fail(err, errlen, rc, "%s:%u: %s: %s", path, lineno, o->name, msg);
+    return bee_failf(err, errlen, rc, "%s:%u: %s: %s", path, lineno, o->name, msg);
   return 0;
 }
 
@@ -509,25 +503,25 @@ int bee_config_load_file(bee_config *cfg, const char *path, char *err,
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) {
     int e = errno;
-    return fail(err, errlen, -e, "config file %s: %s", path, strerror(e));
+    return bee_failf(err, errlen, -e, "config file %s: %s", path, strerror(e));
   }
   if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
     int e = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
     close(fd);
-    return fail(err, errlen, -e, "config file %s: %s", path,
+    return bee_failf(err, errlen, -e, "config file %s: %s", path,
                 e == EISDIR ? strerror(e) : "not a regular file");
   }
   FILE *f = fdopen(fd, "r");
   if (!f) {
     int e = errno;
     close(fd);
-    return fail(err, errlen, -e, "config file %s: %s", path, strerror(e));
+    return bee_failf(err, errlen, -e, "config file %s: %s", path, strerror(e));
   }
   char *line = malloc(BEE_LINE_MAX + 2);
   int rc = 0;
   unsigned lineno = 0;
   if (!line) {
-    rc = fail(err, errlen, -ENOMEM, "config file %s: out of memory", path);
+    rc = bee_failf(err, errlen, -ENOMEM, "config file %s: out of memory", path);
     goto out;
   }
   for (;;) {
@@ -539,17 +533,17 @@ int bee_config_load_file(bee_config *cfg, const char *path, char *err,
     if (r == 1 && strlen(line) > BEE_LINE_MAX)
       r = BEE_ETOOBIG;
     if (r == BEE_ETOOBIG) {
-      rc = fail(err, errlen, BEE_ECONFIG, "%s:%u: line longer than %d bytes",
+      rc = bee_failf(err, errlen, BEE_ECONFIG, "%s:%u: line longer than %d bytes",
                 path, lineno, BEE_LINE_MAX);
       goto out;
     }
     if (r == BEE_EMALFORMED) {
-      rc = fail(err, errlen, BEE_ECONFIG, "%s:%u: NUL byte in line", path,
+      rc = bee_failf(err, errlen, BEE_ECONFIG, "%s:%u: NUL byte in line", path,
                 lineno);
       goto out;
     }
     if (r < 0) {
-      rc = fail(err, errlen, r, "config file %s: %s", path, strerror(-r));
+      rc = bee_failf(err, errlen, r, "config file %s: %s", path, strerror(-r));
       goto out;
     }
     if ((rc = file_line(cfg, line, path, lineno, err, errlen)))
@@ -575,18 +569,18 @@ static int next_flag(int argc, char *const argv[], int *i, const struct opt **o,
     return 0;
   }
   if (a[0] != '-')
-    return fail(err, errlen, BEE_ECONFIG, "unexpected argument '%.80s'", a);
+    return bee_failf(err, errlen, BEE_ECONFIG, "unexpected argument '%.80s'", a);
   if (strncmp(a, "--", 2) != 0 || a[2] == '\0')
-    return fail(err, errlen, BEE_ECONFIG, "unknown flag '%.80s'", a);
+    return bee_failf(err, errlen, BEE_ECONFIG, "unknown flag '%.80s'", a);
   const char *name = a + 2, *eq = strchr(name, '=');
   size_t len = eq ? (size_t)(eq - name) : strlen(name);
   *o = opt_find(name, len);
   if (!*o)
-    return fail(err, errlen, BEE_ECONFIG, "unknown flag '--%.*s'",
+    return bee_failf(err, errlen, BEE_ECONFIG, "unknown flag '--%.*s'",
                 (int)(len > 80 ? 80 : len), name);
   if ((*o)->kind != K_VALUE) {
     if (eq)
-      return fail(err, errlen, BEE_ECONFIG, "--%s takes no value", (*o)->name);
+      return bee_failf(err, errlen, BEE_ECONFIG, "--%s takes no value", (*o)->name);
     return 0;
   }
   if (eq) {
@@ -595,35 +589,35 @@ static int next_flag(int argc, char *const argv[], int *i, const struct opt **o,
   }
   /* A following flag is not a value: "--join --open" lacks the address. */
   if (*i + 1 >= argc || strncmp(argv[*i + 1], "--", 2) == 0)
-    return fail(err, errlen, BEE_ECONFIG, "missing value for --%s", (*o)->name);
+    return bee_failf(err, errlen, BEE_ECONFIG, "missing value for --%s", (*o)->name);
   *val = argv[++*i];
   return 0;
 }
 
 int bee_config_check(const bee_config *cfg, char *err, size_t errlen) {
   if (cfg->open && cfg->moderated)
-    return fail(err, errlen, BEE_ECONFIG,
+    return bee_failf(err, errlen, BEE_ECONFIG,
                 "--open and --moderator exclude each other: a swarm is "
                 "either open or moderated");
   if (!cfg->open && !cfg->moderated)
-    return fail(err, errlen, BEE_ECONFIG,
+    return bee_failf(err, errlen, BEE_ECONFIG,
                 "--moderator PUBKEY (moderated swarm) or --open (open "
                 "swarm) is required");
   if (cfg->moderated && !cfg->token[0])
-    return fail(err, errlen, BEE_ECONFIG,
+    return bee_failf(err, errlen, BEE_ECONFIG,
                 "--token FILE is required in a moderated swarm "
                 "(--moderator)");
   if (cfg->open && cfg->token[0])
-    return fail(err, errlen, BEE_ECONFIG,
+    return bee_failf(err, errlen, BEE_ECONFIG,
                 "--token is for moderated swarms; an --open swarm has none");
   if (cfg->open && cfg->revocations[0])
-    return fail(err, errlen, BEE_ECONFIG,
+    return bee_failf(err, errlen, BEE_ECONFIG,
                 "--revocations needs --moderator to check its signature");
   if ((cfg->checkpoint_dir[0] || cfg->resume) && !cfg->run[0])
-    return fail(err, errlen, BEE_ECONFIG,
+    return bee_failf(err, errlen, BEE_ECONFIG,
                 "--checkpoint-dir and --resume are for training: give --run-id");
   if (cfg->resume && !cfg->checkpoint_dir[0])
-    return fail(err, errlen, BEE_ECONFIG,
+    return bee_failf(err, errlen, BEE_ECONFIG,
                 "--resume needs --checkpoint-dir to resume from");
   return 0;
 }
@@ -650,7 +644,7 @@ int bee_config_parse(bee_config *cfg, int argc, char *const argv[], char *err,
       return 0;
     }
     if (o->id == O_CONFIG && (rc = apply(cfg, o, val, msg, sizeof msg)))
-      return fail(err, errlen, rc, "--config: %s", msg);
+      return bee_failf(err, errlen, rc, "--config: %s", msg);
   }
   if (cfg->config[0] &&
       (rc = bee_config_load_file(cfg, cfg->config, err, errlen)))
@@ -670,7 +664,7 @@ int bee_config_parse(bee_config *cfg, int argc, char *const argv[], char *err,
       cfg->njoin = 0;
     }
     if ((rc = apply(cfg, o, val, msg, sizeof msg)))
-      return fail(err, errlen, rc, "--%s: %s", o->name, msg);
+      return bee_failf(err, errlen, rc, "--%s: %s", o->name, msg);
   }
   return bee_config_check(cfg, err, errlen);
 }

@@ -1,0 +1,229 @@
+/* train-int.h: what the files of beed's training share (daemon/).
+ *
+ *   train.c        the worker and evaluator threads, the epoch step, the
+ *                  worker's news on the loop, life cycle and leaving
+ *   train-swarm.c  the run in the DHT (progress records, the swarm view,
+ *                  metrics), the averaging round, the loop's tick
+ *   train-state.c  snapshots of the state: served to peers, downloaded
+ *                  from them, written as checkpoints
+ *
+ * train.c's head comment has the design.  Nothing outside these three
+ * files includes this header.
+ */
+#ifndef BEE_DAEMON_TRAIN_INT_H
+#define BEE_DAEMON_TRAIN_INT_H
+
+#include "averager.h"
+#include "bee.h"
+#include "dht.h"
+#include "trainer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define COMP "train"
+#define TICK_MS 250  /* counters, publication, steps */
+#define VIEW_MS 1000 /* how often the swarm's records are read */
+#define STEP_RING 64 /* epoch steps the worker may be ahead of the log */
+#define MATCH_MS 2000     /* matchmaking: the latest we start a round */
+#define MATCH_DEADLINE_MS 4000 /* no group by then: the local step */
+#define ROUND_DEADLINE_MS 30000
+#define MIN_EPOCH_S 2.0 /* epochs shorter than this are not shared */
+#define STATE_METHOD "state.get"
+#define STATE_CHUNK (1u << 20)     /* bytes asked per request */
+#define STATE_CALL_MS 10000        /* one chunk's answer */
+#define STATE_RESTARTS 3           /* snapshots that may change under us */
+#define STATE_HDR 32               /* four u64: params, state, buffers, steps */
+#define DONORS_MAX 16
+#define START_WAIT_MS 3000 /* a first view before training, at most */
+#define METRICS_TTL_S 300  /* a metrics record lives this long */
+#define LEAVE_MS 2000      /* leaving: the last record's store, at most */
+
+/* Fashion-MNIST's training-set mean and deviation, as tools/train uses. */
+#define DATA_MEAN 0.2860f
+#define DATA_STD 0.3530f
+
+/* What the worker and the loop share, under mu. */
+typedef struct shared {
+  uint64_t epoch;
+  uint64_t samples;      /* computed in this epoch */
+  uint64_t pend_samples; /* not yet seen by the loop's rate */
+  double pend_s;         /* their computing time */
+  double loss_sum;       /* this epoch's summed training loss */
+  bool stop;             /* loop -> worker */
+  bee_swarm_view view;   /* loop -> worker: the last view */
+  uint64_t others;       /* the other peers' samples at view.epoch */
+  double others_rate;    /* and their rate, to extrapolate */
+  double view_s;         /* when the view was made, mono_s() */
+  int err;               /* worker -> loop: the worker has stopped */
+  char errmsg[160];
+  /* Epoch steps not yet logged by the loop: a ring, since a bee that
+   * catches up steps more than once between two turns of the loop. */
+  struct step_report {
+    uint64_t epoch, samples;
+    double loss;
+    int avg_status;       /* 0: averaged; else why not */
+    size_t group;         /* members of the round */
+    double by_all;        /* share of the tensor every member averaged */
+    uint8_t hash[8];      /* of the parameters after the step */
+    /* for the metrics record */
+    double compute_s, averaging_s;
+    uint64_t bytes_sent, bytes_recv;
+    double grad_sq_local, grad_sq_avg;
+    uint64_t batch_avg;   /* the group's samples (its members' weights) */
+  } steps[STEP_RING];
+  double compute_s;       /* this epoch's computing time, worker */
+  /* loop -> worker: start (after the first view), a state to load */
+  bool go;
+  uint8_t *load;      /* a downloaded snapshot, checked; the worker frees */
+  size_t load_len;
+  uint64_t load_epoch;
+  /* worker -> loop: the latest snapshot, swapped in under mu */
+  uint8_t *snap;
+  size_t snap_len;
+  uint64_t snap_epoch;
+  uint8_t snap_sum[PROTO_STATE_SUM_BYTES];
+  /* worker <-> loop: the gradients to average */
+  bool avg_req, avg_done;
+  uint64_t avg_epoch;
+  double avg_weight;
+  int avg_status;
+  size_t avg_group;
+  double avg_by_all;
+  uint64_t avg_bytes_sent, avg_bytes_recv, avg_batch;
+  uint64_t steps_head, steps_tail; /* written, logged; head - tail <= ring */
+  bool evaluated;        /* a test evaluation to report */
+  uint64_t eval_epoch;
+  double eval_loss, eval_acc;
+  bool eval_req, eval_busy, eval_stop; /* worker -> evaluator */
+  uint64_t eval_req_epoch;
+  uint64_t eval_skipped; /* epochs not evaluated: the last one still ran */
+  bool ckpt_req, ckpt_stop; /* worker/loop -> writer */
+  uint64_t ckpt_written;    /* epoch of the last checkpoint on disk */
+  bool ckpt_any;
+} shared;
+
+struct bee_train {
+  uv_loop_t *loop;
+  const bee_config *cfg;
+  const proto_identity *id;
+  struct dht_node *dht; /* NULL before start and after stop */
+  void (*on_fatal)(void *arg);
+  void *fatal_arg;
+  uv_timer_t timer;
+  uv_async_t async;
+  bool handles, started, stopped;
+  uv_thread_t thread, eval_thread;
+  bool eval_started;
+  uv_mutex_t mu;
+  uv_cond_t eval_cv;
+  uv_cond_t avg_cv; /* the worker waits there for its round */
+  uv_cond_t go_cv;  /* and there to start, or for a state to load */
+  uv_cond_t ckpt_cv; /* the writer waits there for a snapshot to write */
+  uv_thread_t ckpt_thread;
+  bool ckpt_started;
+  shared sh;
+  /* the worker's */
+  trn_model *m;
+  trn_model *em; /* the evaluator's copy, filled by the worker */
+  trn_optim *o;
+  trn_images tr, te;
+  trn_order ord;
+  float *x;
+  int32_t *y;
+  /* the loop's */
+  proto_host *host;
+  avg_node *avg;
+  bool averaging; /* a round is under way */
+  char addr[PROTO_ADDR_MAX];
+  uint8_t schema[PROTO_SCHEMA_HASH_BYTES];
+  uint8_t key[PROTO_DHT_KEY_BYTES];
+  uint8_t sub[PROTO_DHT_OWNED_SUBKEY_BYTES];
+  bee_rate rate;
+  bee_publisher pub;
+  bool put_busy, get_busy, put_warned;
+  uint64_t last_get_ms;
+  uint64_t behind_warned; /* the swarm epoch last warned about */
+  bee_swarm_view view;
+  uint64_t cand_epoch; /* the epoch the candidates were counted for */
+  /* donors: peers at the swarm's epoch by the last view */
+  uint8_t donors[DONORS_MAX][PROTO_ID_BYTES];
+  size_t ndonors;
+  /* the download under way */
+  bool fetching;
+  proto_conn *fconn;
+  uint64_t fcall;
+  uint8_t fpeer[PROTO_ID_BYTES];
+  uint8_t *fbuf;
+  uint64_t foffset, ftotal, fepoch;
+  uint8_t fsum[PROTO_STATE_SUM_BYTES];
+  unsigned frestarts;
+  size_t fdonor;       /* next donor to try */
+  uint64_t fshown;     /* percent last logged */
+  uint64_t started_ms; /* bee_train_start's loop time */
+  size_t candidates;   /* bee_round_candidates, by the last view */
+  bool have_view;
+  bool short_warned; /* epochs too short to share: said once */
+  uint64_t metrics_exp; /* the last metrics record's expiration */
+  char last_step[160];  /* the last epoch line's gist, for beectl status */
+  bool halted;          /* the threads are stopped */
+  void (*leave_done)(void *arg); /* leaving: called once the last record
+                                    is stored or LEAVE_MS passed */
+  void *leave_arg;
+  uint8_t mkey[PROTO_DHT_KEY_BYTES];
+  uint64_t status_ms;
+};
+
+/* Clocks: monotonic seconds, wall-clock unix milliseconds. */
+static inline double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static inline uint64_t wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* ---- train-state.c ---------------------------------------------------- */
+
+/* The snapshot's size for this model, bytes. */
+size_t bee__snapshot_size(bee_train *t);
+/* Worker: the state after the step that began epoch, for donors and
+ * checkpoints. */
+void bee__make_snapshot(bee_train *t, uint64_t epoch);
+/* Worker: loads a snapshot the loop checked, as of its epoch. */
+void bee__load_snapshot(bee_train *t, const uint8_t *b, uint64_t epoch);
+/* The checkpoint writer thread. */
+void bee__ckpt_writer(void *arg);
+/* Lets the worker start (it waits for the first view). */
+void bee__set_go(bee_train *t);
+/* Downloads the state from the donors of the last view. */
+void bee__start_fetch(bee_train *t);
+/* The "state.get" handler: the bytes of the latest snapshot. */
+void bee__state_req_cb(proto_conn *c, uint64_t id, proto_bytes method,
+                       proto_bytes payload, void *data);
+
+/* ---- train-swarm.c ---------------------------------------------------- */
+
+/* Our progress record as of (epoch, samples). */
+void bee__own_progress(bee_train *t, uint64_t epoch, uint64_t samples,
+                       proto_progress *p);
+/* The averager's DHT functions: declarations as bee.match records. */
+void bee__match_declare(void *ctx, const proto_match *info,
+                        uint64_t expiration);
+void bee__match_fetch(void *ctx, avg_node *node, const proto_match *info);
+/* Starts the round the worker waits for, if it asked and none runs. */
+void bee__start_round(bee_train *t);
+/* One epoch's metrics record. */
+void bee__publish_metrics(bee_train *t, const struct step_report *r);
+/* The loop's tick: counters, publication, the view, rounds, status. */
+void bee__tick(uv_timer_t *h);
+
+#endif /* BEE_DAEMON_TRAIN_INT_H */

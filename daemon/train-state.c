@@ -1,0 +1,340 @@
+/* train-state.c: snapshots of a bee's training state (parameters,
+ * optimizer state and steps, buffers; BLAKE2b-256 checksummed), made by
+ * the worker after each step: served to peers with "state.get"
+ * (docs/PROTOCOL.md section 12), downloaded from them by a bee behind the
+ * swarm, and written as checkpoints by a thread of their own (ckpt.c has
+ * the file format).
+ */
+#include "train-int.h"
+
+/* ---- snapshots: what a donor serves, what a newcomer loads ------------- */
+
+/* The snapshot's size for this model: a header of four little-endian
+ * u64 (parameters, optimizer state, buffers, optimizer steps), then the
+ * three float arrays. */
+size_t bee__snapshot_size(bee_train *t) {
+  size_t ns, nb;
+  trn_optim_state(t->o, &ns);
+  trn_model_buffers(t->m, &nb);
+  return STATE_HDR + (trn_model_nparams(t->m) + ns + nb) * sizeof(float);
+}
+
+static void put_u64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_u64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++)
+    v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+/* Worker: the state after the step that began epoch, for donors. */
+void bee__make_snapshot(bee_train *t, uint64_t epoch) {
+  size_t np = trn_model_nparams(t->m), ns, nb;
+  float *st = trn_optim_state(t->o, &ns);
+  float *bf = trn_model_buffers(t->m, &nb);
+  size_t len = bee__snapshot_size(t);
+  uint8_t *b = malloc(len);
+  if (!b)
+    return; /* no new snapshot: donors serve the last one */
+  put_u64(b, np);
+  put_u64(b + 8, ns);
+  put_u64(b + 16, nb);
+  put_u64(b + 24, trn_optim_steps(t->o));
+  uint8_t *p = b + STATE_HDR;
+  memcpy(p, trn_model_params(t->m), np * sizeof(float));
+  p += np * sizeof(float);
+  if (ns)
+    memcpy(p, st, ns * sizeof(float));
+  p += ns * sizeof(float);
+  if (nb)
+    memcpy(p, bf, nb * sizeof(float));
+  uint8_t sum[PROTO_STATE_SUM_BYTES];
+  crypto_generichash(sum, sizeof sum, b, len, NULL, 0);
+  uv_mutex_lock(&t->mu);
+  uint8_t *old = t->sh.snap;
+  t->sh.snap = b;
+  t->sh.snap_len = len;
+  t->sh.snap_epoch = epoch;
+  memcpy(t->sh.snap_sum, sum, sizeof sum);
+  uv_mutex_unlock(&t->mu);
+  free(old);
+}
+
+/* Worker: loads a snapshot the loop checked (size and checksum), as of
+ * its epoch: parameters, optimizer state and steps, buffers; no
+ * gradients, no samples. */
+void bee__load_snapshot(bee_train *t, const uint8_t *b, uint64_t epoch) {
+  size_t np = trn_model_nparams(t->m), ns, nb;
+  float *st = trn_optim_state(t->o, &ns);
+  float *bf = trn_model_buffers(t->m, &nb);
+  const uint8_t *p = b + STATE_HDR;
+  memcpy(trn_model_params(t->m), p, np * sizeof(float));
+  p += np * sizeof(float);
+  if (ns)
+    memcpy(st, p, ns * sizeof(float));
+  p += ns * sizeof(float);
+  if (nb)
+    memcpy(bf, p, nb * sizeof(float));
+  trn_optim_set_steps(t->o, get_u64(b + 24));
+  trn_model_zero_grad(t->m);
+  uv_mutex_lock(&t->mu);
+  t->sh.epoch = epoch;
+  t->sh.samples = 0;
+  t->sh.loss_sum = 0;
+  uv_mutex_unlock(&t->mu);
+}
+
+/* ---- checkpoints: the writer thread --------------------------------------- */
+
+/* Writes the latest snapshot (a copy taken under mu, so training goes on)
+ * when asked; the last request before stopping is written too. */
+static void ckpt_write_latest(bee_train *t) {
+  uv_mutex_lock(&t->mu);
+  size_t len = t->sh.snap_len;
+  uint64_t epoch = t->sh.snap_epoch;
+  uint8_t *copy = t->sh.snap && (!t->sh.ckpt_any || epoch != t->sh.ckpt_written)
+                      ? malloc(len)
+                      : NULL;
+  if (copy)
+    memcpy(copy, t->sh.snap, len);
+  uv_mutex_unlock(&t->mu);
+  if (!copy)
+    return; /* nothing new since the last one */
+  char path[BEE_PATH_MAX + 96], err[BEE_PATH_MAX + 160];
+  int rc = bee_ckpt_write(t->cfg->checkpoint_dir, t->cfg->run, epoch, copy,
+                          len, t->cfg->keep_checkpoints, path, sizeof path,
+                          err, sizeof err);
+  free(copy);
+  if (rc) {
+    bee_warn(COMP, "%s", err); /* training goes on; the next one may do */
+    return;
+  }
+  uv_mutex_lock(&t->mu);
+  t->sh.ckpt_written = epoch;
+  t->sh.ckpt_any = true;
+  uv_mutex_unlock(&t->mu);
+  bee_info(COMP, "checkpoint: epoch %llu in %s", (unsigned long long)epoch,
+           path);
+}
+
+void bee__ckpt_writer(void *arg) {
+  bee_train *t = arg;
+  for (;;) {
+    uv_mutex_lock(&t->mu);
+    while (!t->sh.ckpt_req && !t->sh.ckpt_stop)
+      uv_cond_wait(&t->ckpt_cv, &t->mu);
+    bool req = t->sh.ckpt_req, stop = t->sh.ckpt_stop;
+    t->sh.ckpt_req = false;
+    uv_mutex_unlock(&t->mu);
+    if (req)
+      ckpt_write_latest(t);
+    if (stop)
+      return;
+  }
+}
+
+/* ---- state download (loop thread) ---------------------------------------- */
+
+void bee__set_go(bee_train *t) {
+  uv_mutex_lock(&t->mu);
+  t->sh.go = true;
+  uv_cond_signal(&t->go_cv);
+  uv_mutex_unlock(&t->mu);
+}
+
+static void fetch_next(bee_train *t);
+static void fetch_from_next_donor(bee_train *t);
+
+static void fetch_failed(bee_train *t, const char *why) {
+  char id8[9];
+  bee_id8(t->fpeer, id8);
+  bee_warn(COMP, "state from %s: %s", id8, why);
+  free(t->fbuf);
+  t->fbuf = NULL;
+  fetch_from_next_donor(t);
+}
+
+static void fetch_cb(proto_conn *c, int status, int64_t remote_code,
+                     proto_bytes payload, void *arg) {
+  (void)c;
+  bee_train *t = arg;
+  char why[160];
+  if (t->stopped || !t->fetching)
+    return;
+  if (status) {
+    snprintf(why, sizeof why, "%s",
+             bee_strerror(status == BEE_EREMOTE ? (int)remote_code : status));
+    fetch_failed(t, why);
+    return;
+  }
+  proto_state_msg m;
+  int rc = proto_state_decode(payload.p, payload.n, &m);
+  if (rc || m.type != PROTO_T_STATE_CHUNK || strcmp(m.run, t->cfg->run) != 0 ||
+      m.offset != t->foffset) {
+    snprintf(why, sizeof why, "a malformed answer (%s)",
+             rc ? bee_strerror(rc) : "not the chunk asked for");
+    fetch_failed(t, why);
+    return;
+  }
+  if (m.total != bee__snapshot_size(t)) {
+    snprintf(why, sizeof why,
+             "a state of %llu bytes, where this model's takes %zu",
+             (unsigned long long)m.total, bee__snapshot_size(t));
+    fetch_failed(t, why);
+    return;
+  }
+  if (t->foffset == 0) {
+    free(t->fbuf);
+    t->fbuf = malloc(m.total);
+    if (!t->fbuf) {
+      fetch_failed(t, "out of memory");
+      return;
+    }
+    t->ftotal = m.total;
+    t->fepoch = m.epoch;
+    memcpy(t->fsum, m.checksum, sizeof t->fsum);
+  } else if (m.epoch != t->fepoch ||
+             memcmp(m.checksum, t->fsum, sizeof t->fsum) != 0) {
+    /* The donor stepped meanwhile: start over on its new snapshot. */
+    if (++t->frestarts > STATE_RESTARTS) {
+      fetch_failed(t, "its state kept changing under the download");
+      return;
+    }
+    t->foffset = 0;
+    fetch_next(t);
+    return;
+  }
+  if (m.data.n == 0 && t->foffset < t->ftotal) {
+    fetch_failed(t, "an empty chunk before the end");
+    return;
+  }
+  memcpy(t->fbuf + t->foffset, m.data.p, m.data.n);
+  t->foffset += m.data.n;
+  uint64_t pct = t->foffset * 100 / t->ftotal;
+  char id8[9];
+  bee_id8(t->fpeer, id8);
+  if (pct / 25 > t->fshown / 25 || t->foffset == t->ftotal) {
+    t->fshown = pct;
+    bee_info(COMP, "state: %llu%% of %.1f MiB from %s (epoch %llu)",
+             (unsigned long long)pct, (double)t->ftotal / (1 << 20), id8,
+             (unsigned long long)t->fepoch);
+  }
+  if (t->foffset < t->ftotal) {
+    fetch_next(t);
+    return;
+  }
+  uint8_t sum[PROTO_STATE_SUM_BYTES];
+  crypto_generichash(sum, sizeof sum, t->fbuf, t->ftotal, NULL, 0);
+  if (memcmp(sum, t->fsum, sizeof sum) != 0) {
+    fetch_failed(t, "the checksum does not match");
+    return;
+  }
+  size_t ns, nb;
+  trn_optim_state(t->o, &ns);
+  trn_model_buffers(t->m, &nb);
+  if (get_u64(t->fbuf) != trn_model_nparams(t->m) ||
+      get_u64(t->fbuf + 8) != ns || get_u64(t->fbuf + 16) != nb) {
+    fetch_failed(t, "a state of another shape");
+    return;
+  }
+  bee_info(COMP, "state: loaded epoch %llu from %s",
+           (unsigned long long)t->fepoch, id8);
+  uv_mutex_lock(&t->mu);
+  free(t->sh.load);
+  t->sh.load = t->fbuf;
+  t->sh.load_len = t->ftotal;
+  t->sh.load_epoch = t->fepoch;
+  t->sh.go = true;
+  uv_cond_signal(&t->go_cv);
+  uv_mutex_unlock(&t->mu);
+  t->fbuf = NULL;
+  t->fetching = false;
+}
+
+static void fetch_next(bee_train *t) {
+  proto_state_msg q = {.type = PROTO_T_STATE_REQ,
+                       .offset = t->foffset,
+                       .len = STATE_CHUNK};
+  uint8_t buf[PROTO_RUN_MAX + 64];
+  size_t len;
+  snprintf(q.run, sizeof q.run, "%s", t->cfg->run);
+  int rc = proto_state_encode(&q, buf, sizeof buf, &len);
+  if (rc == 0)
+    rc = proto_conn_call(t->fconn, STATE_METHOD, buf, len, STATE_CALL_MS,
+                         fetch_cb, t, &t->fcall);
+  if (rc)
+    fetch_failed(t, bee_strerror(rc));
+}
+
+/* The next donor we have a connection to; none left: train on. */
+static void fetch_from_next_donor(bee_train *t) {
+  while (t->fdonor < t->ndonors) {
+    const uint8_t *id = t->donors[t->fdonor++];
+    proto_conn *c = proto_host_find(t->host, id);
+    if (!c)
+      continue;
+    t->fconn = c;
+    memcpy(t->fpeer, id, PROTO_ID_BYTES);
+    t->foffset = 0;
+    t->frestarts = 0;
+    t->fshown = 0;
+    fetch_next(t);
+    return;
+  }
+  t->fetching = false;
+  bee_warn(COMP, "state: no donor could serve it; training on from here");
+  bee__set_go(t);
+}
+
+void bee__start_fetch(bee_train *t) {
+  t->fetching = true;
+  t->fdonor = 0;
+  fetch_from_next_donor(t);
+}
+
+/* A peer asks for our state: the bytes of the latest snapshot. */
+void bee__state_req_cb(proto_conn *c, uint64_t id, proto_bytes method,
+                         proto_bytes payload, void *data) {
+  (void)method;
+  bee_train *t = data;
+  proto_state_msg q;
+  if (proto_state_decode(payload.p, payload.n, &q) ||
+      q.type != PROTO_T_STATE_REQ) {
+    proto_conn_reply_error(c, id, BEE_EMALFORMED, "bad state request");
+    return;
+  }
+  if (strcmp(q.run, t->cfg->run) != 0) {
+    proto_conn_reply_error(c, id, BEE_ERANGE, "not training in that run");
+    return;
+  }
+  uv_mutex_lock(&t->mu);
+  if (!t->sh.snap || q.offset > t->sh.snap_len) {
+    const char *why = t->sh.snap ? "offset past the state" : "no state yet";
+    uv_mutex_unlock(&t->mu);
+    proto_conn_reply_error(c, id, BEE_ERANGE, why);
+    return;
+  }
+  size_t n = t->sh.snap_len - q.offset;
+  if (n > q.len)
+    n = q.len;
+  proto_state_msg m = {.type = PROTO_T_STATE_CHUNK,
+                       .epoch = t->sh.snap_epoch,
+                       .total = t->sh.snap_len,
+                       .offset = q.offset,
+                       .data = {t->sh.snap + q.offset, n}};
+  memcpy(m.run, q.run, sizeof m.run);
+  memcpy(m.checksum, t->sh.snap_sum, sizeof m.checksum);
+  size_t cap = n + 256, len;
+  uint8_t *buf = malloc(cap);
+  int rc = buf ? proto_state_encode(&m, buf, cap, &len) : -ENOMEM;
+  uv_mutex_unlock(&t->mu);
+  if (rc)
+    proto_conn_reply_error(c, id, rc, "cannot send the state");
+  else
+    proto_conn_reply(c, id, buf, len);
+  free(buf);
+}

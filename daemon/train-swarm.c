@@ -1,0 +1,401 @@
+/* train-swarm.c: a bee's run in the DHT and its averaging: the progress
+ * record it publishes and the swarm view it reads back (progress.c makes
+ * the decisions), the metrics record per epoch, the matchmaking's
+ * declarations, the round the worker waits for at each step, and the
+ * loop's tick that drives them.
+ */
+#include "train-int.h"
+
+/* ---- progress in the DHT (loop thread) ---------------------------------- */
+
+void bee__own_progress(bee_train *t, uint64_t epoch, uint64_t samples,
+                         proto_progress *p) {
+  memset(p, 0, sizeof *p);
+  snprintf(p->run, sizeof p->run, "%s", t->cfg->run);
+  p->epoch = epoch;
+  p->samples = samples;
+  p->samples_per_second = bee_rate_get(&t->rate);
+  p->time_ms = wall_ms();
+  p->mode = t->cfg->client ? PROTO_MODE_CLIENT : PROTO_MODE_NODE;
+  snprintf(p->label, sizeof p->label, "%s", t->cfg->label);
+}
+
+static void put_cb(dht_node *n, int status, unsigned stored,
+                   const dht_stats *st, void *arg) {
+  (void)n, (void)stored, (void)st;
+  bee_train *t = arg;
+  t->put_busy = false;
+  if (t->stopped || status == BEE_ECANCELED)
+    return;
+  if (status && !t->put_warned) {
+    t->put_warned = true; /* once until it works again */
+    bee_warn(COMP, "progress not published: %s", bee_strerror(status));
+  } else if (!status) {
+    t->put_warned = false;
+  }
+}
+
+static void publish(bee_train *t, uint64_t epoch, uint64_t samples) {
+  proto_progress p;
+  uint8_t buf[PROTO_RECORD_MAX];
+  size_t len;
+  bee__own_progress(t, epoch, samples, &p);
+  uint64_t now = uv_now(t->loop), wall = p.time_ms / 1000;
+  if (!bee_progress_due(&t->pub, now, wall, epoch, samples))
+    return;
+  int rc = proto_progress_encode(&p, buf, sizeof buf, &len);
+  if (rc) { /* our own fields: checked at start-up, so a bug */
+    bee_err(COMP, "progress record: %s", bee_strerror(rc));
+    return;
+  }
+  bee_publisher was = t->pub;
+  uint64_t exp = bee_progress_published(&t->pub, now, wall, epoch, samples);
+  rc = dht_put(t->dht, t->key, (proto_bytes){t->sub, sizeof t->sub},
+               (proto_bytes){buf, len}, exp, put_cb, t);
+  if (rc) {
+    t->pub = was;
+    bee_debug(COMP, "progress not published: %s", bee_strerror(rc));
+    return;
+  }
+  t->put_busy = true;
+}
+
+/* The swarm view from the records found (v may be NULL) and our own
+ * current progress; asks for the epoch step when the target is met. */
+static void update_view(bee_train *t, const dht_value *v) {
+  size_t cap = 1 + (v ? v->n : 0), n = 0;
+  proto_progress *all = malloc(cap * sizeof *all);
+  if (!all)
+    return;
+  uint8_t (*ids)[PROTO_ID_BYTES] = malloc(cap * sizeof *ids);
+  if (!ids) {
+    free(all);
+    return;
+  }
+  for (size_t i = 0; v && i < v->n; i++) {
+    const proto_dht_record *r = &v->records[i];
+    if (r->subkey.n != sizeof t->sub)
+      continue; /* the DHT checked the owned subkey: not expected */
+    if (memcmp(r->subkey.p, t->sub, sizeof t->sub) == 0)
+      continue; /* ours: the current one goes in below */
+    if (proto_progress_decode(r->value.p, r->value.n, &all[n]) == 0) {
+      proto_peer_id(r->subkey.p + 1, ids[n]);
+      n++;
+    }
+  }
+  /* Our own share as of now, and the others' as read. */
+  uv_mutex_lock(&t->mu);
+  uint64_t epoch = t->sh.epoch, samples = t->sh.samples;
+  bee__own_progress(t, epoch, samples, &all[n++]);
+  bee_swarm_view_compute(all, n, t->cfg->run, t->cfg->target_batch_size,
+                         all[n - 1].time_ms, &t->view);
+  t->candidates =
+      bee_round_candidates(all, n, t->cfg->run, epoch, all[n - 1].time_ms);
+  t->cand_epoch = epoch;
+  /* Donors: the others at the swarm's epoch that serve (not clients). */
+  t->ndonors = 0;
+  for (size_t i = 0; i + 1 < n && t->ndonors < DONORS_MAX; i++)
+    if (strcmp(all[i].run, t->cfg->run) == 0 && !all[i].leaving &&
+        all[i].epoch == t->view.epoch && all[i].mode != PROTO_MODE_CLIENT)
+      memcpy(t->donors[t->ndonors++], ids[i], PROTO_ID_BYTES);
+  free(ids);
+  t->sh.view = t->view;
+  bool here = t->view.epoch == epoch;
+  t->sh.others = here ? t->view.samples - samples : t->view.samples;
+  t->sh.others_rate = t->view.rate_at_epoch - (here ? all[n - 1].samples_per_second : 0);
+  if (t->sh.others_rate < 0)
+    t->sh.others_rate = 0;
+  t->sh.view_s = mono_s();
+  uv_mutex_unlock(&t->mu);
+  free(all);
+  t->have_view = true;
+  /* Behind the swarm (at start, or more than one epoch later on): the
+   * state from a peer at the swarm's epoch. */
+  uv_mutex_lock(&t->mu);
+  bool go = t->sh.go;
+  uv_mutex_unlock(&t->mu);
+  bool behind = go ? t->view.epoch > epoch + 1 : t->view.epoch > epoch;
+  if (behind && t->ndonors && !t->fetching)
+    bee__start_fetch(t);
+  else if (!go && !t->fetching &&
+           (t->view.peers > 1 ||
+            uv_now(t->loop) - t->started_ms >= START_WAIT_MS))
+    bee__set_go(t); /* level with the swarm, or alone for START_WAIT_MS */
+  /* Progress takes a second or two to travel through the DHT: an epoch
+   * the swarm finishes faster than that cannot be shared. */
+  double epoch_s = t->view.samples_per_second > 0
+                       ? t->cfg->target_batch_size / t->view.samples_per_second
+                       : 1e9;
+  if (t->view.peers > 1 && epoch_s < MIN_EPOCH_S && !t->short_warned) {
+    t->short_warned = true;
+    bee_warn(COMP,
+             "the swarm (%zu peers, %.0f samples/s) gathers the target batch "
+             "in %.2f s, less than the %.0f s progress needs to travel "
+             "through the DHT: bees will step alone; give "
+             "--target-batch-size %.0f or more",
+             t->view.peers, t->view.samples_per_second, epoch_s, MIN_EPOCH_S,
+             ceil(MIN_EPOCH_S * t->view.samples_per_second));
+  }
+  if (behind && !t->ndonors && t->behind_warned != t->view.epoch) {
+    t->behind_warned = t->view.epoch;
+    bee_warn(COMP,
+             "behind the swarm (epoch %llu here, %llu there) and no peer "
+             "there serves its state",
+             (unsigned long long)epoch, (unsigned long long)t->view.epoch);
+  }
+}
+
+static void get_cb(dht_node *n, int status, const dht_value *v,
+                   const dht_stats *st, void *arg) {
+  (void)n, (void)st;
+  bee_train *t = arg;
+  t->get_busy = false;
+  if (t->stopped || status == BEE_ECANCELED)
+    return;
+  /* Not found (no record yet, or no peer): the view is ours alone. */
+  update_view(t, status == 0 ? v : NULL);
+}
+
+static void log_view(bee_train *t) {
+  const bee_swarm_view *w = &t->view;
+  char eta[32];
+  if (w->eta_s < 0)
+    snprintf(eta, sizeof eta, "unknown");
+  else
+    snprintf(eta, sizeof eta, "%.1f s", w->eta_s);
+  bee_info(COMP,
+           "swarm: epoch %llu, %llu of %u samples (%zu of %zu peers at the "
+           "epoch), %.0f samples/s, target in %s; here %.0f samples/s",
+           (unsigned long long)w->epoch, (unsigned long long)w->samples,
+           t->cfg->target_batch_size, w->peers_at_epoch, w->peers,
+           w->samples_per_second, eta, bee_rate_get(&t->rate));
+}
+
+/* ---- averaging (loop thread) --------------------------------------------- */
+
+/* The matchmaking's declarations live in the DHT as bee.match records. */
+static void match_put_cb(dht_node *n, int status, unsigned stored,
+                         const dht_stats *st, void *arg) {
+  (void)n, (void)stored, (void)st, (void)arg;
+  if (status && status != BEE_ECANCELED)
+    bee_debug(COMP, "matchmaking declaration not stored: %s",
+              bee_strerror(status));
+}
+
+void bee__match_declare(void *ctx, const proto_match *info,
+                          uint64_t expiration) {
+  bee_train *t = ctx;
+  uint8_t buf[PROTO_RECORD_MAX], key[PROTO_DHT_KEY_BYTES];
+  size_t len;
+  if (!t->dht || proto_match_encode(info, buf, sizeof buf, &len))
+    return;
+  proto_record_key(PROTO_REC_MATCH, info->run, info->round, info->bits, key);
+  dht_put(t->dht, key, (proto_bytes){t->sub, sizeof t->sub},
+          (proto_bytes){buf, len}, expiration, match_put_cb, NULL);
+}
+
+typedef struct fetch_ctx {
+  bee_train *t;
+  avg_node *node;
+} fetch_ctx;
+
+static void match_fetch_cb(dht_node *n, int status, const dht_value *v,
+                           const dht_stats *st, void *arg) {
+  (void)n, (void)st;
+  fetch_ctx *f = arg;
+  bee_train *t = f->t;
+  if (status == 0 && !t->stopped && t->avg == f->node) {
+    avg_decl *d = calloc(v->n ? v->n : 1, sizeof *d);
+    size_t k = 0;
+    for (size_t i = 0; d && i < v->n; i++) {
+      const proto_dht_record *r = &v->records[i];
+      if (r->subkey.n != PROTO_DHT_OWNED_SUBKEY_BYTES ||
+          proto_match_decode(r->value.p, r->value.n, &d[k].info))
+        continue; /* the DHT checked owner and schema: not expected */
+      proto_peer_id(r->subkey.p + 1, d[k].id);
+      d[k].expiration = r->expiration;
+      k++;
+    }
+    if (d)
+      avg_node_declared(f->node, d, k);
+    free(d);
+  }
+  free(f);
+}
+
+void bee__match_fetch(void *ctx, avg_node *node, const proto_match *info) {
+  bee_train *t = ctx;
+  uint8_t key[PROTO_DHT_KEY_BYTES];
+  fetch_ctx *f = malloc(sizeof *f);
+  if (!t->dht || !f) {
+    free(f);
+    return;
+  }
+  *f = (fetch_ctx){t, node};
+  proto_record_key(PROTO_REC_MATCH, info->run, info->round, info->bits, key);
+  if (dht_get(t->dht, key, true, match_fetch_cb, f))
+    free(f);
+}
+
+/* The worker's round is over, one way or another: wake it. */
+static void round_over(bee_train *t, int status, size_t group,
+                       double by_all, const avg_node_result *r) {
+  t->averaging = false;
+  uint64_t batch = 0;
+  for (size_t i = 0; r && r->group && i < r->group->nmembers; i++)
+    batch += (uint64_t)r->group->members[i].weight;
+  uv_mutex_lock(&t->mu);
+  t->sh.avg_req = false;
+  t->sh.avg_done = true;
+  t->sh.avg_status = status;
+  t->sh.avg_group = group;
+  t->sh.avg_by_all = by_all;
+  t->sh.avg_batch = batch;
+  t->sh.avg_bytes_sent = r && r->summary ? r->summary->bytes_sent : 0;
+  t->sh.avg_bytes_recv = r && r->summary ? r->summary->bytes_recv : 0;
+  uv_cond_signal(&t->avg_cv);
+  uv_mutex_unlock(&t->mu);
+}
+
+static void round_cb(avg_node *n, const avg_node_result *r, void *arg) {
+  (void)n;
+  bee_train *t = arg;
+  size_t group = r->group ? r->group->nmembers : 0;
+  double by_all = 0;
+  int status = r->status;
+  if (status == 0 && r->summary) {
+    size_t np = trn_model_nparams(t->m);
+    by_all = np ? (double)r->summary->floats_by_k[r->summary->nmembers] /
+                      (double)np
+                : 1;
+    if (r->summary->floats_by_k[0] == np)
+      status = BEE_ETIMEOUT; /* nothing was averaged */
+  }
+  round_over(t, status, group, by_all, r);
+}
+
+/* Starts the round the worker asked for, expecting the peers at its epoch
+ * and one behind by the last view (bee_round_candidates); alone, there is
+ * nothing to average. */
+void bee__start_round(bee_train *t) {
+  uv_mutex_lock(&t->mu);
+  bool want = t->sh.avg_req && !t->sh.avg_done;
+  uint64_t epoch = t->sh.avg_epoch;
+  double weight = t->sh.avg_weight;
+  uv_mutex_unlock(&t->mu);
+  if (!want || t->averaging || t->stopped)
+    return;
+  if (t->cand_epoch != epoch)
+    return; /* no view at this epoch yet (a state just loaded): next tick */
+  size_t peers = t->candidates;
+  if (!t->avg || peers < 2) {
+    round_over(t, -ENOENT, 1, 0, NULL);
+    return;
+  }
+  avg_node_request req;
+  avg_node_request_default(&req);
+  avg_match_config *mc = &req.match;
+  snprintf(mc->info.run, sizeof mc->info.run, "%s", t->cfg->run);
+  mc->info.round = epoch;
+  snprintf(mc->info.addr, sizeof mc->info.addr, "%s", t->addr);
+  memcpy(mc->info.schema_hash, t->schema, sizeof t->schema);
+  mc->info.mode = t->cfg->client ? PROTO_MODE_CLIENT : PROTO_MODE_NODE;
+  mc->info.bandwidth_mbit = 1000;
+  mc->info.weight = weight;
+  /* Begin as soon as every peer at the epoch has joined; at the latest
+   * MATCH_MS from now with whoever has. */
+  mc->target_size = peers > 16 ? 16 : peers;
+  mc->min_size = 2;
+  mc->matchmaking_ms = MATCH_MS;
+  mc->fetch_interval_ms = 250;
+  mc->deadline_ms = MATCH_DEADLINE_MS;
+  req.round.x = trn_model_grads(t->m); /* the worker waits meanwhile */
+  req.round.n = trn_model_nparams(t->m);
+  req.round.weight = weight;
+  req.round.deadline_ms = ROUND_DEADLINE_MS;
+  int rc = avg_node_average(t->avg, &req, round_cb, t);
+  if (rc) {
+    bee_warn(COMP, "epoch %llu: cannot start averaging: %s",
+             (unsigned long long)epoch, bee_strerror(rc));
+    round_over(t, rc, 1, 0, NULL);
+    return;
+  }
+  t->averaging = true;
+}
+
+void bee_train_drain(bee_train *t, proto_conn *c) {
+  if (t && t->avg)
+    avg_node_drain(t->avg, c);
+}
+
+void bee_train_conn_down(bee_train *t, proto_conn *c) {
+  if (t && t->avg)
+    avg_node_conn_down(t->avg, c);
+}
+
+void bee__tick(uv_timer_t *h) {
+  bee_train *t = h->data;
+  uint64_t now = uv_now(t->loop);
+  uv_mutex_lock(&t->mu);
+  uint64_t epoch = t->sh.epoch, samples = t->sh.samples;
+  bee_rate_add(&t->rate, t->sh.pend_samples, t->sh.pend_s);
+  t->sh.pend_samples = 0;
+  t->sh.pend_s = 0;
+  uv_mutex_unlock(&t->mu);
+  if (t->dht && !t->put_busy)
+    publish(t, epoch, samples);
+  if (t->dht && !t->get_busy && now - t->last_get_ms >= VIEW_MS) {
+    t->last_get_ms = now;
+    if (dht_get(t->dht, t->key, true, get_cb, t) == 0)
+      t->get_busy = true;
+    else
+      update_view(t, NULL);
+  }
+  bee__start_round(t);
+  unsigned every = t->cfg->status_interval_s;
+  if (every && t->have_view && now - t->status_ms >= every * 1000ull) {
+    t->status_ms = now;
+    log_view(t);
+  }
+}
+
+/* One epoch's metrics under "<run>_metrics" (subkey: our key), for the
+ * monitor: loss, samples/s, computing and averaging time, bytes, the
+ * group, and the squared gradient norms before and after averaging with
+ * their batches (the gradient noise scale's inputs). */
+static void metrics_put_cb(dht_node *n, int status, unsigned stored,
+                           const dht_stats *st, void *arg) {
+  (void)n, (void)stored, (void)st, (void)arg;
+  if (status && status != BEE_ECANCELED)
+    bee_debug(COMP, "metrics not published: %s", bee_strerror(status));
+}
+
+void bee__publish_metrics(bee_train *t, const struct step_report *r) {
+  if (!t->dht)
+    return;
+  proto_metrics m = {.step = r->epoch,
+                     .has_loss = r->samples > 0,
+                     .loss = r->loss,
+                     .samples_per_second = bee_rate_get(&t->rate),
+                     .compute_s = r->compute_s,
+                     .averaging_s = r->averaging_s,
+                     .bytes_sent = r->bytes_sent,
+                     .bytes_received = r->bytes_recv,
+                     .group_size = r->avg_status == 0 ? r->group : 1,
+                     .grad_sq_local = r->grad_sq_local,
+                     .batch_local = r->samples,
+                     .grad_sq_avg = r->grad_sq_avg,
+                     .batch_avg = r->batch_avg,
+                     .time_ms = wall_ms()};
+  snprintf(m.run, sizeof m.run, "%s", t->cfg->run);
+  uint8_t buf[PROTO_RECORD_MAX];
+  size_t len;
+  if (proto_metrics_encode(&m, buf, sizeof buf, &len))
+    return; /* a NaN loss, say: nothing worth a record */
+  uint64_t exp = m.time_ms / 1000 + METRICS_TTL_S;
+  if (exp <= t->metrics_exp)
+    exp = t->metrics_exp + 1; /* the DHT keeps only a later one */
+  if (dht_put(t->dht, t->mkey, (proto_bytes){t->sub, sizeof t->sub},
+              (proto_bytes){buf, len}, exp, metrics_put_cb, NULL) == 0)
+    t->metrics_exp = exp;
+}
