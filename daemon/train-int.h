@@ -80,7 +80,6 @@ typedef struct shared {
   /* loop -> worker: start (after the first view), a state to load */
   bool go;
   uint8_t *load;      /* a downloaded snapshot, checked; the worker frees */
-  size_t load_len;
   uint64_t load_epoch;
   /* worker -> loop: the latest snapshot, swapped in under mu */
   uint8_t *snap;
@@ -156,7 +155,6 @@ struct bee_train {
   /* the download under way */
   bool fetching;
   proto_conn *fconn;
-  uint64_t fcall;
   uint8_t fpeer[PROTO_ID_BYTES];
   uint8_t *fbuf;
   uint64_t foffset, ftotal, fepoch;

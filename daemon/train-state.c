@@ -246,7 +246,6 @@ static void fetch_cb(proto_conn *c, int status, int64_t remote_code,
   uv_mutex_lock(&t->mu);
   free(t->sh.load);
   t->sh.load = t->fbuf;
-  t->sh.load_len = t->ftotal;
   t->sh.load_epoch = t->fepoch;
   t->sh.go = true;
   uv_cond_signal(&t->go_cv);
@@ -262,10 +261,11 @@ static void fetch_next(bee_train *t) {
   uint8_t buf[PROTO_RUN_MAX + 64];
   size_t len;
   snprintf(q.run, sizeof q.run, "%s", t->cfg->run);
+  uint64_t call; /* not cancelled: a late answer finds us stopped */
   int rc = proto_state_encode(&q, buf, sizeof buf, &len);
   if (rc == 0)
     rc = proto_conn_call(t->fconn, STATE_METHOD, buf, len, STATE_CALL_MS,
-                         fetch_cb, t, &t->fcall);
+                         fetch_cb, t, &call);
   if (rc)
     fetch_failed(t, bee_strerror(rc));
 }

@@ -405,7 +405,6 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
                          &blob, &epoch, path, sizeof path, err, sizeof err);
     if (rc == 0) {
       t->sh.load = blob;
-      t->sh.load_len = bee__snapshot_size(t);
       t->sh.load_epoch = epoch;
       t->sh.epoch = epoch; /* what the first view compares */
       bee_info(COMP, "resuming from %s (epoch %llu)", path,
