@@ -48,7 +48,14 @@
 #define BEE_DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
 #define BEE_DEFAULT_BATCH 64
 #define BEE_DEFAULT_TARGET_BATCH 4096
-#define BEE_DEFAULT_LR 0.05
+#define BEE_DEFAULT_LR 0.05      /* SGD's; AdamW and LAMB: 1e-3 */
+#define BEE_DEFAULT_INNER_STEPS 50
+#define BEE_DEFAULT_OUTER_LR 0.7 /* DiLoCo's (Douillard et al. 2023) */
+#define BEE_DEFAULT_OUTER_MOMENTUM 0.9
+#define BEE_DEFAULT_MATCHMAKING_S 2.0
+
+enum { BEE_OPT_SGD = 1, BEE_OPT_ADAMW, BEE_OPT_LAMB };
+enum { BEE_AVG_GRADIENTS = 1, BEE_AVG_DILOCO };
 #define BEE_BATCH_MAX 4096 /* samples per local step */
 
 /* ------------------------------------------------------------------------ */
@@ -80,7 +87,15 @@ typedef struct bee_config {
   char data[BEE_PATH_MAX];      /* Fashion-MNIST / MNIST directory */
   unsigned batch_size;          /* samples per local step */
   unsigned target_batch_size;   /* samples the swarm gathers per epoch */
-  double lr;                    /* SGD, momentum 0.9 */
+  double lr;                    /* 0: the optimizer's default (bee_config_lr) */
+  int optimizer;                /* BEE_OPT_* */
+  int averaging;                /* BEE_AVG_* */
+  unsigned inner_steps;         /* diloco: local steps per round; 0: unset */
+  double outer_lr;              /* diloco: Nesterov outer step; 0: unset */
+  double outer_momentum;        /* diloco; < 0: unset */
+  unsigned average_state_every; /* epochs; 0: never */
+  double matchmaking_s;         /* the longest a round waits for its peers */
+  unsigned min_peers;           /* training waits for this many in the run */
   char label[PROTO_LABEL_MAX + 1];
   unsigned threads;
   unsigned eval_every;          /* epochs; 0: never */
@@ -103,6 +118,16 @@ int bee_failf(char *err, size_t errlen, int code, const char *fmt, ...)
 
 /* Fills cfg with the defaults. */
 void bee_config_init(bee_config *cfg);
+
+/* The learning rate, the inner steps and the outer step that apply: the
+ * flags', or the defaults of the optimizer and averaging chosen. */
+double bee_config_lr(const bee_config *cfg);
+unsigned bee_config_inner_steps(const bee_config *cfg);
+double bee_config_outer_lr(const bee_config *cfg);
+double bee_config_outer_momentum(const bee_config *cfg);
+/* "sgd", "adamw", "lamb"; "gradients", "diloco". */
+const char *bee_optimizer_name(int optimizer);
+const char *bee_averaging_name(int averaging);
 
 /* Parses beed's command line (argv[0] is the program name) into cfg: the
  * defaults, then the --config file if one is named, then the flags, which

@@ -12,6 +12,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,14 @@ enum opt_id {
   O_BATCH_SIZE,
   O_TARGET_BATCH_SIZE,
   O_LR,
+  O_OPTIMIZER,
+  O_AVERAGING,
+  O_INNER_STEPS,
+  O_OUTER_LR,
+  O_OUTER_MOMENTUM,
+  O_AVERAGE_STATE_EVERY,
+  O_MATCHMAKING_TIME,
+  O_MIN_PEERS,
   O_LABEL,
   O_THREADS,
   O_EVAL_EVERY,
@@ -85,6 +94,14 @@ static const struct opt {
     {"batch-size", O_BATCH_SIZE, K_VALUE, true},
     {"target-batch-size", O_TARGET_BATCH_SIZE, K_VALUE, true},
     {"lr", O_LR, K_VALUE, true},
+    {"optimizer", O_OPTIMIZER, K_VALUE, true},
+    {"averaging", O_AVERAGING, K_VALUE, true},
+    {"inner-steps", O_INNER_STEPS, K_VALUE, true},
+    {"outer-lr", O_OUTER_LR, K_VALUE, true},
+    {"outer-momentum", O_OUTER_MOMENTUM, K_VALUE, true},
+    {"average-state-every", O_AVERAGE_STATE_EVERY, K_VALUE, true},
+    {"matchmaking-time", O_MATCHMAKING_TIME, K_VALUE, true},
+    {"min-peers", O_MIN_PEERS, K_VALUE, true},
     {"label", O_LABEL, K_VALUE, true},
     {"threads", O_THREADS, K_VALUE, true},
     {"eval-every", O_EVAL_EVERY, K_VALUE, true},
@@ -129,11 +146,44 @@ void bee_config_init(bee_config *cfg) {
   snprintf(cfg->data, sizeof cfg->data, "%s", BEE_DEFAULT_DATA);
   cfg->batch_size = BEE_DEFAULT_BATCH;
   cfg->target_batch_size = BEE_DEFAULT_TARGET_BATCH;
-  cfg->lr = BEE_DEFAULT_LR;
+  cfg->optimizer = BEE_OPT_SGD;
+  cfg->averaging = BEE_AVG_GRADIENTS;
+  cfg->outer_momentum = -1;
+  cfg->matchmaking_s = BEE_DEFAULT_MATCHMAKING_S;
+  cfg->min_peers = 1;
   cfg->threads = 1;
   cfg->eval_every = 1;
   cfg->checkpoint_every = 1;
   cfg->keep_checkpoints = 3;
+}
+
+double bee_config_lr(const bee_config *cfg) {
+  if (cfg->lr > 0)
+    return cfg->lr;
+  return cfg->optimizer == BEE_OPT_SGD ? BEE_DEFAULT_LR : 1e-3;
+}
+
+unsigned bee_config_inner_steps(const bee_config *cfg) {
+  return cfg->inner_steps ? cfg->inner_steps : BEE_DEFAULT_INNER_STEPS;
+}
+
+double bee_config_outer_lr(const bee_config *cfg) {
+  return cfg->outer_lr > 0 ? cfg->outer_lr : BEE_DEFAULT_OUTER_LR;
+}
+
+double bee_config_outer_momentum(const bee_config *cfg) {
+  return cfg->outer_momentum >= 0 ? cfg->outer_momentum
+                                  : BEE_DEFAULT_OUTER_MOMENTUM;
+}
+
+const char *bee_optimizer_name(int optimizer) {
+  return optimizer == BEE_OPT_ADAMW  ? "adamw"
+         : optimizer == BEE_OPT_LAMB ? "lamb"
+                                     : "sgd";
+}
+
+const char *bee_averaging_name(int averaging) {
+  return averaging == BEE_AVG_DILOCO ? "diloco" : "gradients";
 }
 
 /* ---- values ------------------------------------------------------------ */
@@ -360,16 +410,74 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
                   "bad number '%.80s' (want samples, 1..1000000000)", v);
     cfg->target_batch_size = u;
     return 0;
-  case O_LR: {
+  case O_LR:
+  case O_OUTER_LR:
+  case O_OUTER_MOMENTUM:
+  case O_MATCHMAKING_TIME: {
+    /* (lo, hi]; the momentum [0, 1) */
+    bool mom = o->id == O_OUTER_MOMENTUM, mm = o->id == O_MATCHMAKING_TIME;
+    double hi = mm ? 600 : 100;
     char *end;
     errno = 0;
-    double lr = strtod(v, &end);
-    if (end == v || *end || errno || !(lr > 0) || lr > 100)
+    double x = strtod(v, &end);
+    bool ok = end != v && !*end && !errno && isfinite(x) &&
+              (mom ? x >= 0 && x < 1 : x > 0 && x <= hi);
+    if (!ok)
       return bee_failf(msg, cap, BEE_ECONFIG,
-                  "bad learning rate '%.80s' (want a number in (0, 100])", v);
-    cfg->lr = lr;
+                       mom  ? "bad momentum '%.80s' (want a number in [0, 1))"
+                       : mm ? "bad time '%.80s' (want seconds in (0, 600])"
+                            : "bad learning rate '%.80s' (want a number in "
+                              "(0, 100])",
+                       v);
+    if (o->id == O_LR)
+      cfg->lr = x;
+    else if (o->id == O_OUTER_LR)
+      cfg->outer_lr = x;
+    else if (mom)
+      cfg->outer_momentum = x;
+    else
+      cfg->matchmaking_s = x;
     return 0;
   }
+  case O_OPTIMIZER:
+    if (strcmp(v, "sgd") == 0)
+      cfg->optimizer = BEE_OPT_SGD;
+    else if (strcmp(v, "adamw") == 0)
+      cfg->optimizer = BEE_OPT_ADAMW;
+    else if (strcmp(v, "lamb") == 0)
+      cfg->optimizer = BEE_OPT_LAMB;
+    else
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad optimizer '%.80s' (want sgd, adamw or lamb)", v);
+    return 0;
+  case O_AVERAGING:
+    if (strcmp(v, "gradients") == 0)
+      cfg->averaging = BEE_AVG_GRADIENTS;
+    else if (strcmp(v, "diloco") == 0)
+      cfg->averaging = BEE_AVG_DILOCO;
+    else
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad averaging '%.80s' (want gradients or diloco)", v);
+    return 0;
+  case O_INNER_STEPS:
+    if (parse_uint(v, 1, 1000000, &u))
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad number '%.80s' (want local steps, 1..1000000)", v);
+    cfg->inner_steps = u;
+    return 0;
+  case O_MIN_PEERS:
+    if (parse_uint(v, 1, 100000, &u))
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad number '%.80s' (want bees, 1..100000)", v);
+    cfg->min_peers = u;
+    return 0;
+  case O_AVERAGE_STATE_EVERY:
+    if (parse_uint(v, 0, 1000000, &u))
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad number '%.80s' (want epochs, 0..1000000; 0: never)",
+                       v);
+    cfg->average_state_every = u;
+    return 0;
   case O_THREADS:
     if (parse_uint(v, 1, 64, &u))
       return bee_failf(msg, cap, BEE_ECONFIG, "bad number '%.80s' (want 1..64)", v);
@@ -616,6 +724,12 @@ int bee_config_check(const bee_config *cfg, char *err, size_t errlen) {
   if ((cfg->checkpoint_dir[0] || cfg->resume) && !cfg->run[0])
     return bee_failf(err, errlen, BEE_ECONFIG,
                 "--checkpoint-dir and --resume are for training: give --run-id");
+  bool diloco = cfg->averaging == BEE_AVG_DILOCO;
+  if (!diloco && (cfg->inner_steps || cfg->outer_lr > 0 ||
+                  cfg->outer_momentum >= 0))
+    return bee_failf(err, errlen, BEE_ECONFIG,
+                     "--inner-steps, --outer-lr and --outer-momentum are for "
+                     "--averaging diloco");
   if (cfg->resume && !cfg->checkpoint_dir[0])
     return bee_failf(err, errlen, BEE_ECONFIG,
                 "--resume needs --checkpoint-dir to resume from");
@@ -711,7 +825,24 @@ void bee_config_usage(FILE *f) {
       "                           %s)\n"
       "  --batch-size N           samples per local step (default %d)\n"
       "  --target-batch-size N    samples the swarm gathers per epoch (default %d)\n"
-      "  --lr RATE                SGD's learning rate, momentum 0.9 (default %g)\n"
+      "  --optimizer NAME         sgd (momentum 0.9), adamw or lamb (default\n"
+      "                           sgd)\n"
+      "  --lr RATE                learning rate (default %g for sgd, 1e-3 for\n"
+      "                           adamw and lamb)\n"
+      "  --averaging MODE         gradients: the swarm averages gradients every\n"
+      "                           target batch (default); diloco: each bee takes\n"
+      "                           --inner-steps local steps, then the swarm\n"
+      "                           averages the change and takes an outer step\n"
+      "  --inner-steps H          diloco: local steps per round (default %d)\n"
+      "  --outer-lr RATE          diloco: the outer Nesterov step (default %g)\n"
+      "  --outer-momentum M       diloco: its momentum, [0, 1) (default %g)\n"
+      "  --average-state-every N  average parameters and optimizer state too,\n"
+      "                           every N epochs; 0 = never (default 0)\n"
+      "  --matchmaking-time SECS  the longest a round waits for the peers it\n"
+      "                           expects (default %g)\n"
+      "  --min-peers N            start training once N bees (this one too)\n"
+      "                           are in the run (default 1: at once, or with\n"
+      "                           the peers seen within 3 s)\n"
       "  --label TEXT             shown beside this bee's progress (a region)\n"
       "  --threads N              compute threads, 1..64 (default 1)\n"
       "  --eval-every N           test accuracy every N epochs; 0 = never\n"
@@ -731,5 +862,6 @@ void bee_config_usage(FILE *f) {
       BEE_DEFAULT_LISTEN, BEE_JOIN_MAX, BEE_DEFAULT_IDENTITY, BEE_DEFAULT_SWARM,
       BEE_DEFAULT_MAX_CONNS, BEE_DEFAULT_STATUS_S, PROTO_RUN_MAX,
       BEE_DEFAULT_DATA, BEE_DEFAULT_BATCH, BEE_DEFAULT_TARGET_BATCH,
-      BEE_DEFAULT_LR);
+      BEE_DEFAULT_LR, BEE_DEFAULT_INNER_STEPS, BEE_DEFAULT_OUTER_LR,
+      BEE_DEFAULT_OUTER_MOMENTUM, BEE_DEFAULT_MATCHMAKING_S);
 }

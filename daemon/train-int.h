@@ -29,8 +29,10 @@
 #define TICK_MS 250  /* counters, publication, steps */
 #define VIEW_MS 1000 /* how often the swarm's records are read */
 #define STEP_RING 64 /* epoch steps the worker may be ahead of the log */
-#define MATCH_MS 2000     /* matchmaking: the latest we start a round */
-#define MATCH_DEADLINE_MS 4000 /* no group by then: the local step */
+#define MATCH_GRACE_MS 2000 /* no group this long after --matchmaking-time:
+                               the local step */
+#define STATE_ROUND (UINT64_C(1) << 63) /* a state round's number: this
+                                           plus the epoch */
 #define ROUND_DEADLINE_MS 30000
 #define MIN_EPOCH_S 2.0 /* epochs shorter than this are not shared */
 #define STATE_METHOD "state.get"
@@ -75,6 +77,10 @@ typedef struct shared {
     uint64_t bytes_sent, bytes_recv;
     double grad_sq_local, grad_sq_avg;
     uint64_t batch_avg;   /* the group's samples (its members' weights) */
+    bool state_round;     /* the state was averaged after the step: */
+    int state_status;     /* 0, or why not */
+    size_t state_group;
+    double state_by_all;
   } steps[STEP_RING];
   double compute_s;       /* this epoch's computing time, worker */
   /* loop -> worker: start (after the first view), a state to load */
@@ -86,8 +92,12 @@ typedef struct shared {
   size_t snap_len;
   uint64_t snap_epoch;
   uint8_t snap_sum[PROTO_STATE_SUM_BYTES];
-  /* worker <-> loop: the gradients to average */
+  /* worker <-> loop: the buffer to average (the gradients, DiLoCo's
+   * change, or the state) */
   bool avg_req, avg_done;
+  bool avg_state;       /* a state round (STATE_ROUND + epoch) */
+  float *avg_buf;
+  size_t avg_n;
   uint64_t avg_epoch;
   double avg_weight;
   int avg_status;
@@ -130,6 +140,10 @@ struct bee_train {
   trn_model *m;
   trn_model *em; /* the evaluator's copy, filled by the worker */
   trn_optim *o;
+  trn_optim *outer; /* DiLoCo's outer step (Nesterov SGD); else NULL */
+  float *anchor;    /* DiLoCo: the parameters of the last outer step */
+  float *sbuf;      /* state averaging: parameters and optimizer states */
+  size_t sn;
   trn_images tr, te;
   trn_order ord;
   float *x;
@@ -139,7 +153,8 @@ struct bee_train {
   avg_node *avg;
   bool averaging; /* a round is under way */
   char addr[PROTO_ADDR_MAX];
-  uint8_t schema[PROTO_SCHEMA_HASH_BYTES];
+  uint8_t schema[PROTO_SCHEMA_HASH_BYTES];       /* gradient rounds */
+  uint8_t state_schema[PROTO_SCHEMA_HASH_BYTES]; /* state rounds */
   uint8_t key[PROTO_DHT_KEY_BYTES];
   uint8_t sub[PROTO_DHT_OWNED_SUBKEY_BYTES];
   bee_rate rate;
@@ -174,6 +189,7 @@ struct bee_train {
   void *leave_arg;
   uint8_t mkey[PROTO_DHT_KEY_BYTES];
   uint64_t status_ms;
+  uint64_t wait_logged_ms; /* --min-peers: the last "waiting" line */
 };
 
 /* Clocks: monotonic seconds, wall-clock unix milliseconds. */
@@ -193,6 +209,9 @@ static inline uint64_t wall_ms(void) {
 
 /* The snapshot's size for this model, bytes. */
 size_t bee__snapshot_size(bee_train *t);
+/* Whether a snapshot of the right size has this bee's shape: parameters,
+ * optimizer state, buffers (its header's counts). */
+bool bee__snapshot_shape_ok(bee_train *t, const uint8_t *b);
 /* Worker: the state after the step that began epoch, for donors and
  * checkpoints. */
 void bee__make_snapshot(bee_train *t, uint64_t epoch);

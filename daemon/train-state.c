@@ -11,12 +11,16 @@
 
 /* The snapshot's size for this model: a header of four little-endian
  * u64 (parameters, optimizer state, buffers, optimizer steps), then the
- * three float arrays. */
+ * three float arrays.  With DiLoCo the optimizer state is the local
+ * optimizer's then the outer one's (its momentum); the outer step count
+ * is the epoch's. */
 size_t bee__snapshot_size(bee_train *t) {
-  size_t ns, nb;
+  size_t ns, no = 0, nb;
   trn_optim_state(t->o, &ns);
+  if (t->outer)
+    trn_optim_state(t->outer, &no);
   trn_model_buffers(t->m, &nb);
-  return STATE_HDR + (trn_model_nparams(t->m) + ns + nb) * sizeof(float);
+  return STATE_HDR + (trn_model_nparams(t->m) + ns + no + nb) * sizeof(float);
 }
 
 static void put_u64(uint8_t *p, uint64_t v) {
@@ -31,17 +35,28 @@ static uint64_t get_u64(const uint8_t *p) {
   return v;
 }
 
+bool bee__snapshot_shape_ok(bee_train *t, const uint8_t *b) {
+  size_t ns, no = 0, nb;
+  trn_optim_state(t->o, &ns);
+  if (t->outer)
+    trn_optim_state(t->outer, &no);
+  trn_model_buffers(t->m, &nb);
+  return get_u64(b) == trn_model_nparams(t->m) && get_u64(b + 8) == ns + no &&
+         get_u64(b + 16) == nb;
+}
+
 /* Worker: the state after the step that began epoch, for donors. */
 void bee__make_snapshot(bee_train *t, uint64_t epoch) {
-  size_t np = trn_model_nparams(t->m), ns, nb;
+  size_t np = trn_model_nparams(t->m), ns, no = 0, nb;
   float *st = trn_optim_state(t->o, &ns);
+  float *ost = t->outer ? trn_optim_state(t->outer, &no) : NULL;
   float *bf = trn_model_buffers(t->m, &nb);
   size_t len = bee__snapshot_size(t);
   uint8_t *b = malloc(len);
   if (!b)
     return; /* no new snapshot: donors serve the last one */
   put_u64(b, np);
-  put_u64(b + 8, ns);
+  put_u64(b + 8, ns + no);
   put_u64(b + 16, nb);
   put_u64(b + 24, trn_optim_steps(t->o));
   uint8_t *p = b + STATE_HDR;
@@ -50,6 +65,9 @@ void bee__make_snapshot(bee_train *t, uint64_t epoch) {
   if (ns)
     memcpy(p, st, ns * sizeof(float));
   p += ns * sizeof(float);
+  if (no)
+    memcpy(p, ost, no * sizeof(float));
+  p += no * sizeof(float);
   if (nb)
     memcpy(p, bf, nb * sizeof(float));
   uint8_t sum[PROTO_STATE_SUM_BYTES];
@@ -68,8 +86,9 @@ void bee__make_snapshot(bee_train *t, uint64_t epoch) {
  * its epoch: parameters, optimizer state and steps, buffers; no
  * gradients, no samples. */
 void bee__load_snapshot(bee_train *t, const uint8_t *b, uint64_t epoch) {
-  size_t np = trn_model_nparams(t->m), ns, nb;
+  size_t np = trn_model_nparams(t->m), ns, no = 0, nb;
   float *st = trn_optim_state(t->o, &ns);
+  float *ost = t->outer ? trn_optim_state(t->outer, &no) : NULL;
   float *bf = trn_model_buffers(t->m, &nb);
   const uint8_t *p = b + STATE_HDR;
   memcpy(trn_model_params(t->m), p, np * sizeof(float));
@@ -77,9 +96,16 @@ void bee__load_snapshot(bee_train *t, const uint8_t *b, uint64_t epoch) {
   if (ns)
     memcpy(st, p, ns * sizeof(float));
   p += ns * sizeof(float);
+  if (no)
+    memcpy(ost, p, no * sizeof(float));
+  p += no * sizeof(float);
   if (nb)
     memcpy(bf, p, nb * sizeof(float));
   trn_optim_set_steps(t->o, get_u64(b + 24));
+  if (t->outer) { /* the snapshot is taken right after an outer step */
+    trn_optim_set_steps(t->outer, epoch);
+    memcpy(t->anchor, trn_model_params(t->m), np * sizeof(float));
+  }
   trn_model_zero_grad(t->m);
   uv_mutex_lock(&t->mu);
   t->sh.epoch = epoch;
@@ -141,9 +167,14 @@ void bee__ckpt_writer(void *arg) {
 
 void bee__set_go(bee_train *t) {
   uv_mutex_lock(&t->mu);
+  bool was = t->sh.go;
+  uint64_t epoch = t->sh.load ? t->sh.load_epoch : t->sh.epoch;
   t->sh.go = true;
   uv_cond_signal(&t->go_cv);
   uv_mutex_unlock(&t->mu);
+  if (!was)
+    bee_info(COMP, "training starts at epoch %llu",
+             (unsigned long long)epoch);
 }
 
 static void fetch_next(bee_train *t);
@@ -233,11 +264,7 @@ static void fetch_cb(proto_conn *c, int status, int64_t remote_code,
     fetch_failed(t, "the checksum does not match");
     return;
   }
-  size_t ns, nb;
-  trn_optim_state(t->o, &ns);
-  trn_model_buffers(t->m, &nb);
-  if (get_u64(t->fbuf) != trn_model_nparams(t->m) ||
-      get_u64(t->fbuf + 8) != ns || get_u64(t->fbuf + 16) != nb) {
+  if (!bee__snapshot_shape_ok(t, t->fbuf)) {
     fetch_failed(t, "a state of another shape");
     return;
   }
@@ -247,9 +274,8 @@ static void fetch_cb(proto_conn *c, int status, int64_t remote_code,
   free(t->sh.load);
   t->sh.load = t->fbuf;
   t->sh.load_epoch = t->fepoch;
-  t->sh.go = true;
-  uv_cond_signal(&t->go_cv);
   uv_mutex_unlock(&t->mu);
+  bee__set_go(t);
   t->fbuf = NULL;
   t->fetching = false;
 }

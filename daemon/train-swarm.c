@@ -117,24 +117,41 @@ static void update_view(bee_train *t, const dht_value *v) {
   bool behind = go ? t->view.epoch > epoch + 1 : t->view.epoch > epoch;
   if (behind && t->ndonors && !t->fetching)
     bee__start_fetch(t);
-  else if (!go && !t->fetching &&
-           (t->view.peers > 1 ||
-            uv_now(t->loop) - t->started_ms >= START_WAIT_MS))
+  else if (!go && !t->fetching && t->cfg->min_peers > 1) {
+    if (t->view.peers >= t->cfg->min_peers) /* --min-peers: all there */
+      bee__set_go(t);
+    else if (uv_now(t->loop) - t->wait_logged_ms >= 10000) {
+      t->wait_logged_ms = uv_now(t->loop);
+      bee_info(COMP, "waiting for %u bees in the run (--min-peers); %zu so far",
+               t->cfg->min_peers, t->view.peers);
+    }
+  } else if (!go && !t->fetching &&
+             (t->view.peers > 1 ||
+              uv_now(t->loop) - t->started_ms >= START_WAIT_MS))
     bee__set_go(t); /* level with the swarm, or alone for START_WAIT_MS */
   /* Progress takes a second or two to travel through the DHT: an epoch
    * the swarm finishes faster than that cannot be shared. */
   double epoch_s = t->view.samples_per_second > 0
                        ? t->cfg->target_batch_size / t->view.samples_per_second
                        : 1e9;
+  if (t->outer) /* DiLoCo: a round after this bee's local steps */
+    epoch_s = bee_rate_get(&t->rate) > 0
+                  ? bee_config_inner_steps(t->cfg) * t->cfg->batch_size /
+                        bee_rate_get(&t->rate)
+                  : 1e9;
   if (t->view.peers > 1 && epoch_s < MIN_EPOCH_S && !t->short_warned) {
     t->short_warned = true;
     bee_warn(COMP,
-             "the swarm (%zu peers, %.0f samples/s) gathers the target batch "
-             "in %.2f s, less than the %.0f s progress needs to travel "
-             "through the DHT: bees will step alone; give "
-             "--target-batch-size %.0f or more",
-             t->view.peers, t->view.samples_per_second, epoch_s, MIN_EPOCH_S,
-             ceil(MIN_EPOCH_S * t->view.samples_per_second));
+             "the swarm (%zu peers, %.0f samples/s) %s in %.2f s, less than "
+             "the %.0f s progress needs to travel through the DHT: bees will "
+             "step alone; give %s %.0f or more",
+             t->view.peers, t->view.samples_per_second,
+             t->outer ? "reaches a round" : "gathers the target batch",
+             epoch_s, MIN_EPOCH_S,
+             t->outer ? "--inner-steps" : "--target-batch-size",
+             t->outer ? ceil(MIN_EPOCH_S * bee_rate_get(&t->rate) /
+                             t->cfg->batch_size)
+                      : ceil(MIN_EPOCH_S * t->view.samples_per_second));
   }
   if (behind && !t->ndonors && t->behind_warned != t->view.epoch) {
     t->behind_warned = t->view.epoch;
@@ -264,7 +281,9 @@ static void round_cb(avg_node *n, const avg_node_result *r, void *arg) {
   double by_all = 0;
   int status = r->status;
   if (status == 0 && r->summary) {
-    size_t np = trn_model_nparams(t->m);
+    uv_mutex_lock(&t->mu);
+    size_t np = t->sh.avg_n;
+    uv_mutex_unlock(&t->mu);
     by_all = np ? (double)r->summary->floats_by_k[r->summary->nmembers] /
                       (double)np
                 : 1;
@@ -280,8 +299,11 @@ static void round_cb(avg_node *n, const avg_node_result *r, void *arg) {
 void bee__start_round(bee_train *t) {
   uv_mutex_lock(&t->mu);
   bool want = t->sh.avg_req && !t->sh.avg_done;
+  bool state = t->sh.avg_state;
   uint64_t epoch = t->sh.avg_epoch;
   double weight = t->sh.avg_weight;
+  float *buf = t->sh.avg_buf;
+  size_t nbuf = t->sh.avg_n;
   uv_mutex_unlock(&t->mu);
   if (!want || t->averaging || t->stopped)
     return;
@@ -296,27 +318,30 @@ void bee__start_round(bee_train *t) {
   avg_node_request_default(&req);
   avg_match_config *mc = &req.match;
   snprintf(mc->info.run, sizeof mc->info.run, "%s", t->cfg->run);
-  mc->info.round = epoch;
+  mc->info.round = state ? STATE_ROUND + epoch : epoch;
   snprintf(mc->info.addr, sizeof mc->info.addr, "%s", t->addr);
-  memcpy(mc->info.schema_hash, t->schema, sizeof t->schema);
+  memcpy(mc->info.schema_hash, state ? t->state_schema : t->schema,
+         sizeof t->schema);
   mc->info.mode = t->cfg->client ? PROTO_MODE_CLIENT : PROTO_MODE_NODE;
   mc->info.bandwidth_mbit = 1000;
   mc->info.weight = weight;
   /* Begin as soon as every peer at the epoch has joined; at the latest
-   * MATCH_MS from now with whoever has. */
+   * --matchmaking-time from now with whoever has. */
+  unsigned mm = (unsigned)(t->cfg->matchmaking_s * 1000);
   mc->target_size = peers > 16 ? 16 : peers;
   mc->min_size = 2;
-  mc->matchmaking_ms = MATCH_MS;
-  mc->fetch_interval_ms = 250;
-  mc->deadline_ms = MATCH_DEADLINE_MS;
-  req.round.x = trn_model_grads(t->m); /* the worker waits meanwhile */
-  req.round.n = trn_model_nparams(t->m);
+  mc->matchmaking_ms = mm;
+  mc->fetch_interval_ms = 100;
+  mc->deadline_ms = mm + MATCH_GRACE_MS;
+  req.round.x = buf; /* the worker waits meanwhile */
+  req.round.n = nbuf;
   req.round.weight = weight;
   req.round.deadline_ms = ROUND_DEADLINE_MS;
   int rc = avg_node_average(t->avg, &req, round_cb, t);
   if (rc) {
-    bee_warn(COMP, "epoch %llu: cannot start averaging: %s",
-             (unsigned long long)epoch, bee_strerror(rc));
+    bee_warn(COMP, "epoch %llu: cannot start %s averaging: %s",
+             (unsigned long long)epoch, state ? "state" : "the",
+             bee_strerror(rc));
     round_over(t, rc, 1, 0, NULL);
     return;
   }

@@ -48,19 +48,96 @@ static void worker_fail(bee_train *t, int rc, const char *what) {
   uv_async_send(&t->async);
 }
 
-/* The epoch step: the mean gradient over the samples gathered, averaged
- * with the group the swarm formed (the loop runs the round while we wait),
- * one optimizer step, a clean gradient buffer, the next epoch.  Returns 1
+/* What a round gave the worker. */
+typedef struct avg_out {
+  int status;
+  size_t group;
+  double by_all;
+  uint64_t sent, recv, batch;
+} avg_out;
+
+/* Hands buf (n floats, this bee's weight w) to the loop for a round of
+ * the epoch's (a state round with state) and waits for it.  Returns 1
  * when stopped while waiting. */
+static int average(bee_train *t, uint64_t epoch, float *buf, size_t n,
+                   double w, bool state, avg_out *out) {
+  uv_mutex_lock(&t->mu);
+  t->sh.avg_req = true;
+  t->sh.avg_done = false;
+  t->sh.avg_state = state;
+  t->sh.avg_buf = buf;
+  t->sh.avg_n = n;
+  t->sh.avg_epoch = epoch;
+  t->sh.avg_weight = w;
+  uv_mutex_unlock(&t->mu);
+  uv_async_send(&t->async);
+  uv_mutex_lock(&t->mu);
+  while (!t->sh.avg_done && !t->sh.stop)
+    uv_cond_wait(&t->avg_cv, &t->mu);
+  bool stop = t->sh.stop;
+  *out = (avg_out){t->sh.avg_status,     t->sh.avg_group,
+                   t->sh.avg_by_all,     t->sh.avg_bytes_sent,
+                   t->sh.avg_bytes_recv, t->sh.avg_batch};
+  uv_mutex_unlock(&t->mu);
+  return stop ? 1 : 0;
+}
+
+/* The state round after the step into epoch: parameters, the optimizer's
+ * state and DiLoCo's outer state, averaged with equal weights (each bee's
+ * copy is one opinion of the same state); loaded back when the round
+ * averaged anything.  Returns 1 when stopped. */
+static int state_round(bee_train *t, uint64_t epoch, struct step_report *r) {
+  size_t np = trn_model_nparams(t->m), ns = 0, no = 0;
+  float *p = trn_model_params(t->m), *st = trn_optim_state(t->o, &ns);
+  float *ost = t->outer ? trn_optim_state(t->outer, &no) : NULL;
+  memcpy(t->sbuf, p, np * sizeof(float));
+  if (ns)
+    memcpy(t->sbuf + np, st, ns * sizeof(float));
+  if (no)
+    memcpy(t->sbuf + np + ns, ost, no * sizeof(float));
+  avg_out a;
+  if (average(t, epoch, t->sbuf, t->sn, 1.0, true, &a))
+    return 1;
+  r->state_round = true;
+  r->state_status = a.status;
+  r->state_group = a.group;
+  r->state_by_all = a.by_all;
+  r->bytes_sent += a.sent;
+  r->bytes_recv += a.recv;
+  if (a.status == 0) {
+    memcpy(p, t->sbuf, np * sizeof(float));
+    if (ns)
+      memcpy(st, t->sbuf + np, ns * sizeof(float));
+    if (no)
+      memcpy(ost, t->sbuf + np + ns, no * sizeof(float));
+    if (t->anchor)
+      memcpy(t->anchor, p, np * sizeof(float));
+  }
+  return 0;
+}
+
+/* The epoch step.  Gradient averaging: the mean gradient over the samples
+ * gathered, averaged with the group the swarm formed (the loop runs the
+ * round while we wait), one optimizer step.  DiLoCo: the local steps
+ * already taken; their sum, the change since the last outer step, is
+ * averaged instead, and the outer step (Nesterov SGD) goes from the last
+ * outer step's parameters with the mean change as its gradient.  Then a
+ * clean gradient buffer, the state round when one is due, the next epoch.
+ * Returns 1 when stopped while waiting. */
 static int epoch_step(bee_train *t) {
   uv_mutex_lock(&t->mu);
   uint64_t n = t->sh.samples, epoch = t->sh.epoch;
   double loss = t->sh.loss_sum;
   uv_mutex_unlock(&t->mu);
-  float *g = trn_model_grads(t->m);
+  float *g = trn_model_grads(t->m), *p = trn_model_params(t->m);
   size_t np = trn_model_nparams(t->m);
   double sq_local = 0, sq_avg = 0;
-  if (n) { /* sums to means: the round weighs them by n */
+  if (t->outer) { /* the change: anchor - now, a gradient's sign */
+    for (size_t i = 0; i < np; i++) {
+      g[i] = t->anchor[i] - p[i];
+      sq_local += (double)g[i] * g[i];
+    }
+  } else if (n) { /* sums to means: the round weighs them by n */
     float inv = 1.0f / (float)n;
     for (size_t i = 0; i < np; i++) {
       g[i] *= inv;
@@ -68,50 +145,57 @@ static int epoch_step(bee_train *t) {
     }
   }
   double wait0 = mono_s();
-  uv_mutex_lock(&t->mu);
-  t->sh.avg_req = true;
-  t->sh.avg_done = false;
-  t->sh.avg_epoch = epoch;
-  t->sh.avg_weight = (double)n;
-  uv_mutex_unlock(&t->mu);
-  uv_async_send(&t->async);
-  uv_mutex_lock(&t->mu);
-  while (!t->sh.avg_done && !t->sh.stop)
-    uv_cond_wait(&t->avg_cv, &t->mu);
-  bool stop = t->sh.stop;
-  int avg_status = t->sh.avg_status;
-  size_t group = t->sh.avg_group;
-  double by_all = t->sh.avg_by_all;
-  uint64_t sent = t->sh.avg_bytes_sent, recv = t->sh.avg_bytes_recv;
-  uint64_t batch_avg = avg_status == 0 ? t->sh.avg_batch : n;
-  double compute_s = t->sh.compute_s;
-  uv_mutex_unlock(&t->mu);
-  if (stop)
+  avg_out a;
+  if (average(t, epoch, g, np, (double)n, false, &a))
     return 1;
   double waited = mono_s() - wait0;
+  uv_mutex_lock(&t->mu);
+  double compute_s = t->sh.compute_s;
+  uv_mutex_unlock(&t->mu);
   for (size_t i = 0; i < np; i++)
     sq_avg += (double)g[i] * g[i];
   /* Nothing here and nothing averaged in: no step (momentum would still
    * move the weights). */
   int rc = 0;
-  if (n || avg_status == 0)
-    rc = trn_optim_step(t->o, trn_model_params(t->m), g, 1.0f);
+  if (n || a.status == 0) {
+    if (t->outer) {
+      memcpy(p, t->anchor, np * sizeof(float));
+      rc = trn_optim_step(t->outer, p, g, 1.0f);
+      memcpy(t->anchor, p, np * sizeof(float));
+    } else {
+      rc = trn_optim_step(t->o, p, g, 1.0f);
+    }
+  }
   trn_model_zero_grad(t->m);
   if (rc)
     return rc;
-  struct step_report rep = {epoch,     n,         n ? loss / (double)n : 0,
-                            avg_status, group,    by_all,
-                            {0},       compute_s, waited,
-                            sent,      recv,      sq_local,
-                            sq_avg,    batch_avg};
-  crypto_generichash(rep.hash, sizeof rep.hash,
-                     (const uint8_t *)trn_model_params(t->m),
-                     np * sizeof(float), NULL, 0);
+  struct step_report rep = {
+      .epoch = epoch,
+      .samples = n,
+      .loss = n ? loss / (double)n : 0,
+      .avg_status = a.status,
+      .group = a.group,
+      .by_all = a.by_all,
+      .compute_s = compute_s,
+      .bytes_sent = a.sent,
+      .bytes_recv = a.recv,
+      .grad_sq_local = sq_local,
+      .grad_sq_avg = sq_avg,
+      .batch_avg = a.status == 0 ? a.batch : n};
   uv_mutex_lock(&t->mu);
   t->sh.epoch = epoch + 1;
   t->sh.samples = 0;
   t->sh.loss_sum = 0;
   t->sh.compute_s = 0;
+  uv_mutex_unlock(&t->mu);
+  unsigned se = t->cfg->average_state_every;
+  double state0 = mono_s();
+  if (se && (epoch + 1) % se == 0 && state_round(t, epoch + 1, &rep))
+    return 1;
+  rep.averaging_s = waited + (rep.state_round ? mono_s() - state0 : 0);
+  crypto_generichash(rep.hash, sizeof rep.hash, (const uint8_t *)p,
+                     np * sizeof(float), NULL, 0);
+  uv_mutex_lock(&t->mu);
   if (t->sh.steps_head - t->sh.steps_tail == STEP_RING)
     t->sh.steps_tail++; /* the oldest report goes unlogged */
   t->sh.steps[t->sh.steps_head++ % STEP_RING] = rep;
@@ -214,8 +298,13 @@ static void worker(void *arg) {
     double age = mono_s() - t->sh.view_s;
     age = age < 0 ? 0 : age > BEE_PROGRESS_TTL_S ? BEE_PROGRESS_TTL_S : age;
     uint64_t others = t->sh.others + (uint64_t)(t->sh.others_rate * age);
-    bool step = bee_epoch_ready(t->sh.epoch, t->sh.samples, &t->sh.view,
-                                others, t->cfg->target_batch_size);
+    /* DiLoCo: the round comes after --inner-steps local steps, or when
+     * the swarm has stepped past; the others' samples do not count. */
+    bool step =
+        t->outer ? bee_epoch_ready(t->sh.epoch, t->sh.samples, &t->sh.view, 0,
+                                   (uint64_t)bee_config_inner_steps(t->cfg) * b)
+                 : bee_epoch_ready(t->sh.epoch, t->sh.samples, &t->sh.view,
+                                   others, t->cfg->target_batch_size);
     uv_mutex_unlock(&t->mu);
     if (stop)
       return;
@@ -231,6 +320,11 @@ static void worker(void *arg) {
     rc = trn_images_batch(&t->tr, &t->ord, b, &mean, &std, t->x, t->y);
     if (rc == 0)
       rc = trn_model_train_batch(t->m, t->x, t->y, b, &loss);
+    if (rc == 0 && t->outer) { /* DiLoCo: a local step after each batch */
+      rc = trn_optim_step(t->o, trn_model_params(t->m), trn_model_grads(t->m),
+                          1.0f / (float)b);
+      trn_model_zero_grad(t->m);
+    }
     if (rc) {
       worker_fail(t, rc, "training step");
       return;
@@ -283,19 +377,31 @@ static void async_cb(uv_async_t *h) {
     const struct step_report *r = &s.steps[i % STEP_RING];
     char how[96], hash[17];
     if (r->avg_status == 0)
-      snprintf(how, sizeof how, "averaged in a group of %zu (%.1f%% by all)",
-               r->group, 100 * r->by_all);
+      snprintf(how, sizeof how,
+               "averaged in a group of %zu (%.1f%% by all) in %.2f s, %.2f "
+               "MiB sent",
+               r->group, 100 * r->by_all, r->averaging_s,
+               (double)r->bytes_sent / (1 << 20));
     else if (r->avg_status == -ENOENT)
-      snprintf(how, sizeof how, "alone at its epoch: local gradients");
+      snprintf(how, sizeof how, "alone at its epoch: local %s",
+               t->outer ? "change" : "gradients");
     else
-      snprintf(how, sizeof how, "not averaged (%s): local gradients",
-               bee_strerror(r->avg_status));
+      snprintf(how, sizeof how, "not averaged (%s): local %s",
+               bee_strerror(r->avg_status), t->outer ? "change" : "gradients");
+    char st[96] = "";
+    if (r->state_round && r->state_status == 0)
+      snprintf(st, sizeof st, "; state averaged in a group of %zu",
+               r->state_group);
+    else if (r->state_round)
+      snprintf(st, sizeof st, "; state not averaged (%s)",
+               r->state_status == -ENOENT ? "alone"
+                                          : bee_strerror(r->state_status));
     proto_hex(r->hash, sizeof r->hash, hash);
     bee_info(COMP,
-             "epoch %llu done: %llu local samples, training loss %.4f, %s, "
+             "epoch %llu done: %llu local samples, training loss %.4f, %s%s, "
              "parameters %s",
              (unsigned long long)r->epoch, (unsigned long long)r->samples,
-             r->loss, how, hash);
+             r->loss, how, st, hash);
     snprintf(t->last_step, sizeof t->last_step,
              "epoch %llu, %llu local samples, loss %.4f, %s",
              (unsigned long long)r->epoch, (unsigned long long)r->samples,
@@ -350,13 +456,43 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     bee_err(COMP, "model %s: %s", cfg->model, err);
     return rc;
   }
+  static const int kinds[] = {[BEE_OPT_SGD] = TRN_SGD,
+                              [BEE_OPT_ADAMW] = TRN_ADAMW,
+                              [BEE_OPT_LAMB] = TRN_LAMB};
   trn_optim_config oc;
-  trn_optim_config_default(&oc, TRN_SGD);
-  oc.lr = (float)cfg->lr;
-  oc.momentum = 0.9f;
-  if ((rc = trn_optim_new(&oc, trn_model_nparams(t->m), &t->o))) {
+  trn_optim_config_default(&oc, kinds[cfg->optimizer]);
+  oc.lr = (float)bee_config_lr(cfg);
+  if (cfg->optimizer == BEE_OPT_SGD)
+    oc.momentum = 0.9f;
+  size_t np = trn_model_nparams(t->m), ends[256];
+  if ((rc = trn_optim_new(&oc, np, &t->o)) ||
+      (cfg->optimizer == BEE_OPT_LAMB &&
+       (rc = trn_optim_set_tensors(
+            t->o, ends, trn_model_tensors(t->m, ends, 256))))) {
     bee_err(COMP, "optimizer: %s", strerror(-rc));
     return rc;
+  }
+  if (cfg->averaging == BEE_AVG_DILOCO) {
+    trn_optim_config_default(&oc, TRN_SGD);
+    oc.lr = (float)bee_config_outer_lr(cfg);
+    oc.momentum = (float)bee_config_outer_momentum(cfg);
+    oc.nesterov = oc.momentum > 0;
+    if ((rc = trn_optim_new(&oc, np, &t->outer))) {
+      bee_err(COMP, "outer optimizer: %s", strerror(-rc));
+      return rc;
+    }
+    if (!(t->anchor = malloc(np * sizeof *t->anchor)))
+      return -ENOMEM;
+    memcpy(t->anchor, trn_model_params(t->m), np * sizeof *t->anchor);
+  }
+  if (cfg->average_state_every) {
+    size_t ns = 0, no = 0;
+    trn_optim_state(t->o, &ns);
+    if (t->outer)
+      trn_optim_state(t->outer, &no);
+    t->sn = np + ns + no;
+    if (!(t->sbuf = malloc(t->sn * sizeof *t->sbuf)))
+      return -ENOMEM;
   }
   /* Each bee its own stream: the order's seed is its peer id. */
   if ((rc = trn_order_init(&t->ord, t->tr.n, id->id, PROTO_ID_BYTES, 0, 0))) {
@@ -403,6 +539,12 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     uint64_t epoch;
     rc = bee_ckpt_newest(cfg->checkpoint_dir, cfg->run, bee__snapshot_size(t),
                          &blob, &epoch, path, sizeof path, err, sizeof err);
+    if (rc == 0 && !bee__snapshot_shape_ok(t, blob)) {
+      bee_err(COMP, "--resume: %s holds a state of another shape (another "
+                    "optimizer or averaging mode?)", path);
+      free(blob);
+      return -EINVAL;
+    }
     if (rc == 0) {
       t->sh.load = blob;
       t->sh.load_epoch = epoch;
@@ -416,13 +558,26 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
       return rc;
     }
   }
+  char how[160];
+  if (t->outer)
+    snprintf(how, sizeof how,
+             "DiLoCo: %u local steps per round, outer Nesterov lr %g "
+             "momentum %g",
+             bee_config_inner_steps(cfg), bee_config_outer_lr(cfg),
+             bee_config_outer_momentum(cfg));
+  else
+    snprintf(how, sizeof how, "target %u samples per epoch",
+             cfg->target_batch_size);
   bee_info(COMP,
            "run '%s': %s (%zu parameters), %zu training and %zu test images "
-           "from %s, batch %u, target %u samples per epoch, lr %g, %u "
-           "thread%s",
+           "from %s, batch %u, %s, %s lr %g, %u thread%s",
            cfg->run, cfg->model, trn_model_nparams(t->m), t->tr.n, t->te.n,
-           cfg->data, cfg->batch_size, cfg->target_batch_size, cfg->lr,
+           cfg->data, cfg->batch_size, how,
+           bee_optimizer_name(cfg->optimizer), bee_config_lr(cfg),
            cfg->threads, cfg->threads == 1 ? "" : "s");
+  if (cfg->average_state_every)
+    bee_info(COMP, "state averaging: every %u epochs",
+             cfg->average_state_every);
   return 0;
 }
 
@@ -446,11 +601,18 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
   snprintf(t->addr, sizeof t->addr, strchr(lh, ':') ? "[%s]:%u" : "%s:%u",
            lh, port ? port : 1);
   /* Only bees whose gradients have the same layout average together. */
-  char schema[64];
-  snprintf(schema, sizeof schema, "beed grads fp32 %s %zu", t->cfg->model,
+  char schema[96];
+  snprintf(schema, sizeof schema, "beed %s fp32 %s %zu",
+           t->outer ? "diloco" : "grads", t->cfg->model,
            trn_model_nparams(t->m));
   crypto_generichash(t->schema, sizeof t->schema, (const uint8_t *)schema,
                      strlen(schema), NULL, 0);
+  /* State rounds: the optimizer and the mode decide the layout. */
+  snprintf(schema, sizeof schema, "beed state fp32 %s %s %s %zu",
+           bee_averaging_name(t->cfg->averaging),
+           bee_optimizer_name(t->cfg->optimizer), t->cfg->model, t->sn);
+  crypto_generichash(t->state_schema, sizeof t->state_schema,
+                     (const uint8_t *)schema, strlen(schema), NULL, 0);
   uint8_t self_id[PROTO_ID_BYTES];
   memcpy(self_id, t->id->id, sizeof self_id);
   avg_node_config nc = {.loop = t->loop,
@@ -608,6 +770,9 @@ void bee_train_free(bee_train *t) {
     uv_mutex_destroy(&t->mu);
   }
   trn_optim_free(t->o);
+  trn_optim_free(t->outer);
+  free(t->anchor);
+  free(t->sbuf);
   trn_model_free(t->m);
   trn_model_free(t->em);
   free(t->sh.snap);

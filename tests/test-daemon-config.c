@@ -75,7 +75,11 @@ static void test_defaults(void) {
   ASSERT_STREQ(c.data, "/usr/share/datasets/fashion-mnist");
   ASSERT_EQ(c.batch_size, 64);
   ASSERT_EQ(c.target_batch_size, 4096);
-  ASSERT(c.lr == 0.05);
+  ASSERT(c.lr == 0 && bee_config_lr(&c) == 0.05); /* SGD's default */
+  ASSERT_EQ(c.optimizer, BEE_OPT_SGD);
+  ASSERT_EQ(c.averaging, BEE_AVG_GRADIENTS);
+  ASSERT_EQ(c.average_state_every, 0);
+  ASSERT(c.matchmaking_s == 2.0);
   ASSERT_STREQ(c.label, "");
   ASSERT_EQ(c.threads, 1);
   ASSERT_EQ(c.eval_every, 1);
@@ -152,6 +156,65 @@ static void test_training_flags(void) {
   expect_flag_error("--threads", "0");
   expect_flag_error("--threads", "65");
   expect_flag_error("--eval-every", "-1");
+
+  /* Optimizers and averaging modes. */
+  ASSERT_OK(parse(&c, "--open", "--optimizer", "adamw", NULL));
+  ASSERT(c.optimizer == BEE_OPT_ADAMW && bee_config_lr(&c) == 1e-3);
+  ASSERT_OK(parse(&c, "--open", "--optimizer", "lamb", "--lr", "0.01", NULL));
+  ASSERT(c.optimizer == BEE_OPT_LAMB && bee_config_lr(&c) == 0.01);
+  ASSERT_STREQ(bee_optimizer_name(c.optimizer), "lamb");
+  expect_flag_error("--optimizer", "adam");
+  expect_flag_error("--optimizer", "");
+  ASSERT_OK(parse(&c, "--open", "--averaging", "diloco", NULL));
+  ASSERT_EQ(c.averaging, BEE_AVG_DILOCO);
+  ASSERT_EQ(bee_config_inner_steps(&c), 50);
+  ASSERT(bee_config_outer_lr(&c) == 0.7 && bee_config_outer_momentum(&c) == 0.9);
+  ASSERT_OK(parse(&c, "--open", "--averaging", "diloco", "--inner-steps", "500",
+                  "--outer-lr", "0.5", "--outer-momentum", "0", NULL));
+  ASSERT_EQ(bee_config_inner_steps(&c), 500);
+  ASSERT(bee_config_outer_lr(&c) == 0.5 && bee_config_outer_momentum(&c) == 0);
+  ASSERT_STREQ(bee_averaging_name(c.averaging), "diloco");
+  /* The outer step's settings without DiLoCo are a mistake. */
+  const char *diloco_only[] = {"--inner-steps", "--outer-lr",
+                               "--outer-momentum"};
+  for (size_t i = 0; i < 3; i++) {
+    ASSERT_RC(parse(&c, "--open", diloco_only[i], "0.5", NULL), BEE_ECONFIG);
+    if (i == 0) /* 0.5 is no step count: the value is refused first */
+      ASSERT_ERR("--inner-steps: bad number");
+    else
+      ASSERT_ERR("are for --averaging diloco");
+  }
+  ASSERT_RC(parse(&c, "--open", "--inner-steps", "5", NULL), BEE_ECONFIG);
+  ASSERT_ERR("are for --averaging diloco");
+  expect_flag_error("--averaging", "state");
+  const char *bad_inner[] = {"0", "1000001", "-1", "x"};
+  for (size_t i = 0; i < sizeof bad_inner / sizeof *bad_inner; i++)
+    expect_flag_error("--inner-steps", bad_inner[i]);
+  const char *bad_mom[] = {"1", "-0.1", "nan", "0.9x", ""};
+  for (size_t i = 0; i < sizeof bad_mom / sizeof *bad_mom; i++)
+    expect_flag_error("--outer-momentum", bad_mom[i]);
+  expect_flag_error("--outer-lr", "0");
+  ASSERT_OK(parse(&c, "--open", "--average-state-every", "10",
+                  "--matchmaking-time", "7.5", NULL));
+  ASSERT_EQ(c.average_state_every, 10);
+  ASSERT(c.matchmaking_s == 7.5);
+  ASSERT_EQ(c.min_peers, 1);
+  ASSERT_OK(parse(&c, "--open", "--min-peers", "8", NULL));
+  ASSERT_EQ(c.min_peers, 8);
+  expect_flag_error("--min-peers", "0");
+  expect_flag_error("--min-peers", "x");
+  expect_flag_error("--average-state-every", "-1");
+  const char *bad_mm[] = {"0", "601", "-1", "inf", "2s"};
+  for (size_t i = 0; i < sizeof bad_mm / sizeof *bad_mm; i++)
+    expect_flag_error("--matchmaking-time", bad_mm[i]);
+  /* And from a file. */
+  const char text2[] = "open = true\naveraging = diloco\ninner-steps = 9\n"
+                       "optimizer = lamb\naverage-state-every = 3\n";
+  const char *path2 = write_file("diloco.conf", text2, sizeof text2 - 1);
+  ASSERT_OK(parse(&c, "--config", path2, NULL));
+  ASSERT(c.averaging == BEE_AVG_DILOCO && c.inner_steps == 9 &&
+         c.optimizer == BEE_OPT_LAMB && c.average_state_every == 3);
+  unlink(path2);
 
   /* Checkpoints. */
   ASSERT_OK(parse(&c, "--open", "--run-id", "r", NULL));
