@@ -96,6 +96,7 @@ typedef struct bee_config {
   unsigned average_state_every; /* epochs; 0: never */
   double matchmaking_s;         /* the longest a round waits for its peers */
   unsigned min_peers;           /* training waits for this many in the run */
+  bool delay_averaging;         /* the round runs behind the next epoch */
   char label[PROTO_LABEL_MAX + 1];
   unsigned threads;
   unsigned eval_every;          /* epochs; 0: never */

@@ -49,6 +49,7 @@ enum opt_id {
   O_AVERAGE_STATE_EVERY,
   O_MATCHMAKING_TIME,
   O_MIN_PEERS,
+  O_DELAY_AVERAGING,
   O_LABEL,
   O_THREADS,
   O_EVAL_EVERY,
@@ -102,6 +103,7 @@ static const struct opt {
     {"average-state-every", O_AVERAGE_STATE_EVERY, K_VALUE, true},
     {"matchmaking-time", O_MATCHMAKING_TIME, K_VALUE, true},
     {"min-peers", O_MIN_PEERS, K_VALUE, true},
+    {"delay-averaging", O_DELAY_AVERAGING, K_BOOL, true},
     {"label", O_LABEL, K_VALUE, true},
     {"threads", O_THREADS, K_VALUE, true},
     {"eval-every", O_EVAL_EVERY, K_VALUE, true},
@@ -503,6 +505,7 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
     return 0;
   case O_OPEN:
   case O_NO_LISTEN:
+  case O_DELAY_AVERAGING:
   case O_RESUME:
   case O_CLIENT: {
     bool b;
@@ -517,6 +520,8 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
       cfg->open = b;
     else if (o->id == O_RESUME)
       cfg->resume = b;
+    else if (o->id == O_DELAY_AVERAGING)
+      cfg->delay_averaging = b;
     else if (o->id == O_CLIENT)
       cfg->client = b;
     else
@@ -730,6 +735,10 @@ int bee_config_check(const bee_config *cfg, char *err, size_t errlen) {
     return bee_failf(err, errlen, BEE_ECONFIG,
                      "--inner-steps, --outer-lr and --outer-momentum are for "
                      "--averaging diloco");
+  if (diloco && cfg->delay_averaging)
+    return bee_failf(err, errlen, BEE_ECONFIG,
+                     "--delay-averaging is for gradient averaging; DiLoCo "
+                     "already computes while rounds are rare");
   if (cfg->resume && !cfg->checkpoint_dir[0])
     return bee_failf(err, errlen, BEE_ECONFIG,
                 "--resume needs --checkpoint-dir to resume from");
@@ -817,7 +826,11 @@ void bee_config_usage(FILE *f) {
       "                           and beectl leave (default: none)\n"
       "  --config FILE            read settings from FILE first\n"
       "  --help, --version\n"
-      "\n"
+      "\n",
+      BEE_DEFAULT_LISTEN, BEE_JOIN_MAX, BEE_DEFAULT_IDENTITY, BEE_DEFAULT_SWARM,
+      BEE_DEFAULT_MAX_CONNS, BEE_DEFAULT_STATUS_S);
+  fprintf(
+      f,
       "Training (on with --run-id; every bee of a run uses the same run id):\n"
       "  --run-id NAME            the run to train in: 1..%d of A-Z a-z 0-9 . _ -\n"
       "  --model mlp|cnn          the model (default mlp)\n"
@@ -840,6 +853,8 @@ void bee_config_usage(FILE *f) {
       "                           every N epochs; 0 = never (default 0)\n"
       "  --matchmaking-time SECS  the longest a round waits for the peers it\n"
       "                           expects (default %g)\n"
+      "  --delay-averaging        average an epoch's gradients while the next\n"
+      "                           is computed (its step a round late)\n"
       "  --min-peers N            start training once N bees (this one too)\n"
       "                           are in the run (default 1: at once, or with\n"
       "                           the peers seen within 3 s)\n"
@@ -859,8 +874,7 @@ void bee_config_usage(FILE *f) {
       "\n"
       "Exit status: 0 after a clean shutdown (SIGINT, SIGTERM), 1 when the\n"
       "node cannot start (key, token, address), 2 for a bad flag or config.\n",
-      BEE_DEFAULT_LISTEN, BEE_JOIN_MAX, BEE_DEFAULT_IDENTITY, BEE_DEFAULT_SWARM,
-      BEE_DEFAULT_MAX_CONNS, BEE_DEFAULT_STATUS_S, PROTO_RUN_MAX,
+      PROTO_RUN_MAX,
       BEE_DEFAULT_DATA, BEE_DEFAULT_BATCH, BEE_DEFAULT_TARGET_BATCH,
       BEE_DEFAULT_LR, BEE_DEFAULT_INNER_STEPS, BEE_DEFAULT_OUTER_LR,
       BEE_DEFAULT_OUTER_MOMENTUM, BEE_DEFAULT_MATCHMAKING_S);

@@ -49,6 +49,15 @@
 #define DATA_MEAN 0.2860f
 #define DATA_STD 0.3530f
 
+/* The first half of an epoch step, for the second (train.c). */
+struct pend {
+  bool active;     /* --delay-averaging: a round runs for it */
+  uint64_t epoch, n;
+  double loss, compute_s, sq_local;
+  double t0;       /* the round was requested, mono_s() */
+  double round_s;  /* and took this long */
+};
+
 /* What the worker and the loop share, under mu. */
 typedef struct shared {
   uint64_t epoch;
@@ -71,6 +80,7 @@ typedef struct shared {
     int avg_status;       /* 0: averaged; else why not */
     size_t group;         /* members of the round */
     double by_all;        /* share of the tensor every member averaged */
+    bool delayed;         /* the round ran behind the next epoch's work */
     uint8_t hash[8];      /* of the parameters after the step */
     /* for the metrics record */
     double compute_s, averaging_s;
@@ -104,6 +114,7 @@ typedef struct shared {
   size_t avg_group;
   double avg_by_all;
   uint64_t avg_bytes_sent, avg_bytes_recv, avg_batch;
+  double avg_done_s;    /* when the round ended, mono_s() */
   uint64_t steps_head, steps_tail; /* written, logged; head - tail <= ring */
   bool evaluated;        /* a test evaluation to report */
   uint64_t eval_epoch;
@@ -142,6 +153,8 @@ struct bee_train {
   trn_optim *o;
   trn_optim *outer; /* DiLoCo's outer step (Nesterov SGD); else NULL */
   float *anchor;    /* DiLoCo: the parameters of the last outer step */
+  float *dgrad;     /* --delay-averaging: the gradients in the round */
+  struct pend delayed;
   float *sbuf;      /* state averaging: parameters and optimizer states */
   size_t sn;
   trn_images tr, te;

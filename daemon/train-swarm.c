@@ -270,6 +270,7 @@ static void round_over(bee_train *t, int status, size_t group,
   t->sh.avg_batch = batch;
   t->sh.avg_bytes_sent = r && r->summary ? r->summary->bytes_sent : 0;
   t->sh.avg_bytes_recv = r && r->summary ? r->summary->bytes_recv : 0;
+  t->sh.avg_done_s = mono_s();
   uv_cond_signal(&t->avg_cv);
   uv_mutex_unlock(&t->mu);
 }
@@ -307,7 +308,11 @@ void bee__start_round(bee_train *t) {
   uv_mutex_unlock(&t->mu);
   if (!want || t->averaging || t->stopped)
     return;
-  if (t->cand_epoch != epoch)
+  /* The candidates were counted at the worker's epoch: with
+   * --delay-averaging it is already one past the round's (and counts the
+   * peers at both). */
+  uint64_t at = state || !t->dgrad ? epoch : epoch + 1;
+  if (t->cand_epoch != at)
     return; /* no view at this epoch yet (a state just loaded): next tick */
   size_t peers = t->candidates;
   if (!t->avg || peers < 2) {

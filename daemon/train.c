@@ -56,11 +56,10 @@ typedef struct avg_out {
   uint64_t sent, recv, batch;
 } avg_out;
 
-/* Hands buf (n floats, this bee's weight w) to the loop for a round of
- * the epoch's (a state round with state) and waits for it.  Returns 1
- * when stopped while waiting. */
-static int average(bee_train *t, uint64_t epoch, float *buf, size_t n,
-                   double w, bool state, avg_out *out) {
+/* Sends buf to the loop for the epoch's round (or a state round) without
+ * waiting; see average(). */
+static void request_round(bee_train *t, uint64_t epoch, float *buf, size_t n,
+                          double w, bool state) {
   uv_mutex_lock(&t->mu);
   t->sh.avg_req = true;
   t->sh.avg_done = false;
@@ -71,15 +70,29 @@ static int average(bee_train *t, uint64_t epoch, float *buf, size_t n,
   t->sh.avg_weight = w;
   uv_mutex_unlock(&t->mu);
   uv_async_send(&t->async);
+}
+
+/* The round requested last: waits for it with wait, else returns 2 while
+ * it runs; 1 when stopped; 0 with *out filled. */
+static int round_result(bee_train *t, bool wait, avg_out *out) {
   uv_mutex_lock(&t->mu);
-  while (!t->sh.avg_done && !t->sh.stop)
+  while (wait && !t->sh.avg_done && !t->sh.stop)
     uv_cond_wait(&t->avg_cv, &t->mu);
-  bool stop = t->sh.stop;
+  int rc = t->sh.stop ? 1 : !t->sh.avg_done ? 2 : 0;
   *out = (avg_out){t->sh.avg_status,     t->sh.avg_group,
                    t->sh.avg_by_all,     t->sh.avg_bytes_sent,
                    t->sh.avg_bytes_recv, t->sh.avg_batch};
   uv_mutex_unlock(&t->mu);
-  return stop ? 1 : 0;
+  return rc;
+}
+
+/* Hands buf (n floats, this bee's weight w) to the loop for a round of
+ * the epoch's (a state round with state) and waits for it.  Returns 1
+ * when stopped while waiting. */
+static int average(bee_train *t, uint64_t epoch, float *buf, size_t n,
+                   double w, bool state, avg_out *out) {
+  request_round(t, epoch, buf, n, w, state);
+  return round_result(t, true, out);
 }
 
 /* The state round after the step into epoch: parameters, the optimizer's
@@ -116,48 +129,22 @@ static int state_round(bee_train *t, uint64_t epoch, struct step_report *r) {
   return 0;
 }
 
-/* The epoch step.  Gradient averaging: the mean gradient over the samples
- * gathered, averaged with the group the swarm formed (the loop runs the
- * round while we wait), one optimizer step.  DiLoCo: the local steps
- * already taken; their sum, the change since the last outer step, is
- * averaged instead, and the outer step (Nesterov SGD) goes from the last
- * outer step's parameters with the mean change as its gradient.  Then a
- * clean gradient buffer, the state round when one is due, the next epoch.
- * Returns 1 when stopped while waiting. */
-static int epoch_step(bee_train *t) {
-  uv_mutex_lock(&t->mu);
-  uint64_t n = t->sh.samples, epoch = t->sh.epoch;
-  double loss = t->sh.loss_sum;
-  uv_mutex_unlock(&t->mu);
-  float *g = trn_model_grads(t->m), *p = trn_model_params(t->m);
+/* The second half of the epoch step, once the round is over: the
+ * optimizer step with the averaged buffer g (DiLoCo's outer step), the
+ * state round when one is due, the report, the snapshot, the checkpoint
+ * and the evaluation.  s holds what the first half gathered. */
+static int finish_step(bee_train *t, const struct pend *s, float *g,
+                       const avg_out *a) {
+  float *p = trn_model_params(t->m);
   size_t np = trn_model_nparams(t->m);
-  double sq_local = 0, sq_avg = 0;
-  if (t->outer) { /* the change: anchor - now, a gradient's sign */
-    for (size_t i = 0; i < np; i++) {
-      g[i] = t->anchor[i] - p[i];
-      sq_local += (double)g[i] * g[i];
-    }
-  } else if (n) { /* sums to means: the round weighs them by n */
-    float inv = 1.0f / (float)n;
-    for (size_t i = 0; i < np; i++) {
-      g[i] *= inv;
-      sq_local += (double)g[i] * g[i];
-    }
-  }
-  double wait0 = mono_s();
-  avg_out a;
-  if (average(t, epoch, g, np, (double)n, false, &a))
-    return 1;
-  double waited = mono_s() - wait0;
-  uv_mutex_lock(&t->mu);
-  double compute_s = t->sh.compute_s;
-  uv_mutex_unlock(&t->mu);
+  uint64_t epoch = s->epoch, n = s->n;
+  double sq_avg = 0;
   for (size_t i = 0; i < np; i++)
     sq_avg += (double)g[i] * g[i];
   /* Nothing here and nothing averaged in: no step (momentum would still
    * move the weights). */
   int rc = 0;
-  if (n || a.status == 0) {
+  if (n || a->status == 0) {
     if (t->outer) {
       memcpy(p, t->anchor, np * sizeof(float));
       rc = trn_optim_step(t->outer, p, g, 1.0f);
@@ -166,33 +153,29 @@ static int epoch_step(bee_train *t) {
       rc = trn_optim_step(t->o, p, g, 1.0f);
     }
   }
-  trn_model_zero_grad(t->m);
   if (rc)
     return rc;
   struct step_report rep = {
       .epoch = epoch,
       .samples = n,
-      .loss = n ? loss / (double)n : 0,
-      .avg_status = a.status,
-      .group = a.group,
-      .by_all = a.by_all,
-      .compute_s = compute_s,
-      .bytes_sent = a.sent,
-      .bytes_recv = a.recv,
-      .grad_sq_local = sq_local,
+      .loss = n ? s->loss / (double)n : 0,
+      .avg_status = a->status,
+      .group = a->group,
+      .by_all = a->by_all,
+      .delayed = t->dgrad != NULL,
+      .compute_s = s->compute_s,
+      .averaging_s = s->round_s,
+      .bytes_sent = a->sent,
+      .bytes_recv = a->recv,
+      .grad_sq_local = s->sq_local,
       .grad_sq_avg = sq_avg,
-      .batch_avg = a.status == 0 ? a.batch : n};
-  uv_mutex_lock(&t->mu);
-  t->sh.epoch = epoch + 1;
-  t->sh.samples = 0;
-  t->sh.loss_sum = 0;
-  t->sh.compute_s = 0;
-  uv_mutex_unlock(&t->mu);
+      .batch_avg = a->status == 0 ? a->batch : n};
   unsigned se = t->cfg->average_state_every;
   double state0 = mono_s();
   if (se && (epoch + 1) % se == 0 && state_round(t, epoch + 1, &rep))
     return 1;
-  rep.averaging_s = waited + (rep.state_round ? mono_s() - state0 : 0);
+  if (rep.state_round)
+    rep.averaging_s += mono_s() - state0;
   crypto_generichash(rep.hash, sizeof rep.hash, (const uint8_t *)p,
                      np * sizeof(float), NULL, 0);
   uv_mutex_lock(&t->mu);
@@ -229,6 +212,84 @@ static int epoch_step(bee_train *t) {
     uv_mutex_unlock(&t->mu);
   }
   return 0;
+}
+
+/* --delay-averaging: the round requested at the last epoch step, if any:
+ * finished (its step taken) when it is over, or with wait when it is
+ * not yet.  Returns 1 when stopped, a negative error, else 0. */
+static int settle_delayed(bee_train *t, bool wait) {
+  if (!t->delayed.active)
+    return 0;
+  avg_out a;
+  int rc = round_result(t, wait, &a);
+  if (rc)
+    return rc == 2 ? 0 : rc;
+  t->delayed.active = false;
+  uv_mutex_lock(&t->mu);
+  t->delayed.round_s = t->sh.avg_done_s - t->delayed.t0;
+  uv_mutex_unlock(&t->mu);
+  return finish_step(t, &t->delayed, t->dgrad, &a);
+}
+
+/* The epoch step.  Gradient averaging: the mean gradient over the samples
+ * gathered, averaged with the group the swarm formed (the loop runs the
+ * round while we wait), one optimizer step.  DiLoCo: the local steps
+ * already taken; their sum, the change since the last outer step, is
+ * averaged instead, and the outer step (Nesterov SGD) goes from the last
+ * outer step's parameters with the mean change as its gradient.  Then a
+ * clean gradient buffer, the state round when one is due, the next epoch.
+ * With --delay-averaging the round runs while the next epoch is computed
+ * (the step comes when it is over: settle_delayed).  Returns 1 when
+ * stopped while waiting. */
+static int epoch_step(bee_train *t) {
+  int rc;
+  if ((rc = settle_delayed(t, true))) /* one round at a time */
+    return rc;
+  uv_mutex_lock(&t->mu);
+  struct pend s = {.epoch = t->sh.epoch,
+                   .n = t->sh.samples,
+                   .loss = t->sh.loss_sum,
+                   .compute_s = t->sh.compute_s};
+  uv_mutex_unlock(&t->mu);
+  float *g = trn_model_grads(t->m), *p = trn_model_params(t->m);
+  size_t np = trn_model_nparams(t->m);
+  if (t->outer) { /* the change: anchor - now, a gradient's sign */
+    for (size_t i = 0; i < np; i++) {
+      g[i] = t->anchor[i] - p[i];
+      s.sq_local += (double)g[i] * g[i];
+    }
+  } else if (s.n) { /* sums to means: the round weighs them by n */
+    float inv = 1.0f / (float)s.n;
+    for (size_t i = 0; i < np; i++) {
+      g[i] *= inv;
+      s.sq_local += (double)g[i] * g[i];
+    }
+  }
+  s.t0 = mono_s();
+  avg_out a;
+  if (t->dgrad) { /* the round goes on while the next epoch is computed */
+    memcpy(t->dgrad, g, np * sizeof(float));
+    trn_model_zero_grad(t->m);
+    request_round(t, s.epoch, t->dgrad, np, (double)s.n, false);
+    t->delayed = s;
+    t->delayed.active = true;
+  } else {
+    request_round(t, s.epoch, g, np, (double)s.n, false);
+    if ((rc = round_result(t, true, &a)))
+      return rc;
+    s.round_s = mono_s() - s.t0;
+  }
+  uv_mutex_lock(&t->mu);
+  t->sh.epoch = s.epoch + 1;
+  t->sh.samples = 0;
+  t->sh.loss_sum = 0;
+  t->sh.compute_s = 0;
+  uv_mutex_unlock(&t->mu);
+  if (t->dgrad)
+    return 0;
+  rc = finish_step(t, &s, g, &a);
+  trn_model_zero_grad(t->m);
+  return rc;
 }
 
 /* The evaluator thread: the test set through the copy the worker made. */
@@ -287,6 +348,14 @@ static void worker(void *arg) {
     t->sh.load = NULL;
     uv_mutex_unlock(&t->mu);
     if (load) {
+      if (t->delayed.active) { /* its step would land on the new state */
+        avg_out a;
+        if (round_result(t, true, &a) == 1) {
+          free(load);
+          return;
+        }
+        t->delayed.active = false;
+      }
       bee__load_snapshot(t, load, load_epoch);
       free(load);
       bee__make_snapshot(t, load_epoch);
@@ -309,6 +378,12 @@ static void worker(void *arg) {
     if (stop)
       return;
     int rc;
+    if ((rc = settle_delayed(t, false)) < 0) { /* a round just over */
+      worker_fail(t, rc, "epoch step");
+      return;
+    }
+    if (rc)
+      return; /* stopped */
     if (step) {
       if ((rc = epoch_step(t)) < 0) {
         worker_fail(t, rc, "epoch step");
@@ -379,9 +454,10 @@ static void async_cb(uv_async_t *h) {
     if (r->avg_status == 0)
       snprintf(how, sizeof how,
                "averaged in a group of %zu (%.1f%% by all) in %.2f s, %.2f "
-               "MiB sent",
+               "MiB sent%s",
                r->group, 100 * r->by_all, r->averaging_s,
-               (double)r->bytes_sent / (1 << 20));
+               (double)r->bytes_sent / (1 << 20),
+               r->delayed ? " (behind the next epoch)" : "");
     else if (r->avg_status == -ENOENT)
       snprintf(how, sizeof how, "alone at its epoch: local %s",
                t->outer ? "change" : "gradients");
@@ -485,6 +561,9 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
       return -ENOMEM;
     memcpy(t->anchor, trn_model_params(t->m), np * sizeof *t->anchor);
   }
+  if (cfg->delay_averaging &&
+      !(t->dgrad = malloc(np * sizeof *t->dgrad)))
+    return -ENOMEM;
   if (cfg->average_state_every) {
     size_t ns = 0, no = 0;
     trn_optim_state(t->o, &ns);
@@ -566,8 +645,9 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
              bee_config_inner_steps(cfg), bee_config_outer_lr(cfg),
              bee_config_outer_momentum(cfg));
   else
-    snprintf(how, sizeof how, "target %u samples per epoch",
-             cfg->target_batch_size);
+    snprintf(how, sizeof how, "target %u samples per epoch%s",
+             cfg->target_batch_size,
+             cfg->delay_averaging ? " (averaged behind the next)" : "");
   bee_info(COMP,
            "run '%s': %s (%zu parameters), %zu training and %zu test images "
            "from %s, batch %u, %s, %s lr %g, %u thread%s",
@@ -772,6 +852,7 @@ void bee_train_free(bee_train *t) {
   trn_optim_free(t->o);
   trn_optim_free(t->outer);
   free(t->anchor);
+  free(t->dgrad);
   free(t->sbuf);
   trn_model_free(t->m);
   trn_model_free(t->em);

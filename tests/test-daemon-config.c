@@ -199,6 +199,13 @@ static void test_training_flags(void) {
   ASSERT_EQ(c.average_state_every, 10);
   ASSERT(c.matchmaking_s == 7.5);
   ASSERT_EQ(c.min_peers, 1);
+  ASSERT(!c.delay_averaging);
+  ASSERT_OK(parse(&c, "--open", "--delay-averaging", NULL));
+  ASSERT(c.delay_averaging);
+  ASSERT_RC(parse(&c, "--open", "--delay-averaging", "--averaging", "diloco",
+                  NULL),
+            BEE_ECONFIG);
+  ASSERT_ERR("--delay-averaging is for gradient averaging");
   ASSERT_OK(parse(&c, "--open", "--min-peers", "8", NULL));
   ASSERT_EQ(c.min_peers, 8);
   expect_flag_error("--min-peers", "0");
