@@ -89,8 +89,14 @@ static void update_view(bee_train *t, const dht_value *v) {
   bee__own_progress(t, epoch, samples, &all[n++]);
   bee_swarm_view_compute(all, n, t->cfg->run, t->cfg->target_batch_size,
                          all[n - 1].time_ms, &t->view);
-  t->candidates =
+  /* A read of the DHT may miss a record now and then; at the same epoch
+   * the count only grows, lest a round close without a peer that is
+   * there (one that is gone costs the round --matchmaking-time). */
+  size_t cand =
       bee_round_candidates(all, n, t->cfg->run, epoch, all[n - 1].time_ms);
+  if (t->have_view && t->cand_epoch == epoch && cand < t->candidates)
+    cand = t->candidates;
+  t->candidates = cand;
   t->cand_epoch = epoch;
   /* Donors: the others at the swarm's epoch that serve (not clients). */
   t->ndonors = 0;
@@ -285,9 +291,15 @@ static void round_cb(avg_node *n, const avg_node_result *r, void *arg) {
     uv_mutex_lock(&t->mu);
     size_t np = t->sh.avg_n;
     uv_mutex_unlock(&t->mu);
-    by_all = np ? (double)r->summary->floats_by_k[r->summary->nmembers] /
-                      (double)np
-                : 1;
+    /* "By all": by every member that had something to give; one with no
+     * samples (weight 0) or an AUX member contributes nothing anyway. */
+    size_t k = 0;
+    for (size_t i = 0; r->group && i < r->group->nmembers; i++)
+      k += r->group->members[i].weight > 0 &&
+           r->group->members[i].mode != PROTO_MODE_AUX;
+    if (k > r->summary->nmembers)
+      k = r->summary->nmembers;
+    by_all = np && k ? (double)r->summary->floats_by_k[k] / (double)np : 1;
     if (r->summary->floats_by_k[0] == np)
       status = BEE_ETIMEOUT; /* nothing was averaged */
   }
