@@ -220,6 +220,16 @@ static inline uint64_t wall_ms(void) {
 
 /* ---- train-state.c ---------------------------------------------------- */
 
+/* The state's parts (parameters, optimizer state, outer state, buffers)
+ * in the order snapshots and state rounds lay them out: pointers and
+ * lengths in floats; returns the floats of the first k. */
+#define STATE_PARTS 4
+size_t bee__state_parts(bee_train *t, size_t k, float *part[STATE_PARTS],
+                        size_t len[STATE_PARTS]);
+/* Copies the first k parts to dst, or from src back (and with DiLoCo the
+ * parameters to the anchor too). */
+void bee__state_pack(bee_train *t, size_t k, uint8_t *dst);
+void bee__state_unpack(bee_train *t, size_t k, const uint8_t *src);
 /* The snapshot's size for this model, bytes. */
 size_t bee__snapshot_size(bee_train *t);
 /* Whether a snapshot of the right size has this bee's shape: parameters,

@@ -9,18 +9,60 @@
 
 /* ---- snapshots: what a donor serves, what a newcomer loads ------------- */
 
+/* The state's float arrays in the order snapshots and state rounds use:
+ * parameters, the optimizer's state, DiLoCo's outer state (its
+ * momentum), buffers; one that does not exist has length 0.  Returns the
+ * floats of the first k. */
+size_t bee__state_parts(bee_train *t, size_t k, float *part[STATE_PARTS],
+                        size_t len[STATE_PARTS]) {
+  part[0] = trn_model_params(t->m);
+  len[0] = trn_model_nparams(t->m);
+  part[1] = trn_optim_state(t->o, &len[1]);
+  part[2] = NULL;
+  len[2] = 0;
+  if (t->outer)
+    part[2] = trn_optim_state(t->outer, &len[2]);
+  part[3] = trn_model_buffers(t->m, &len[3]);
+  size_t n = 0;
+  for (size_t i = 0; i < k && i < STATE_PARTS; i++)
+    n += len[i];
+  return n;
+}
+
+void bee__state_pack(bee_train *t, size_t k, uint8_t *dst) {
+  float *part[STATE_PARTS];
+  size_t len[STATE_PARTS];
+  bee__state_parts(t, k, part, len);
+  for (size_t i = 0; i < k; i++) {
+    if (len[i])
+      memcpy(dst, part[i], len[i] * sizeof(float));
+    dst += len[i] * sizeof(float);
+  }
+}
+
+void bee__state_unpack(bee_train *t, size_t k, const uint8_t *src) {
+  float *part[STATE_PARTS];
+  size_t len[STATE_PARTS];
+  bee__state_parts(t, k, part, len);
+  for (size_t i = 0; i < k; i++) {
+    if (len[i])
+      memcpy(part[i], src, len[i] * sizeof(float));
+    src += len[i] * sizeof(float);
+  }
+  if (t->anchor) /* a state is always one right after an outer step */
+    memcpy(t->anchor, part[0], len[0] * sizeof(float));
+}
+
 /* The snapshot's size for this model: a header of four little-endian
  * u64 (parameters, optimizer state, buffers, optimizer steps), then the
- * three float arrays.  With DiLoCo the optimizer state is the local
- * optimizer's then the outer one's (its momentum); the outer step count
+ * state's arrays (bee__state_parts).  With DiLoCo the optimizer state
+ * counts the local optimizer's and the outer one's; the outer step count
  * is the epoch's. */
 size_t bee__snapshot_size(bee_train *t) {
-  size_t ns, no = 0, nb;
-  trn_optim_state(t->o, &ns);
-  if (t->outer)
-    trn_optim_state(t->outer, &no);
-  trn_model_buffers(t->m, &nb);
-  return STATE_HDR + (trn_model_nparams(t->m) + ns + no + nb) * sizeof(float);
+  float *part[STATE_PARTS];
+  size_t len[STATE_PARTS];
+  return STATE_HDR +
+         bee__state_parts(t, STATE_PARTS, part, len) * sizeof(float);
 }
 
 static void put_u64(uint8_t *p, uint64_t v) {
@@ -35,41 +77,34 @@ static uint64_t get_u64(const uint8_t *p) {
   return v;
 }
 
+/* The header's three counts for this bee. */
+static void snapshot_counts(bee_train *t, uint64_t c[3]) {
+  float *part[STATE_PARTS];
+  size_t len[STATE_PARTS];
+  bee__state_parts(t, STATE_PARTS, part, len);
+  c[0] = len[0];
+  c[1] = len[1] + len[2];
+  c[2] = len[3];
+}
+
 bool bee__snapshot_shape_ok(bee_train *t, const uint8_t *b) {
-  size_t ns, no = 0, nb;
-  trn_optim_state(t->o, &ns);
-  if (t->outer)
-    trn_optim_state(t->outer, &no);
-  trn_model_buffers(t->m, &nb);
-  return get_u64(b) == trn_model_nparams(t->m) && get_u64(b + 8) == ns + no &&
-         get_u64(b + 16) == nb;
+  uint64_t c[3];
+  snapshot_counts(t, c);
+  return get_u64(b) == c[0] && get_u64(b + 8) == c[1] && get_u64(b + 16) == c[2];
 }
 
 /* Worker: the state after the step that began epoch, for donors. */
 void bee__make_snapshot(bee_train *t, uint64_t epoch) {
-  size_t np = trn_model_nparams(t->m), ns, no = 0, nb;
-  float *st = trn_optim_state(t->o, &ns);
-  float *ost = t->outer ? trn_optim_state(t->outer, &no) : NULL;
-  float *bf = trn_model_buffers(t->m, &nb);
   size_t len = bee__snapshot_size(t);
   uint8_t *b = malloc(len);
   if (!b)
     return; /* no new snapshot: donors serve the last one */
-  put_u64(b, np);
-  put_u64(b + 8, ns + no);
-  put_u64(b + 16, nb);
+  uint64_t c[3];
+  snapshot_counts(t, c);
+  for (int i = 0; i < 3; i++)
+    put_u64(b + 8 * i, c[i]);
   put_u64(b + 24, trn_optim_steps(t->o));
-  uint8_t *p = b + STATE_HDR;
-  memcpy(p, trn_model_params(t->m), np * sizeof(float));
-  p += np * sizeof(float);
-  if (ns)
-    memcpy(p, st, ns * sizeof(float));
-  p += ns * sizeof(float);
-  if (no)
-    memcpy(p, ost, no * sizeof(float));
-  p += no * sizeof(float);
-  if (nb)
-    memcpy(p, bf, nb * sizeof(float));
+  bee__state_pack(t, STATE_PARTS, b + STATE_HDR);
   uint8_t sum[PROTO_STATE_SUM_BYTES];
   crypto_generichash(sum, sizeof sum, b, len, NULL, 0);
   uv_mutex_lock(&t->mu);
@@ -82,30 +117,14 @@ void bee__make_snapshot(bee_train *t, uint64_t epoch) {
   free(old);
 }
 
-/* Worker: loads a snapshot the loop checked (size and checksum), as of
- * its epoch: parameters, optimizer state and steps, buffers; no
+/* Worker: loads a snapshot the loop checked (size, checksum and shape),
+ * as of its epoch: parameters, optimizer state and steps, buffers; no
  * gradients, no samples. */
 void bee__load_snapshot(bee_train *t, const uint8_t *b, uint64_t epoch) {
-  size_t np = trn_model_nparams(t->m), ns, no = 0, nb;
-  float *st = trn_optim_state(t->o, &ns);
-  float *ost = t->outer ? trn_optim_state(t->outer, &no) : NULL;
-  float *bf = trn_model_buffers(t->m, &nb);
-  const uint8_t *p = b + STATE_HDR;
-  memcpy(trn_model_params(t->m), p, np * sizeof(float));
-  p += np * sizeof(float);
-  if (ns)
-    memcpy(st, p, ns * sizeof(float));
-  p += ns * sizeof(float);
-  if (no)
-    memcpy(ost, p, no * sizeof(float));
-  p += no * sizeof(float);
-  if (nb)
-    memcpy(bf, p, nb * sizeof(float));
+  bee__state_unpack(t, STATE_PARTS, b + STATE_HDR);
   trn_optim_set_steps(t->o, get_u64(b + 24));
-  if (t->outer) { /* the snapshot is taken right after an outer step */
+  if (t->outer) /* the snapshot is taken right after an outer step */
     trn_optim_set_steps(t->outer, epoch);
-    memcpy(t->anchor, trn_model_params(t->m), np * sizeof(float));
-  }
   trn_model_zero_grad(t->m);
   uv_mutex_lock(&t->mu);
   t->sh.epoch = epoch;

@@ -100,14 +100,7 @@ static int average(bee_train *t, uint64_t epoch, float *buf, size_t n,
  * copy is one opinion of the same state); loaded back when the round
  * averaged anything.  Returns 1 when stopped. */
 static int state_round(bee_train *t, uint64_t epoch, struct step_report *r) {
-  size_t np = trn_model_nparams(t->m), ns = 0, no = 0;
-  float *p = trn_model_params(t->m), *st = trn_optim_state(t->o, &ns);
-  float *ost = t->outer ? trn_optim_state(t->outer, &no) : NULL;
-  memcpy(t->sbuf, p, np * sizeof(float));
-  if (ns)
-    memcpy(t->sbuf + np, st, ns * sizeof(float));
-  if (no)
-    memcpy(t->sbuf + np + ns, ost, no * sizeof(float));
+  bee__state_pack(t, 3, (uint8_t *)t->sbuf); /* all but the buffers */
   avg_out a;
   if (average(t, epoch, t->sbuf, t->sn, 1.0, true, &a))
     return 1;
@@ -117,15 +110,8 @@ static int state_round(bee_train *t, uint64_t epoch, struct step_report *r) {
   r->state_by_all = a.by_all;
   r->bytes_sent += a.sent;
   r->bytes_recv += a.recv;
-  if (a.status == 0) {
-    memcpy(p, t->sbuf, np * sizeof(float));
-    if (ns)
-      memcpy(st, t->sbuf + np, ns * sizeof(float));
-    if (no)
-      memcpy(ost, t->sbuf + np + ns, no * sizeof(float));
-    if (t->anchor)
-      memcpy(t->anchor, p, np * sizeof(float));
-  }
+  if (a.status == 0)
+    bee__state_unpack(t, 3, (const uint8_t *)t->sbuf);
   return 0;
 }
 
@@ -565,11 +551,9 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
       !(t->dgrad = malloc(np * sizeof *t->dgrad)))
     return -ENOMEM;
   if (cfg->average_state_every) {
-    size_t ns = 0, no = 0;
-    trn_optim_state(t->o, &ns);
-    if (t->outer)
-      trn_optim_state(t->outer, &no);
-    t->sn = np + ns + no;
+    float *part[STATE_PARTS];
+    size_t len[STATE_PARTS];
+    t->sn = bee__state_parts(t, 3, part, len);
     if (!(t->sbuf = malloc(t->sn * sizeof *t->sbuf)))
       return -ENOMEM;
   }

@@ -54,6 +54,18 @@ n=$(records progress 6265652e70726f6772657373)
 n=$(records metrics 6265652e6d657472696373)
 [ "$n" = 3 ] || fail "found $n metrics records, want 3"
 
+# same_step WHEN EPOCH: b0, b1 and b3 stepped alike, in one group of
+# three; sets h0 to how.
+same_step() {
+  local b
+  h0=$(step_how b0 "$2")
+  for b in b1 b3; do
+    [ "$(step_how "$b" "$2")" = "$h0" ] ||
+      fail "$1, epoch $2: $b's step '$(step_how "$b" "$2")' differs from b0's '$h0'"
+  done
+  [[ $h0 = "averaged in a group of 3 "* ]] || fail "$1, epoch $2: b0's step: '$h0'"
+}
+
 # Samples per epoch: "epoch E done: N local samples, ...".
 samples() { # LOG EPOCH
   sed -nE "s/.*train: epoch $2 done: ([0-9]+) local samples.*/\1/p" \
@@ -122,14 +134,7 @@ loaded=$(sed -nE 's/.*train: state: loaded epoch ([0-9]+) from.*/\1/p' \
 # step is shared and the parameters are the same as b0's.
 e=$((loaded + 1))
 for b in b0 b1 b3; do wait_log "$b" "train: epoch $e done" 90; done
-h0=$(step_how b0 "$e")
-for b in b1 b3; do
-  [ "$(step_how "$b" "$e")" = "$h0" ] ||
-    fail "after the churn, epoch $e: $b's step '$(step_how "$b" "$e")'" \
-      "differs from b0's '$h0'"
-done
-[[ $h0 = "averaged in a group of 3 "* ]] ||
-  fail "after the churn, epoch $e: b0's step: '$h0'"
+same_step "after the churn" "$e"
 echo "churn: b2 killed, b3 loaded epoch $loaded; epoch $e: $h0"
 
 # Preemption: SIGTERM to b1 (started with a checkpoint directory below):
@@ -157,14 +162,7 @@ wait_log b1 'train: resuming from .*ck-b1/' 20
 now=$(sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/b0.log" | tail -n 1)
 e=$((now + 2))
 for b in b0 b1 b3; do wait_log "$b" "train: epoch $e done" 90; done
-h0=$(step_how b0 "$e")
-for b in b1 b3; do
-  [ "$(step_how "$b" "$e")" = "$h0" ] ||
-    fail "after the restart, epoch $e: $b's step '$(step_how "$b" "$e")'" \
-      "differs from b0's '$h0'"
-done
-[[ $h0 = "averaged in a group of 3 "* ]] ||
-  fail "after the restart, epoch $e: b0's step: '$h0'"
+same_step "after the restart" "$e"
 echo "preemption: b1 stopped in $ms ms with a checkpoint, resumed; epoch $e: $h0"
 
 stop_all
