@@ -17,12 +17,14 @@
  * and an oracle that asks every live node's storage which records still
  * exist anywhere.  See tools/dhtsim/README.md and docs/DHT.md.
  */
+#include "arena.h"
 #include "dhtsim.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
+#include <sodium.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,8 +62,13 @@ typedef struct options {
   double max_wall_s;         /* stop at the first row past this; 0: none */
   double max_rss_mib;        /* stop at the first row above this; 0: none */
   double max_cpu_s;          /* stop at the first row past this; 0: none */
+  double stop_at_h;          /* stop at the first row at this hour; 0: none */
   int log_level;
 } options;
+
+/* Per process, never in a checkpoint: where to write checkpoints, and the
+ * one to carry on from. */
+static const char *ckpt_path, *resume_path;
 
 static void usage(FILE *f) {
   fprintf(
@@ -95,6 +102,13 @@ static void usage(FILE *f) {
       "                        more resident memory (default 0: no limit)\n"
       "                        (SIGINT, SIGTERM or SIGUSR1 also stop a run\n"
       "                        at its next row, with the summary)\n"
+      "  --stop-at H           stop at the first row at or after simulated\n"
+      "                        hour H (to split a run: see --checkpoint)\n"
+      "  --checkpoint FILE     after every row, write the whole simulation\n"
+      "                        to FILE (replaced each time; about the RSS)\n"
+      "  --resume FILE         carry on a run from its checkpoint; only the\n"
+      "                        options above from --max-wall on, and --log,\n"
+      "                        may be given with it (the rest is the run's)\n"
       "  --no-oracle           skip counting holders in every node's "
       "storage\n"
       "  --log LEVEL           error|warn|info|debug (default error)\n");
@@ -182,7 +196,21 @@ static const opt_spec opt_specs[] = {
     {"--max-wall", offsetof(options, max_wall_s), O_DOUBLE},
     {"--max-rss", offsetof(options, max_rss_mib), O_DOUBLE},
     {"--max-cpu", offsetof(options, max_cpu_s), O_DOUBLE},
+    {"--stop-at", offsetof(options, stop_at_h), O_DOUBLE},
 };
+
+/* Options that belong to one process (budgets, where to write, the log),
+ * not to the run: the only ones --resume accepts beside itself. */
+static bool per_process(const char *name) {
+  static const char *const names[] = {
+      "--max-wall",   "--max-rss", "--max-cpu", "--stop-at",
+      "--checkpoint", "--resume",  "--log",
+  };
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+    if (!strcmp(name, names[i]))
+      return true;
+  return false;
+}
 
 /* One option with its value; returns 0 or -EINVAL. */
 static int parse_opt(options *o, const char *name, const char *val) {
@@ -215,13 +243,22 @@ static int parse_opt(options *o, const char *name, const char *val) {
 
 static int parse_args(int argc, char **argv, options *o) {
   options_default(o);
+  const char *run_opt = NULL; /* an option of the run's, if one was given */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
       usage(stdout);
       exit(0);
     }
+    if (!per_process(argv[i]))
+      run_opt = argv[i];
     if (!strcmp(argv[i], "--no-oracle")) {
       o->oracle = false;
+      continue;
+    }
+    if (i + 1 < argc &&
+        (!strcmp(argv[i], "--checkpoint") || !strcmp(argv[i], "--resume"))) {
+      *(argv[i][2] == 'c' ? &ckpt_path : &resume_path) = argv[i + 1];
+      i++;
       continue;
     }
     if (i + 1 >= argc || parse_opt(o, argv[i], argv[i + 1]) != 0) {
@@ -231,8 +268,17 @@ static int parse_args(int argc, char **argv, options *o) {
     }
     i++;
   }
+  if (resume_path && run_opt) {
+    fprintf(stderr,
+            "dhtsim-scale: %s belongs to the run, which --resume carries on "
+            "as it was started\n",
+            run_opt);
+    return -EINVAL;
+  }
   const char *bad = NULL;
-  if (o->nodes < 2 || o->nodes > DHTSIM_NODES_MAX / 4)
+  if ((ckpt_path && !*ckpt_path) || (resume_path && !*resume_path))
+    bad = "--checkpoint and --resume need a file name";
+  else if (o->nodes < 2 || o->nodes > DHTSIM_NODES_MAX / 4)
     bad = "--nodes must be 2 or more (and leave room for replacements)";
   else if (o->loss > 1000)
     bad = "--loss is in permille, 0..1000";
@@ -390,9 +436,12 @@ struct run {
   bool closing;
   dhtsim_counters c_prev;
   put_op *puts;
-  double wall0, wall_prev, cpu_prev;
-  double rss0;        /* MiB before the network was made */
-  uint64_t row_start; /* simulated ms the current period began */
+  double wall0, wall_prev, cpu_prev; /* this process's clocks */
+  double wall_base, cpu_base;   /* spent by the processes before this one */
+  double wall_saved, cpu_saved; /* totals when the checkpoint was written */
+  double per_node;              /* bytes per joined node, for the summary */
+  double rss0;                  /* MiB before the network was made */
+  uint64_t row_start;           /* simulated ms the current period began */
 };
 
 typedef struct get_op {
@@ -843,12 +892,16 @@ static volatile sig_atomic_t stop_signal;
 
 static void on_stop_signal(int sig) { stop_signal = sig; }
 
-/* The limit a run has gone past ("--max-wall", "--max-cpu", "--max-rss", or
- * a signal), or NULL. */
+/* The limit a run has gone past ("--max-wall", "--max-cpu", "--max-rss",
+ * "--stop-at" or a signal), or NULL.  The budgets are this process's. */
 static const char *over_budget(const run *r) {
+  if (r->o.stop_at_h > 0 && r->t0 && /* t0: once the churn has begun */
+      dhtsim_now(r->s) - r->t0 >= (uint64_t)(r->o.stop_at_h * HOUR_MS))
+    return "--stop-at";
   if (stop_signal)
-    return stop_signal == SIGUSR1 ? "SIGUSR1"
-           : stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
+    return stop_signal == SIGUSR1  ? "SIGUSR1"
+           : stop_signal == SIGINT ? "SIGINT"
+                                   : "SIGTERM";
   if (r->o.max_wall_s > 0 && secs() - r->wall0 > r->o.max_wall_s)
     return "--max-wall";
   if (r->o.max_cpu_s > 0 && cpu_secs() > r->o.max_cpu_s)
@@ -861,6 +914,25 @@ static const char *over_budget(const run *r) {
 static uint64_t next_report(const run *r) {
   uint64_t at = dhtsim_now(r->s) + (uint64_t)(r->o.report_min * MINUTE_MS);
   return at < r->end ? at : r->end;
+}
+
+/* Writes the whole simulation to ckpt_path: between two of our events,
+ * where everything lives in the arena and is reachable from r.  A failed
+ * write is reported and the run goes on (the previous file stays). */
+static void checkpoint(run *r) {
+  double t = secs();
+  r->wall_saved = r->wall_base + (t - r->wall0);
+  r->cpu_saved = r->cpu_base + cpu_secs();
+  fflush(stdout);
+  const char *why = NULL;
+  if (arena_save(ckpt_path, r, &why) != 0) {
+    printf("# checkpoint not written: %s\n", why);
+    fprintf(stderr, "dhtsim-scale: checkpoint not written: %s\n", why);
+    return;
+  }
+  printf("# checkpoint: hour %.2f in %s, %.0f MiB in %.1f s\n",
+         (double)(dhtsim_now(r->s) - r->t0) / HOUR_MS, ckpt_path,
+         (double)arena_used() / (1024.0 * 1024.0), secs() - t);
 }
 
 static void handle(run *r, const tev *ev) {
@@ -878,19 +950,35 @@ static void handle(run *r, const tev *ev) {
     break;
   case EV_REPORT:
     print_row(r, &r->cur, (double)(now - r->t0) / HOUR_MS);
-    if (over_budget(r) && now < r->end) {
+    if (now >= r->end)
+      break;
+    /* The checkpoint holds the next report, and the run's own end: a
+     * budget stops this process only. */
+    q_push(r, next_report(r), EV_REPORT, 0);
+    if (ckpt_path)
+      checkpoint(r);
+    if (over_budget(r)) {
       printf("# stopped by %s after %.2f of %g simulated hours\n",
              over_budget(r), (double)(now - r->t0) / HOUR_MS, r->o.hours);
       r->end = now;
     }
-    if (now < r->end)
-      q_push(r, next_report(r), EV_REPORT, 0);
     break;
   default: break;
   }
 }
 
 /* Runs the simulator and our own events, in time order, to r->end. */
+static void churn_loop(run *r) {
+  while (r->qn > 0 && r->q[0].at <= r->end) {
+    tev ev = q_pop(r);
+    uint64_t now = dhtsim_now(r->s);
+    if (ev.at > now)
+      dhtsim_run_for(r->s, ev.at - now);
+    handle(r, &ev);
+  }
+}
+
+/* Starts the churn, the load and the reports, and runs them. */
 static void churn(run *r) {
   for (size_t j = 0; j < r->nlive; j++)
     schedule_death(r, r->live[j]);
@@ -901,13 +989,7 @@ static void churn(run *r) {
     q_push(r, now + rand_exp_ms(r->s, HOUR_MS / r->o.survey), EV_SURVEY, 0);
   r->row_start = now;
   q_push(r, next_report(r), EV_REPORT, 0);
-  while (r->qn > 0 && r->q[0].at <= r->end) {
-    tev ev = q_pop(r);
-    now = dhtsim_now(r->s);
-    if (ev.at > now)
-      dhtsim_run_for(r->s, ev.at - now);
-    handle(r, &ev);
-  }
+  churn_loop(r);
 }
 
 /* Joins the initial population and lets it settle. */
@@ -976,7 +1058,8 @@ static void print_config(const run *r, const dht_config *cfg) {
          cfg->refresh_ms / MINUTE_MS, cfg->republish_ms / MINUTE_MS);
 }
 
-static void summary(run *r, double wall, double rss_nodes) {
+static void summary(run *r) {
+  double wall = r->wall_base + secs() - r->wall0, rss_nodes = r->per_node;
   period *a = &r->all;
   dhtsim_counters c;
   dhtsim_counters_get(r->s, &c);
@@ -1003,77 +1086,152 @@ static void summary(run *r, double wall, double rss_nodes) {
       percent(held[CAT_UP] + held[CAT_GONE], total[CAT_UP] + total[CAT_GONE]),
       percent(held[CAT_GONE], total[CAT_GONE]),
       percent(held[CAT_CONTROL], total[CAT_CONTROL]), c.events,
-      c.requests + c.answers, wall, cpu_secs(), maxrss_mib(), rss_nodes);
+      c.requests + c.answers, wall, r->cpu_base + cpu_secs(), maxrss_mib(),
+      rss_nodes);
 }
 
-int main(int argc, char **argv) {
-  static run r;
-  if (parse_args(argc, argv, &r.o) != 0) {
-    usage(stderr);
-    return 2;
-  }
-  bee_log_set_level(r.o.log_level);
+/* The process's side: the log, line-buffered rows, signals that stop a
+ * run at its next row. */
+static void process_setup(int log_level) {
+  bee_log_set_level(log_level);
   setvbuf(stdout, NULL, _IOLBF, 0); /* rows show as they come, in a file too */
   struct sigaction sa = {.sa_handler = on_stop_signal};
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGUSR1, &sa, NULL);
-  r.wall0 = r.wall_prev = secs();
-  dht_config cfg;
-  dht_config_default(&cfg);
-  if (r.o.refresh_min > 0)
-    cfg.refresh_ms = (uint64_t)(r.o.refresh_min * MINUTE_MS);
-  if (r.o.republish_min > 0)
-    cfg.republish_ms = (uint64_t)(r.o.republish_min * MINUTE_MS);
-  print_config(&r, &cfg);
-  r.rss0 = rss_mib();
-  r.s = dhtsim_new(r.o.nodes, r.o.seed, &cfg);
-  if (!r.s) {
-    fprintf(stderr, "dhtsim-scale: cannot make the network\n");
+}
+
+/* Frees the run (the arena's memory goes with the process anyway, but a
+ * run without one is checked by the sanitizers). */
+static void run_free(run *r) {
+  r->closing = true;
+  dhtsim_free(r->s);
+  free(r->all.rounds.v);
+  free(r->all.msgs.v);
+  free(r->all.ms.v);
+  free(r->cur.rounds.v);
+  free(r->cur.msgs.v);
+  free(r->cur.ms.v);
+  free(r->recs);
+  free(r->puts);
+  free(r->q);
+  free(r->live);
+  free(r->pos);
+  free(r->immortal);
+  free(r);
+}
+
+/* Carries on the run saved in resume_path, with this process's options
+ * (budgets, --stop-at, --checkpoint, --log) from o. */
+static int resume(const options *o) {
+  double t = secs();
+  const char *why = NULL;
+  run *r = arena_load(resume_path, &why);
+  if (!r) {
+    fprintf(stderr, "dhtsim-scale: cannot resume from %s: %s\n", resume_path,
+            why);
     return 1;
   }
-  dhtsim_set_latency(r.s, r.o.lat_min, r.o.lat_max);
-  dhtsim_set_loss(r.s, r.o.loss);
-  for (size_t i = 0; i < r.o.nodes; i++)
-    live_add(&r, i);
-  int rc = 1;
-  if (join_all(&r) != 0)
+  if (sodium_init() < 0) {
+    fprintf(stderr, "dhtsim-scale: libsodium cannot start\n");
+    return 1;
+  }
+  process_setup(o->log_level);
+  r->o.max_wall_s = o->max_wall_s;
+  r->o.max_rss_mib = o->max_rss_mib;
+  r->o.max_cpu_s = o->max_cpu_s;
+  r->o.stop_at_h = o->stop_at_h;
+  r->o.log_level = o->log_level;
+  r->wall_base = r->wall_saved;
+  r->cpu_base = r->cpu_saved;
+  r->wall0 = t;
+  printf("# resumed from %s at hour %.2f of %g (%.0f MiB read in %.1f s; "
+         "%.0f s of CPU before)\n",
+         resume_path, (double)(dhtsim_now(r->s) - r->t0) / HOUR_MS, r->o.hours,
+         (double)arena_used() / (1024.0 * 1024.0), secs() - t, r->cpu_base);
+  r->wall_prev = secs();
+  r->cpu_prev = cpu_secs();
+  churn_loop(r);
+  summary(r);
+  run_free(r);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  options o;
+  if (parse_args(argc, argv, &o) != 0) {
+    usage(stderr);
+    return 2;
+  }
+  if (ckpt_path || resume_path) {
+    int rc = arena_fixed_layout(argv);
+    if (rc != 0) {
+      fprintf(stderr,
+              "dhtsim-scale: cannot turn address randomization off (%s); "
+              "--checkpoint and --resume need it\n",
+              strerror(-rc));
+      return 3;
+    }
+  }
+  if (resume_path)
+    return resume(&o);
+  /* From here every allocation is in the arena (when there is one), so a
+   * checkpoint holds the whole run. */
+  int rc = arena_start();
+  if (rc != 0 && ckpt_path) {
+    fprintf(stderr, "dhtsim-scale: --checkpoint needs the arena: %s\n",
+            rc == -ENOTSUP ? "this build (AddressSanitizer) has none"
+                           : strerror(-rc));
+    return 3;
+  }
+  run *r = xrealloc(NULL, sizeof *r);
+  memset(r, 0, sizeof *r);
+  r->o = o;
+  process_setup(r->o.log_level);
+  r->wall0 = r->wall_prev = secs();
+  dht_config cfg;
+  dht_config_default(&cfg);
+  if (r->o.refresh_min > 0)
+    cfg.refresh_ms = (uint64_t)(r->o.refresh_min * MINUTE_MS);
+  if (r->o.republish_min > 0)
+    cfg.republish_ms = (uint64_t)(r->o.republish_min * MINUTE_MS);
+  print_config(r, &cfg);
+  r->rss0 = rss_mib();
+  r->s = dhtsim_new(r->o.nodes, r->o.seed, &cfg);
+  if (!r->s) {
+    fprintf(stderr, "dhtsim-scale: cannot make the network\n");
+    free(r);
+    return 1;
+  }
+  dhtsim_set_latency(r->s, r->o.lat_min, r->o.lat_max);
+  dhtsim_set_loss(r->s, r->o.loss);
+  for (size_t i = 0; i < r->o.nodes; i++)
+    live_add(r, i);
+  rc = 1;
+  if (join_all(r) != 0)
     goto out;
   /* What one joined node costs: the cores, their routing tables and the
    * simulator's own node struct, before any record is stored. */
-  double per_node = (rss_mib() - r.rss0) * 1024 * 1024 / (double)r.o.nodes;
+  r->per_node = (rss_mib() - r->rss0) * 1024 * 1024 / (double)r->o.nodes;
   printf("# memory after the joins: RSS %.0f MiB, %.0f bytes per node\n",
-         rss_mib(), per_node);
-  if (put_records(&r) != 0) {
+         rss_mib(), r->per_node);
+  if (put_records(r) != 0) {
     fprintf(stderr, "dhtsim-scale: puts still pending\n");
     goto out;
   }
-  r.t0 = dhtsim_now(r.s);
-  r.end = r.t0 + (uint64_t)(r.o.hours * HOUR_MS);
-  dhtsim_counters_get(r.s, &r.c_prev);
-  printf("# setup took %.1f s wall, %.1f s cpu\n", secs() - r.wall0,
+  r->t0 = dhtsim_now(r->s);
+  r->end = r->t0 + (uint64_t)(r->o.hours * HOUR_MS);
+  dhtsim_counters_get(r->s, &r->c_prev);
+  printf("# setup took %.1f s wall, %.1f s cpu\n", secs() - r->wall0,
          cpu_secs());
   print_header();
-  r.wall_prev = secs();
-  r.cpu_prev = cpu_secs();
-  churn(&r);
-  summary(&r, secs() - r.wall0, per_node);
+  r->wall_prev = secs();
+  r->cpu_prev = cpu_secs();
+  churn(r);
+  summary(r);
   rc = 0;
 out:
-  r.closing = true;
-  dhtsim_free(r.s);
-  free(r.all.rounds.v);
-  free(r.all.msgs.v);
-  free(r.all.ms.v);
-  free(r.cur.rounds.v);
-  free(r.cur.msgs.v);
-  free(r.cur.ms.v);
-  free(r.recs);
-  free(r.puts);
-  free(r.q);
-  free(r.live);
-  free(r.pos);
-  free(r.immortal);
+  run_free(r);
   return rc;
 }
