@@ -53,6 +53,8 @@
 #define BEE_DEFAULT_OUTER_LR 0.7 /* DiLoCo's (Douillard et al. 2023) */
 #define BEE_DEFAULT_OUTER_MOMENTUM 0.9
 #define BEE_DEFAULT_MATCHMAKING_S 2.0
+#define BEE_DEFAULT_STATE_UPLOADS 2 /* state downloads a donor serves at once */
+#define BEE_STATE_UPLOADS_MAX 64
 
 enum { BEE_OPT_SGD = 1, BEE_OPT_ADAMW, BEE_OPT_LAMB };
 enum { BEE_AVG_GRADIENTS = 1, BEE_AVG_DILOCO };
@@ -96,6 +98,7 @@ typedef struct bee_config {
   unsigned average_state_every; /* epochs; 0: never */
   double matchmaking_s;         /* the longest a round waits for its peers */
   unsigned min_peers;           /* training waits for this many in the run */
+  unsigned max_state_uploads;   /* state downloads served at once */
   bool delay_averaging;         /* the round runs behind the next epoch */
   char label[PROTO_LABEL_MAX + 1];
   unsigned threads;
@@ -354,6 +357,38 @@ size_t bee_round_candidates(const proto_progress *v, size_t n,
 bool bee_epoch_ready(uint64_t epoch, uint64_t samples,
                      const bee_swarm_view *v, uint64_t others,
                      uint64_t target);
+
+/* ------------------------------------------------------------------------ */
+/* State uploads a donor is serving (uploads.c).                             */
+
+/* A download is a run of "state.get" requests from one peer; it is over
+ * when the peer has its last chunk, or has asked nothing for
+ * BEE_UPLOAD_IDLE_MS (it gave up, or died). */
+#define BEE_UPLOAD_IDLE_MS 15000 /* beyond an asker's chunk timeout */
+
+typedef struct bee_upload {
+  uint8_t id[PROTO_ID_BYTES];
+  uint64_t start_ms, last_ms; /* the loop's clock */
+  uint64_t bytes;             /* sent so far */
+  void *pin; /* the caller's: what the download is served from */
+} bee_upload;
+
+typedef struct bee_uploads {
+  bee_upload u[BEE_STATE_UPLOADS_MAX];
+  size_t n;
+} bee_uploads;
+
+/* A chunk request from peer id at now_ms, with at most max downloads at
+ * once.  Returns the peer's upload (*fresh set when it starts one now,
+ * with pin NULL), or NULL when max others are running: the peer is told
+ * it is busy.  An upload that lapses here is passed to unpin(pin, arg)
+ * first when its pin is set (unpin may be NULL). */
+bee_upload *bee_uploads_admit(bee_uploads *u, const uint8_t id[PROTO_ID_BYTES],
+                              uint64_t now_ms, unsigned max, bool *fresh,
+                              void (*unpin)(void *pin, void *arg), void *arg);
+/* The upload of up is over (its peer has the last chunk); the caller has
+ * released its pin. */
+void bee_uploads_end(bee_uploads *u, bee_upload *up);
 
 /* ------------------------------------------------------------------------ */
 /* The bee's training and its progress in the DHT (train.c).                 */

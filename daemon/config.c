@@ -58,6 +58,7 @@ enum opt_id {
   O_KEEP_CHECKPOINTS,
   O_RESUME,
   O_CONTROL,
+  O_MAX_STATE_UPLOADS,
   O_HELP,
   O_VERSION,
 };
@@ -103,6 +104,7 @@ static const struct opt {
     {"average-state-every", O_AVERAGE_STATE_EVERY, K_VALUE, true},
     {"matchmaking-time", O_MATCHMAKING_TIME, K_VALUE, true},
     {"min-peers", O_MIN_PEERS, K_VALUE, true},
+    {"max-state-uploads", O_MAX_STATE_UPLOADS, K_VALUE, true},
     {"delay-averaging", O_DELAY_AVERAGING, K_BOOL, true},
     {"label", O_LABEL, K_VALUE, true},
     {"threads", O_THREADS, K_VALUE, true},
@@ -153,6 +155,7 @@ void bee_config_init(bee_config *cfg) {
   cfg->outer_momentum = -1;
   cfg->matchmaking_s = BEE_DEFAULT_MATCHMAKING_S;
   cfg->min_peers = 1;
+  cfg->max_state_uploads = BEE_DEFAULT_STATE_UPLOADS;
   cfg->threads = 1;
   cfg->eval_every = 1;
   cfg->checkpoint_every = 1;
@@ -472,6 +475,14 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
       return bee_failf(msg, cap, BEE_ECONFIG,
                        "bad number '%.80s' (want bees, 1..100000)", v);
     cfg->min_peers = u;
+    return 0;
+  case O_MAX_STATE_UPLOADS:
+    if (parse_uint(v, 1, BEE_STATE_UPLOADS_MAX, &u))
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad number '%.80s' (want downloads served at once, "
+                       "1..%d)",
+                       v, BEE_STATE_UPLOADS_MAX);
+    cfg->max_state_uploads = u;
     return 0;
   case O_AVERAGE_STATE_EVERY:
     if (parse_uint(v, 0, 1000000, &u))
@@ -858,6 +869,9 @@ void bee_config_usage(FILE *f) {
       "  --min-peers N            start training once N bees (this one too)\n"
       "                           are in the run (default 1: at once, or with\n"
       "                           the peers seen within 3 s)\n"
+      "  --max-state-uploads N    serve the state to at most N newcomers at\n"
+      "                           once; the others are told to come back\n"
+      "                           (default 2)\n"
       "  --label TEXT             shown beside this bee's progress (a region)\n"
       "  --threads N              compute threads, 1..64 (default 1)\n"
       "  --eval-every N           test accuracy every N epochs; 0 = never\n"

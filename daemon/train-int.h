@@ -39,6 +39,11 @@
 #define STATE_CHUNK (1u << 20)     /* bytes asked per request */
 #define STATE_CALL_MS 10000        /* one chunk's answer */
 #define STATE_RESTARTS 3           /* snapshots that may change under us */
+#define FETCH_BACKOFF_MS 1000      /* every donor busy: the first wait */
+#define FETCH_BACKOFF_MAX_MS 8000  /* and the longest */
+#define FETCH_PASSES 3             /* failed passes before training on */
+#define FETCH_SETTLE_MS 10000 /* after a download, catch up before another
+                                 (or twice what the download took) */
 #define STATE_HDR 32               /* four u64: params, state, buffers, steps */
 #define DONORS_MAX 16
 #define START_WAIT_MS 3000 /* a first view before training, at most */
@@ -59,6 +64,19 @@ struct pend {
 };
 
 /* What the worker and the loop share, under mu. */
+/* A snapshot of the state (bee__make_snapshot), shared by reference
+ * under mu: sh.snap holds one, and so does each download served from it
+ * (an upload's pin), so that a newcomer gets the snapshot it started on
+ * to its end however many steps the donor takes meanwhile.  The last
+ * reference frees it (bee__snap_unref). */
+typedef struct bee_snap {
+  unsigned refs;
+  uint64_t epoch;
+  size_t len;
+  uint8_t sum[PROTO_STATE_SUM_BYTES];
+  uint8_t data[]; /* len bytes: the header, then the state's arrays */
+} bee_snap;
+
 typedef struct shared {
   uint64_t epoch;
   uint64_t samples;      /* computed in this epoch */
@@ -98,10 +116,7 @@ typedef struct shared {
   uint8_t *load;      /* a downloaded snapshot, checked; the worker frees */
   uint64_t load_epoch;
   /* worker -> loop: the latest snapshot, swapped in under mu */
-  uint8_t *snap;
-  size_t snap_len;
-  uint64_t snap_epoch;
-  uint8_t snap_sum[PROTO_STATE_SUM_BYTES];
+  bee_snap *snap;
   /* worker <-> loop: the buffer to average (the gradients, DiLoCo's
    * change, or the state) */
   bool avg_req, avg_done;
@@ -190,6 +205,15 @@ struct bee_train {
   unsigned frestarts;
   size_t fdonor;       /* next donor to try */
   uint64_t fshown;     /* percent last logged */
+  unsigned fbusy;      /* donors of this pass that were busy */
+  unsigned ffailed;    /* passes in a row that failed (none busy) */
+  uint64_t fstart_ms;  /* this donor's download began (loop ms) */
+  uint64_t fsettle_ms; /* no new download for being behind before then */
+  uint64_t fretry_ms;  /* every donor busy: ask again from then (loop ms) */
+  uint64_t fbackoff_ms; /* and the wait after the next such pass */
+  /* the downloads we serve (--max-state-uploads) */
+  bee_uploads uploads;
+  uint64_t busy_logged_ms; /* the last "told it is busy" line */
   uint64_t started_ms; /* bee_train_start's loop time */
   size_t candidates;   /* bee_round_candidates, by the last view */
   bool have_view;
@@ -238,6 +262,8 @@ bool bee__snapshot_shape_ok(bee_train *t, const uint8_t *b);
 /* Worker: the state after the step that began epoch, for donors and
  * checkpoints. */
 void bee__make_snapshot(bee_train *t, uint64_t epoch);
+/* Drops a reference to s (NULL accepted); the last frees it.  Under mu. */
+void bee__snap_unref(bee_snap *s);
 /* Worker: loads a snapshot the loop checked, as of its epoch. */
 void bee__load_snapshot(bee_train *t, const uint8_t *b, uint64_t epoch);
 /* The checkpoint writer thread. */

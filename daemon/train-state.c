@@ -93,28 +93,32 @@ bool bee__snapshot_shape_ok(bee_train *t, const uint8_t *b) {
   return get_u64(b) == c[0] && get_u64(b + 8) == c[1] && get_u64(b + 16) == c[2];
 }
 
+void bee__snap_unref(bee_snap *s) {
+  if (s && --s->refs == 0)
+    free(s);
+}
+
 /* Worker: the state after the step that began epoch, for donors. */
 void bee__make_snapshot(bee_train *t, uint64_t epoch) {
   size_t len = bee__snapshot_size(t);
-  uint8_t *b = malloc(len);
-  if (!b)
+  bee_snap *s = malloc(sizeof *s + len);
+  if (!s)
     return; /* no new snapshot: donors serve the last one */
+  uint8_t *b = s->data;
+  s->refs = 1;
+  s->epoch = epoch;
+  s->len = len;
   uint64_t c[3];
   snapshot_counts(t, c);
   for (int i = 0; i < 3; i++)
     put_u64(b + 8 * i, c[i]);
   put_u64(b + 24, trn_optim_steps(t->o));
   bee__state_pack(t, STATE_PARTS, b + STATE_HDR);
-  uint8_t sum[PROTO_STATE_SUM_BYTES];
-  crypto_generichash(sum, sizeof sum, b, len, NULL, 0);
+  crypto_generichash(s->sum, sizeof s->sum, b, len, NULL, 0);
   uv_mutex_lock(&t->mu);
-  uint8_t *old = t->sh.snap;
-  t->sh.snap = b;
-  t->sh.snap_len = len;
-  t->sh.snap_epoch = epoch;
-  memcpy(t->sh.snap_sum, sum, sizeof sum);
+  bee__snap_unref(t->sh.snap); /* downloads under way keep theirs */
+  t->sh.snap = s;
   uv_mutex_unlock(&t->mu);
-  free(old);
 }
 
 /* Worker: loads a snapshot the loop checked (size, checksum and shape),
@@ -139,13 +143,14 @@ void bee__load_snapshot(bee_train *t, const uint8_t *b, uint64_t epoch) {
  * when asked; the last request before stopping is written too. */
 static void ckpt_write_latest(bee_train *t) {
   uv_mutex_lock(&t->mu);
-  size_t len = t->sh.snap_len;
-  uint64_t epoch = t->sh.snap_epoch;
-  uint8_t *copy = t->sh.snap && (!t->sh.ckpt_any || epoch != t->sh.ckpt_written)
+  bee_snap *s = t->sh.snap;
+  size_t len = s ? s->len : 0;
+  uint64_t epoch = s ? s->epoch : 0;
+  uint8_t *copy = s && (!t->sh.ckpt_any || epoch != t->sh.ckpt_written)
                       ? malloc(len)
                       : NULL;
   if (copy)
-    memcpy(copy, t->sh.snap, len);
+    memcpy(copy, s->data, len);
   uv_mutex_unlock(&t->mu);
   if (!copy)
     return; /* nothing new since the last one */
@@ -215,6 +220,11 @@ static void fetch_cb(proto_conn *c, int status, int64_t remote_code,
   char why[160];
   if (t->stopped || !t->fetching)
     return;
+  if (status == BEE_EREMOTE && remote_code == BEE_ELIMIT) {
+    t->fbusy++;
+    fetch_failed(t, "busy serving other downloads");
+    return;
+  }
   if (status) {
     snprintf(why, sizeof why, "%s",
              bee_strerror(status == BEE_EREMOTE ? (int)remote_code : status));
@@ -287,8 +297,11 @@ static void fetch_cb(proto_conn *c, int status, int64_t remote_code,
     fetch_failed(t, "a state of another shape");
     return;
   }
-  bee_info(COMP, "state: loaded epoch %llu from %s",
-           (unsigned long long)t->fepoch, id8);
+  uint64_t took = uv_now(t->loop) - t->fstart_ms;
+  t->fsettle_ms = uv_now(t->loop) +
+                  (2 * took > FETCH_SETTLE_MS ? 2 * took : FETCH_SETTLE_MS);
+  bee_info(COMP, "state: loaded epoch %llu from %s in %.1f s",
+           (unsigned long long)t->fepoch, id8, (double)took / 1000);
   uv_mutex_lock(&t->mu);
   free(t->sh.load);
   t->sh.load = t->fbuf;
@@ -297,6 +310,8 @@ static void fetch_cb(proto_conn *c, int status, int64_t remote_code,
   bee__set_go(t);
   t->fbuf = NULL;
   t->fetching = false;
+  t->fbackoff_ms = 0;
+  t->ffailed = 0;
 }
 
 static void fetch_next(bee_train *t) {
@@ -315,7 +330,11 @@ static void fetch_next(bee_train *t) {
     fetch_failed(t, bee_strerror(rc));
 }
 
-/* The next donor we have a connection to; none left: train on. */
+/* The next donor we have a connection to.  None left: ask again later
+ * (the view's refresh does, from t->fretry_ms) and stay where we are, for
+ * as long as donors are only busy, and for FETCH_PASSES passes in a row
+ * when they failed (a connection replaced under the download, a chunk
+ * that timed out on a slow link); after that, train on from here. */
 static void fetch_from_next_donor(bee_train *t) {
   while (t->fdonor < t->ndonors) {
     const uint8_t *id = t->donors[t->fdonor++];
@@ -327,10 +346,31 @@ static void fetch_from_next_donor(bee_train *t) {
     t->foffset = 0;
     t->frestarts = 0;
     t->fshown = 0;
+    t->fstart_ms = uv_now(t->loop);
     fetch_next(t);
     return;
   }
   t->fetching = false;
+  bool failed = !t->fbusy;
+  if (!failed || ++t->ffailed < FETCH_PASSES) {
+    t->fbackoff_ms = t->fbackoff_ms ? 2 * t->fbackoff_ms : FETCH_BACKOFF_MS;
+    if (t->fbackoff_ms > FETCH_BACKOFF_MAX_MS)
+      t->fbackoff_ms = FETCH_BACKOFF_MAX_MS;
+    t->fretry_ms = uv_now(t->loop) + t->fbackoff_ms;
+    if (failed)
+      bee_warn(COMP,
+               "state: no donor could serve it (pass %u of %d); asking "
+               "again in %.0f s",
+               t->ffailed, FETCH_PASSES, (double)t->fbackoff_ms / 1000);
+    else
+      bee_info(COMP,
+               "state: %u of %zu donors busy serving others; asking again "
+               "in %.0f s",
+               t->fbusy, t->ndonors, (double)t->fbackoff_ms / 1000);
+    return;
+  }
+  t->ffailed = 0;
+  t->fbackoff_ms = 0;
   bee_warn(COMP, "state: no donor could serve it; training on from here");
   bee__set_go(t);
 }
@@ -338,7 +378,45 @@ static void fetch_from_next_donor(bee_train *t) {
 void bee__start_fetch(bee_train *t) {
   t->fetching = true;
   t->fdonor = 0;
+  t->fbusy = 0;
   fetch_from_next_donor(t);
+}
+
+/* An upload lapsed (its peer stopped asking): its snapshot may go. */
+static void upload_unpin(void *pin, void *arg) {
+  bee_train *t = arg;
+  uv_mutex_lock(&t->mu);
+  bee__snap_unref(pin);
+  uv_mutex_unlock(&t->mu);
+}
+
+/* Admits a chunk request of peer c into the uploads we serve, logging a
+ * download's start and a refusal (at most every 10 s).  Returns the
+ * upload, or NULL when the peer was told it is busy. */
+static bee_upload *upload_admit(bee_train *t, proto_conn *c, uint64_t req) {
+  const proto_peer *p = proto_conn_peer(c);
+  char id8[9];
+  bee_id8(p->id, id8);
+  bool fresh;
+  uint64_t now = uv_now(t->loop);
+  bee_upload *up =
+      bee_uploads_admit(&t->uploads, p->id, now, t->cfg->max_state_uploads,
+                        &fresh, upload_unpin, t);
+  if (!up) {
+    if (!t->busy_logged_ms || now - t->busy_logged_ms >= 10000) {
+      t->busy_logged_ms = now;
+      bee_info(COMP,
+               "state: %s asks while %zu downloads run "
+               "(--max-state-uploads); told it is busy",
+               id8, t->uploads.n);
+    }
+    proto_conn_reply_error(c, req, BEE_ELIMIT, "busy serving other downloads");
+    return NULL;
+  }
+  if (fresh)
+    bee_info(COMP, "state: serving %s (%zu of at most %u downloads)", id8,
+             t->uploads.n, t->cfg->max_state_uploads);
+  return up;
 }
 
 /* A peer asks for our state: the bytes of the latest snapshot. */
@@ -356,23 +434,35 @@ void bee__state_req_cb(proto_conn *c, uint64_t id, proto_bytes method,
     proto_conn_reply_error(c, id, BEE_ERANGE, "not training in that run");
     return;
   }
+  /* The uploads table is the loop's: admitted before the lock. */
+  bee_upload *up = upload_admit(t, c, id);
+  if (!up)
+    return;
   uv_mutex_lock(&t->mu);
-  if (!t->sh.snap || q.offset > t->sh.snap_len) {
-    const char *why = t->sh.snap ? "offset past the state" : "no state yet";
+  /* A download gets the snapshot it started on to its end; one that
+   * starts (over) at offset 0 gets the latest. */
+  if (t->sh.snap && (q.offset == 0 || !up->pin)) {
+    bee__snap_unref(up->pin);
+    up->pin = t->sh.snap;
+    t->sh.snap->refs++;
+  }
+  const bee_snap *s = up->pin;
+  if (!s || q.offset > s->len) {
+    const char *why = s ? "offset past the state" : "no state yet";
     uv_mutex_unlock(&t->mu);
     proto_conn_reply_error(c, id, BEE_ERANGE, why);
     return;
   }
-  size_t n = t->sh.snap_len - q.offset;
+  size_t n = s->len - q.offset;
   if (n > q.len)
     n = q.len;
   proto_state_msg m = {.type = PROTO_T_STATE_CHUNK,
-                       .epoch = t->sh.snap_epoch,
-                       .total = t->sh.snap_len,
+                       .epoch = s->epoch,
+                       .total = s->len,
                        .offset = q.offset,
-                       .data = {t->sh.snap + q.offset, n}};
+                       .data = {s->data + q.offset, n}};
   memcpy(m.run, q.run, sizeof m.run);
-  memcpy(m.checksum, t->sh.snap_sum, sizeof m.checksum);
+  memcpy(m.checksum, s->sum, sizeof m.checksum);
   size_t cap = n + 256, len;
   uint8_t *buf = malloc(cap);
   int rc = buf ? proto_state_encode(&m, buf, cap, &len) : -ENOMEM;
@@ -382,4 +472,14 @@ void bee__state_req_cb(proto_conn *c, uint64_t id, proto_bytes method,
   else
     proto_conn_reply(c, id, buf, len);
   free(buf);
+  up->bytes += n;
+  if (rc == 0 && q.offset + n == m.total) { /* it has the last chunk */
+    char id8[9];
+    bee_id8(up->id, id8);
+    bee_info(COMP, "state: %s has it all (%.1f MiB sent in %.1f s)", id8,
+             (double)up->bytes / (1 << 20),
+             (double)(uv_now(t->loop) - up->start_ms) / 1000);
+    upload_unpin(up->pin, t);
+    bee_uploads_end(&t->uploads, up);
+  }
 }

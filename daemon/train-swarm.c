@@ -119,10 +119,19 @@ static void update_view(bee_train *t, const dht_value *v) {
    * state from a peer at the swarm's epoch. */
   uv_mutex_lock(&t->mu);
   bool go = t->sh.go;
+  if (t->sh.load) /* a state the worker has yet to take */
+    epoch = t->sh.load_epoch;
   uv_mutex_unlock(&t->mu);
   bool behind = go ? t->view.epoch > epoch + 1 : t->view.epoch > epoch;
-  if (behind && t->ndonors && !t->fetching)
-    bee__start_fetch(t);
+  /* After a download the swarm is ahead by what it did meanwhile: the bee
+   * catches up by stepping at once, and another download at once would
+   * only come back as far behind. */
+  if (go && uv_now(t->loop) < t->fsettle_ms)
+    behind = false;
+  if (behind && t->ndonors && !t->fetching) {
+    if (uv_now(t->loop) >= t->fretry_ms) /* not while every donor was busy */
+      bee__start_fetch(t);
+  }
   else if (!go && !t->fetching && t->cfg->min_peers > 1) {
     if (t->view.peers >= t->cfg->min_peers) /* --min-peers: all there */
       bee__set_go(t);

@@ -332,6 +332,10 @@ static void worker(void *arg) {
     uint8_t *load = t->sh.load;
     uint64_t load_epoch = t->sh.load_epoch;
     t->sh.load = NULL;
+    if (load) { /* the loop never sees the old epoch once it is taken */
+      t->sh.epoch = load_epoch;
+      t->sh.samples = 0;
+    }
     uv_mutex_unlock(&t->mu);
     if (load) {
       if (t->delayed.active) { /* its step would land on the new state */
@@ -840,7 +844,9 @@ void bee_train_free(bee_train *t) {
   free(t->sbuf);
   trn_model_free(t->m);
   trn_model_free(t->em);
-  free(t->sh.snap);
+  for (size_t i = 0; i < t->uploads.n; i++)
+    bee__snap_unref(t->uploads.u[i].pin);
+  bee__snap_unref(t->sh.snap);
   free(t->sh.load);
   free(t->fbuf);
   trn_order_free(&t->ord);

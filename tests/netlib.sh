@@ -24,6 +24,7 @@ fail() {
     echo "----- $(basename "$f") -----" >&2
     tail -n 40 "$f" >&2
   done
+  [ -n "${BEE_TEST_KEEP:-}" ] && cp "$work"/*.log "$BEE_TEST_KEEP"/ 2>/dev/null
   exit 1
 }
 

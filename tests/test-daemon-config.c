@@ -210,6 +210,14 @@ static void test_training_flags(void) {
   ASSERT_EQ(c.min_peers, 8);
   expect_flag_error("--min-peers", "0");
   expect_flag_error("--min-peers", "x");
+  ASSERT_EQ(c.max_state_uploads, BEE_DEFAULT_STATE_UPLOADS);
+  ASSERT_OK(parse(&c, "--open", "--max-state-uploads", "1", NULL));
+  ASSERT_EQ(c.max_state_uploads, 1);
+  ASSERT_OK(parse(&c, "--open", "--max-state-uploads", "64", NULL));
+  ASSERT_EQ(c.max_state_uploads, 64);
+  expect_flag_error("--max-state-uploads", "0");
+  expect_flag_error("--max-state-uploads", "65");
+  expect_flag_error("--max-state-uploads", "two");
   expect_flag_error("--average-state-every", "-1");
   const char *bad_mm[] = {"0", "601", "-1", "inf", "2s"};
   for (size_t i = 0; i < sizeof bad_mm / sizeof *bad_mm; i++)

@@ -207,8 +207,69 @@ static void test_candidates(void) {
   ASSERT_EQ(bee_round_candidates(p, 6, "q", 5, now), 1);
 }
 
+static void count_unpin(void *pin, void *arg) {
+  (*(int *)pin)++;
+  (*(unsigned *)arg)++;
+}
+
+/* The downloads a donor serves at once: at most max peers, a peer that
+ * keeps asking stays in, one that is done or idle makes room. */
+static void test_uploads(void) {
+  bee_uploads u = {0};
+  uint8_t a[PROTO_ID_BYTES] = {1}, b[PROTO_ID_BYTES] = {2},
+          c[PROTO_ID_BYTES] = {3};
+  bool fresh;
+  bee_upload *ua = bee_uploads_admit(&u, a, 1000, 2, &fresh, NULL, NULL);
+  ASSERT(ua && fresh);
+  ASSERT(bee_uploads_admit(&u, a, 1100, 2, &fresh, NULL, NULL) == ua && !fresh);
+  ASSERT_EQ(ua->start_ms, 1000);
+  ASSERT_EQ(ua->last_ms, 1100);
+  ASSERT(bee_uploads_admit(&u, b, 1200, 2, &fresh, NULL, NULL) && fresh);
+  /* Two running: a third is refused, the two keep going. */
+  ASSERT(bee_uploads_admit(&u, c, 1300, 2, &fresh, NULL, NULL) == NULL &&
+         !fresh);
+  ASSERT(bee_uploads_admit(&u, a, 1400, 2, &fresh, NULL, NULL) && !fresh);
+  ASSERT(bee_uploads_admit(&u, b, 1400, 2, &fresh, NULL, NULL) && !fresh);
+  ASSERT_EQ(u.n, 2);
+  /* a has its last chunk: c gets its place. */
+  bee_uploads_end(&u, bee_uploads_admit(&u, a, 1500, 2, &fresh, NULL, NULL));
+  ASSERT_EQ(u.n, 1);
+  bee_upload *uc = bee_uploads_admit(&u, c, 1600, 2, &fresh, NULL, NULL);
+  ASSERT(uc && fresh);
+  ASSERT(memcmp(uc->id, c, PROTO_ID_BYTES) == 0);
+  /* b stops asking: after BEE_UPLOAD_IDLE_MS it no longer counts, while c,
+   * still asking, does. */
+  ASSERT(bee_uploads_admit(&u, a, 1700, 2, &fresh, NULL, NULL) == NULL);
+  ASSERT(bee_uploads_admit(&u, c, 1400 + BEE_UPLOAD_IDLE_MS - 1, 2, &fresh,
+                           NULL, NULL));
+  ASSERT(bee_uploads_admit(&u, a, 1400 + BEE_UPLOAD_IDLE_MS - 1, 2, &fresh,
+                           NULL, NULL) == NULL);
+  /* b lapses with its pin released; c's stays. */
+  int pin_b = 0, pin_c = 0;
+  for (size_t i = 0; i < u.n; i++)
+    u.u[i].pin = memcmp(u.u[i].id, b, PROTO_ID_BYTES) == 0 ? &pin_b : &pin_c;
+  unsigned unpins = 0;
+  bee_upload *ua2 = bee_uploads_admit(&u, a, 1400 + BEE_UPLOAD_IDLE_MS, 2,
+                                      &fresh, count_unpin, &unpins);
+  ASSERT(ua2 && fresh && ua2->pin == NULL);
+  ASSERT_EQ(unpins, 1);
+  ASSERT_EQ(pin_b, 1);
+  ASSERT_EQ(pin_c, 0);
+  ASSERT_EQ(u.n, 2);
+  /* A limit over the table's size is the table's size. */
+  bee_uploads big = {0};
+  for (unsigned i = 0; i < BEE_STATE_UPLOADS_MAX + 5; i++) {
+    uint8_t id[PROTO_ID_BYTES] = {(uint8_t)i, (uint8_t)(i >> 8), 7};
+    bee_upload *up =
+        bee_uploads_admit(&big, id, 5000, 1000, &fresh, NULL, NULL);
+    ASSERT(i < BEE_STATE_UPLOADS_MAX ? up != NULL : up == NULL);
+  }
+  ASSERT_EQ(big.n, BEE_STATE_UPLOADS_MAX);
+}
+
 int main(void) {
   test_rate();
+  test_uploads();
   test_publisher();
   test_view();
   test_epoch_ready();
