@@ -58,6 +58,7 @@
 
 enum { BEE_OPT_SGD = 1, BEE_OPT_ADAMW, BEE_OPT_LAMB };
 enum { BEE_AVG_GRADIENTS = 1, BEE_AVG_DILOCO };
+enum { BEE_SCHED_CONSTANT = 0, BEE_SCHED_COSINE, BEE_SCHED_LINEAR };
 #define BEE_BATCH_MAX 4096 /* samples per local step */
 
 /* ------------------------------------------------------------------------ */
@@ -91,6 +92,11 @@ typedef struct bee_config {
   unsigned target_batch_size;   /* samples the swarm gathers per epoch */
   double lr;                    /* 0: the optimizer's default (bee_config_lr) */
   int optimizer;                /* BEE_OPT_* */
+  int lr_schedule;              /* BEE_SCHED_*, by epoch */
+  unsigned warmup_epochs;       /* linear warmup from lr / warmup */
+  unsigned total_epochs;        /* cosine, linear: min_lr from then on */
+  double min_lr;
+  bool min_lr_set;
   int averaging;                /* BEE_AVG_* */
   unsigned inner_steps;         /* diloco: local steps per round; 0: unset */
   double outer_lr;              /* diloco: Nesterov outer step; 0: unset */
@@ -132,6 +138,7 @@ double bee_config_outer_momentum(const bee_config *cfg);
 /* "sgd", "adamw", "lamb"; "gradients", "diloco". */
 const char *bee_optimizer_name(int optimizer);
 const char *bee_averaging_name(int averaging);
+const char *bee_schedule_name(int schedule);
 
 /* Parses beed's command line (argv[0] is the program name) into cfg: the
  * defaults, then the --config file if one is named, then the flags, which

@@ -59,6 +59,10 @@ enum opt_id {
   O_RESUME,
   O_CONTROL,
   O_MAX_STATE_UPLOADS,
+  O_LR_SCHEDULE,
+  O_WARMUP_EPOCHS,
+  O_TOTAL_EPOCHS,
+  O_MIN_LR,
   O_HELP,
   O_VERSION,
 };
@@ -97,6 +101,10 @@ static const struct opt {
     {"target-batch-size", O_TARGET_BATCH_SIZE, K_VALUE, true},
     {"lr", O_LR, K_VALUE, true},
     {"optimizer", O_OPTIMIZER, K_VALUE, true},
+    {"lr-schedule", O_LR_SCHEDULE, K_VALUE, true},
+    {"warmup-epochs", O_WARMUP_EPOCHS, K_VALUE, true},
+    {"total-epochs", O_TOTAL_EPOCHS, K_VALUE, true},
+    {"min-lr", O_MIN_LR, K_VALUE, true},
     {"averaging", O_AVERAGING, K_VALUE, true},
     {"inner-steps", O_INNER_STEPS, K_VALUE, true},
     {"outer-lr", O_OUTER_LR, K_VALUE, true},
@@ -181,14 +189,35 @@ double bee_config_outer_momentum(const bee_config *cfg) {
                                   : BEE_DEFAULT_OUTER_MOMENTUM;
 }
 
+/* The names of the BEE_OPT_*, BEE_AVG_* and BEE_SCHED_* values, from the
+ * first value on (1, 1 and 0). */
+static const char *const optimizer_names[] = {"sgd", "adamw", "lamb", NULL};
+static const char *const averaging_names[] = {"gradients", "diloco", NULL};
+static const char *const schedule_names[] = {"constant", "cosine", "linear",
+                                             NULL};
+
+/* v's place among names, or -1. */
+static int name_index(const char *v, const char *const *names) {
+  for (int i = 0; names[i]; i++)
+    if (strcmp(v, names[i]) == 0)
+      return i;
+  return -1;
+}
+
 const char *bee_optimizer_name(int optimizer) {
-  return optimizer == BEE_OPT_ADAMW  ? "adamw"
-         : optimizer == BEE_OPT_LAMB ? "lamb"
-                                     : "sgd";
+  return optimizer >= BEE_OPT_SGD && optimizer <= BEE_OPT_LAMB
+             ? optimizer_names[optimizer - BEE_OPT_SGD]
+             : "sgd";
 }
 
 const char *bee_averaging_name(int averaging) {
-  return averaging == BEE_AVG_DILOCO ? "diloco" : "gradients";
+  return averaging == BEE_AVG_DILOCO ? averaging_names[1] : averaging_names[0];
+}
+
+const char *bee_schedule_name(int schedule) {
+  return schedule >= BEE_SCHED_CONSTANT && schedule <= BEE_SCHED_LINEAR
+             ? schedule_names[schedule]
+             : "constant";
 }
 
 /* ---- values ------------------------------------------------------------ */
@@ -313,6 +342,7 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
                  size_t cap) {
   char host[BEE_HOST_MAX];
   unsigned u;
+  int i;
   switch (o->id) {
   case O_LISTEN:
   case O_JOIN: {
@@ -444,25 +474,45 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
       cfg->matchmaking_s = x;
     return 0;
   }
+  case O_LR_SCHEDULE:
+    if ((i = name_index(v, schedule_names)) < 0)
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad schedule '%.80s' (want constant, cosine or "
+                       "linear)",
+                       v);
+    cfg->lr_schedule = BEE_SCHED_CONSTANT + i;
+    return 0;
+  case O_WARMUP_EPOCHS:
+  case O_TOTAL_EPOCHS:
+    if (parse_uint(v, o->id == O_WARMUP_EPOCHS ? 0 : 1, 100000000, &u))
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad number '%.80s' (want epochs, %d..100000000)", v,
+                       o->id == O_WARMUP_EPOCHS ? 0 : 1);
+    *(o->id == O_WARMUP_EPOCHS ? &cfg->warmup_epochs : &cfg->total_epochs) = u;
+    return 0;
+  case O_MIN_LR: {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || *end || errno || !isfinite(x) || x < 0 || x > 100)
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad learning rate '%.80s' (want a number in [0, 100])",
+                       v);
+    cfg->min_lr = x;
+    cfg->min_lr_set = true;
+    return 0;
+  }
   case O_OPTIMIZER:
-    if (strcmp(v, "sgd") == 0)
-      cfg->optimizer = BEE_OPT_SGD;
-    else if (strcmp(v, "adamw") == 0)
-      cfg->optimizer = BEE_OPT_ADAMW;
-    else if (strcmp(v, "lamb") == 0)
-      cfg->optimizer = BEE_OPT_LAMB;
-    else
+    if ((i = name_index(v, optimizer_names)) < 0)
       return bee_failf(msg, cap, BEE_ECONFIG,
                        "bad optimizer '%.80s' (want sgd, adamw or lamb)", v);
+    cfg->optimizer = BEE_OPT_SGD + i;
     return 0;
   case O_AVERAGING:
-    if (strcmp(v, "gradients") == 0)
-      cfg->averaging = BEE_AVG_GRADIENTS;
-    else if (strcmp(v, "diloco") == 0)
-      cfg->averaging = BEE_AVG_DILOCO;
-    else
+    if ((i = name_index(v, averaging_names)) < 0)
       return bee_failf(msg, cap, BEE_ECONFIG,
                        "bad averaging '%.80s' (want gradients or diloco)", v);
+    cfg->averaging = BEE_AVG_GRADIENTS + i;
     return 0;
   case O_INNER_STEPS:
     if (parse_uint(v, 1, 1000000, &u))
@@ -753,8 +803,28 @@ int bee_config_check(const bee_config *cfg, char *err, size_t errlen) {
   if (cfg->resume && !cfg->checkpoint_dir[0])
     return bee_failf(err, errlen, BEE_ECONFIG,
                 "--resume needs --checkpoint-dir to resume from");
+  bool decays = cfg->lr_schedule == BEE_SCHED_COSINE ||
+                cfg->lr_schedule == BEE_SCHED_LINEAR;
+  if (decays && !cfg->total_epochs)
+    return bee_failf(err, errlen, BEE_ECONFIG,
+                     "--lr-schedule %s needs --total-epochs (where it ends)",
+                     bee_schedule_name(cfg->lr_schedule));
+  if (!decays && (cfg->total_epochs || cfg->min_lr_set))
+    return bee_failf(err, errlen, BEE_ECONFIG,
+                     "--total-epochs and --min-lr are for --lr-schedule "
+                     "cosine or linear");
+  if (decays && cfg->warmup_epochs >= cfg->total_epochs)
+    return bee_failf(err, errlen, BEE_ECONFIG,
+                     "--warmup-epochs (%u) must be fewer than --total-epochs "
+                     "(%u)",
+                     cfg->warmup_epochs, cfg->total_epochs);
+  if (decays && cfg->min_lr >= bee_config_lr(cfg))
+    return bee_failf(err, errlen, BEE_ECONFIG,
+                     "--min-lr (%g) must be below the learning rate (%g)",
+                     cfg->min_lr, bee_config_lr(cfg));
   return 0;
 }
+
 
 int bee_config_parse(bee_config *cfg, int argc, char *const argv[], char *err,
                      size_t errlen) {
@@ -869,6 +939,10 @@ void bee_config_usage(FILE *f) {
       "  --min-peers N            start training once N bees (this one too)\n"
       "                           are in the run (default 1: at once, or with\n"
       "                           the peers seen within 3 s)\n"
+      "  --lr-schedule S          constant, cosine or linear: a decay to\n"
+      "                           --min-lr (default 0) at --total-epochs,\n"
+      "                           after --warmup-epochs of linear warmup\n"
+      "                           (default constant; warmup 0)\n"
       "  --max-state-uploads N    serve the state to at most N newcomers at\n"
       "                           once; the others are told to come back\n"
       "                           (default 2)\n"

@@ -115,6 +115,20 @@ static int state_round(bee_train *t, uint64_t epoch, struct step_report *r) {
   return 0;
 }
 
+/* The learning rate at epoch (--lr-schedule): the same on every bee, as
+ * the epoch is the swarm's. */
+static float lr_at(const bee_train *t, uint64_t epoch) {
+  const bee_config *c = t->cfg;
+  trn_sched s = {.kind = c->lr_schedule == BEE_SCHED_COSINE   ? TRN_SCHED_COSINE
+                         : c->lr_schedule == BEE_SCHED_LINEAR ? TRN_SCHED_LINEAR
+                                                              : TRN_SCHED_CONST,
+                 .lr = (float)bee_config_lr(c),
+                 .min_lr = (float)c->min_lr,
+                 .warmup = c->warmup_epochs,
+                 .total = c->total_epochs};
+  return trn_sched_lr(&s, epoch);
+}
+
 /* The second half of the epoch step, once the round is over: the
  * optimizer step with the averaged buffer g (DiLoCo's outer step), the
  * state round when one is due, the report, the snapshot, the checkpoint
@@ -136,6 +150,7 @@ static int finish_step(bee_train *t, const struct pend *s, float *g,
       rc = trn_optim_step(t->outer, p, g, 1.0f);
       memcpy(t->anchor, p, np * sizeof(float));
     } else {
+      trn_optim_set_lr(t->o, lr_at(t, epoch));
       rc = trn_optim_step(t->o, p, g, 1.0f);
     }
   }
@@ -386,6 +401,7 @@ static void worker(void *arg) {
     if (rc == 0)
       rc = trn_model_train_batch(t->m, t->x, t->y, b, &loss);
     if (rc == 0 && t->outer) { /* DiLoCo: a local step after each batch */
+      trn_optim_set_lr(t->o, lr_at(t, t->sh.epoch)); /* ours to write */
       rc = trn_optim_step(t->o, trn_model_params(t->m), trn_model_grads(t->m),
                           1.0f / (float)b);
       trn_model_zero_grad(t->m);
@@ -646,6 +662,13 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   if (cfg->average_state_every)
     bee_info(COMP, "state averaging: every %u epochs",
              cfg->average_state_every);
+  if (cfg->lr_schedule != BEE_SCHED_CONSTANT)
+    bee_info(COMP,
+             "learning rate: %u epochs of warmup, then %s to %g at epoch %u",
+             cfg->warmup_epochs, bee_schedule_name(cfg->lr_schedule),
+             cfg->min_lr, cfg->total_epochs);
+  else if (cfg->warmup_epochs)
+    bee_info(COMP, "learning rate: %u epochs of warmup", cfg->warmup_epochs);
   return 0;
 }
 

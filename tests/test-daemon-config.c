@@ -218,6 +218,38 @@ static void test_training_flags(void) {
   expect_flag_error("--max-state-uploads", "0");
   expect_flag_error("--max-state-uploads", "65");
   expect_flag_error("--max-state-uploads", "two");
+  /* Learning-rate schedules. */
+  ASSERT_EQ(c.lr_schedule, BEE_SCHED_CONSTANT);
+  ASSERT_OK(parse(&c, "--open", "--lr-schedule", "cosine", "--total-epochs",
+                  "100", "--warmup-epochs", "5", "--min-lr", "1e-5", NULL));
+  ASSERT_EQ(c.lr_schedule, BEE_SCHED_COSINE);
+  ASSERT_EQ(c.total_epochs, 100);
+  ASSERT_EQ(c.warmup_epochs, 5);
+  ASSERT(c.min_lr == 1e-5);
+  ASSERT_OK(parse(&c, "--open", "--lr-schedule", "linear", "--total-epochs",
+                  "3", NULL));
+  ASSERT_EQ(c.lr_schedule, BEE_SCHED_LINEAR);
+  ASSERT_OK(parse(&c, "--open", "--warmup-epochs", "10", NULL));
+  ASSERT_EQ(c.lr_schedule, BEE_SCHED_CONSTANT);
+  expect_flag_error("--lr-schedule", "step");
+  expect_flag_error("--total-epochs", "0");
+  expect_flag_error("--warmup-epochs", "-1");
+  expect_flag_error("--min-lr", "-0.1");
+  expect_flag_error("--min-lr", "nan");
+  ASSERT_RC(parse(&c, "--open", "--lr-schedule", "cosine", NULL), BEE_ECONFIG);
+  ASSERT_ERR("--lr-schedule cosine needs --total-epochs");
+  ASSERT_RC(parse(&c, "--open", "--total-epochs", "9", NULL), BEE_ECONFIG);
+  ASSERT_ERR("--total-epochs and --min-lr are for --lr-schedule");
+  ASSERT_RC(parse(&c, "--open", "--min-lr", "0", NULL), BEE_ECONFIG);
+  ASSERT_ERR("--total-epochs and --min-lr are for --lr-schedule");
+  ASSERT_RC(parse(&c, "--open", "--lr-schedule", "linear", "--total-epochs",
+                  "5", "--warmup-epochs", "5", NULL),
+            BEE_ECONFIG);
+  ASSERT_ERR("--warmup-epochs (5) must be fewer than --total-epochs (5)");
+  ASSERT_RC(parse(&c, "--open", "--lr-schedule", "linear", "--total-epochs",
+                  "5", "--optimizer", "adamw", "--min-lr", "0.001", NULL),
+            BEE_ECONFIG);
+  ASSERT_ERR("--min-lr (0.001) must be below the learning rate (0.001)");
   expect_flag_error("--average-state-every", "-1");
   const char *bad_mm[] = {"0", "601", "-1", "inf", "2s"};
   for (size_t i = 0; i < sizeof bad_mm / sizeof *bad_mm; i++)
