@@ -287,9 +287,6 @@ void bee_revoke_stop(bee_revoke *r);
 #ifndef BEE_PROGRESS_TTL_S
 #define BEE_PROGRESS_TTL_S 30 /* a record's lifetime from its publication */
 #endif
-#ifndef BEE_PROGRESS_EXTRAP_S
-#define BEE_PROGRESS_EXTRAP_S 3 /* a record's samples grow this long at most */
-#endif
 #ifndef BEE_LEAVE_GRACE_MS
 #define BEE_LEAVE_GRACE_MS 10000 /* a peer that left may restart so soon */
 #endif
@@ -330,25 +327,6 @@ uint64_t bee_progress_published(bee_publisher *p, uint64_t now_ms,
                                 uint64_t wall_s, uint64_t epoch,
                                 uint64_t samples);
 
-/* What a bee knows of the swarm's progress. */
-typedef struct bee_swarm_view {
-  uint64_t epoch;            /* the highest among non-client peers */
-  uint64_t samples;          /* accumulated at that epoch, all peers there */
-  double samples_per_second; /* every peer's, summed */
-  double rate_at_epoch;      /* the same, of the peers at the epoch */
-  double eta_s;              /* until target; 0 reached; -1 unknown (rate 0) */
-  size_t peers;              /* records of this run */
-  size_t peers_at_epoch;
-  bool target_reached;
-} bee_swarm_view;
-/* The view at wall-clock now_ms (unix ms) from the records v[0..n) of
- * run (others are skipped), as read from the DHT (signatures and schema
- * checked there); the caller puts its own up-to-date progress among them
- * in place of its published one.  Each peer's samples are extrapolated at
- * its rate from its record's time_ms, for at most BEE_PROGRESS_EXTRAP_S. */
-void bee_swarm_view_compute(const proto_progress *v, size_t n,
-                            const char *run, uint64_t target,
-                            uint64_t now_ms, bee_swarm_view *out);
 /* The peers of run among v[0..n) expected in the group of the step that
  * ends epoch: those at epoch, and those at epoch - 1 (they see the swarm
  * past them and step at once); one whose last record says it left only
@@ -362,7 +340,7 @@ size_t bee_round_candidates(const proto_progress *v, size_t n,
  * (v->samples less its own share): when the swarm's epoch is past its
  * own, or when its samples and the others' (at its epoch) reach target. */
 bool bee_epoch_ready(uint64_t epoch, uint64_t samples,
-                     const bee_swarm_view *v, uint64_t others,
+                     const proto_swarm_view *v, uint64_t others,
                      uint64_t target);
 
 /* ------------------------------------------------------------------------ */

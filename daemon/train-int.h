@@ -84,7 +84,7 @@ typedef struct shared {
   double pend_s;         /* their computing time */
   double loss_sum;       /* this epoch's summed training loss */
   bool stop;             /* loop -> worker */
-  bee_swarm_view view;   /* loop -> worker: the last view */
+  proto_swarm_view view;   /* loop -> worker: the last view */
   uint64_t others;       /* the other peers' samples at view.epoch */
   double others_rate;    /* and their rate, to extrapolate */
   double view_s;         /* when the view was made, mono_s() */
@@ -190,7 +190,7 @@ struct bee_train {
   bool put_busy, get_busy, put_warned;
   uint64_t last_get_ms;
   uint64_t behind_warned; /* the swarm epoch last warned about */
-  bee_swarm_view view;
+  proto_swarm_view view;
   uint64_t cand_epoch; /* the epoch the candidates were counted for */
   /* donors: peers at the swarm's epoch by the last view */
   uint8_t donors[DONORS_MAX][PROTO_ID_BYTES];

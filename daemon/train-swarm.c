@@ -87,7 +87,7 @@ static void update_view(bee_train *t, const dht_value *v) {
   uv_mutex_lock(&t->mu);
   uint64_t epoch = t->sh.epoch, samples = t->sh.samples;
   bee__own_progress(t, epoch, samples, &all[n++]);
-  bee_swarm_view_compute(all, n, t->cfg->run, t->cfg->target_batch_size,
+  proto_swarm_view_compute(all, n, t->cfg->run, t->cfg->target_batch_size,
                          all[n - 1].time_ms, &t->view);
   /* A read of the DHT may miss a record now and then; at the same epoch
    * the count only grows, lest a round close without a peer that is
@@ -189,7 +189,7 @@ static void get_cb(dht_node *n, int status, const dht_value *v,
 }
 
 static void log_view(bee_train *t) {
-  const bee_swarm_view *w = &t->view;
+  const proto_swarm_view *w = &t->view;
   char eta[32];
   if (w->eta_s < 0)
     snprintf(eta, sizeof eta, "unknown");

@@ -429,7 +429,7 @@ void bee_train_status(const bee_train *t, char *buf, size_t cap) {
 }
 
 size_t bee_train_report(const bee_train *t, char *buf, size_t cap) {
-  const bee_swarm_view *w = &t->view;
+  const proto_swarm_view *w = &t->view;
   int n = snprintf(
       buf, cap,
       "run %s\nmodel %s\nswarm-epoch %llu\nswarm-samples %llu\n"

@@ -555,6 +555,31 @@ int proto_donor_encode(const proto_donor *d, uint8_t *buf, size_t cap,
  * record), nested at most PROTO_DEPTH_MAX - 1 levels (BEE_EDEPTH).  On
  * failure *out is all zero. */
 int proto_progress_decode(const uint8_t *buf, size_t len, proto_progress *out);
+
+/* What the progress records of a run say of the swarm: what a bee steps
+ * by and what trainmonitor shows, computed the same way by both. */
+#ifndef PROTO_PROGRESS_EXTRAP_S
+#define PROTO_PROGRESS_EXTRAP_S 3 /* a record's samples grow this long at most */
+#endif
+typedef struct proto_swarm_view {
+  uint64_t epoch;            /* the highest among non-client peers */
+  uint64_t samples;          /* accumulated at that epoch, all peers there */
+  double samples_per_second; /* every peer's, summed */
+  double rate_at_epoch;      /* the same, of the peers at the epoch */
+  double eta_s;              /* until target; 0 reached; -1 unknown (rate 0) */
+  size_t peers;              /* records of this run */
+  size_t peers_at_epoch;
+  bool target_reached;
+} proto_swarm_view;
+/* The view at wall-clock now_ms (unix ms) from the records v[0..n) of
+ * run (others are skipped; so are records that say their peer left), as
+ * read from the DHT (signatures and schema checked there); a bee puts its
+ * own up-to-date progress among them in place of its published one.  Each
+ * peer's samples are extrapolated at its rate from its record's time_ms,
+ * for at most PROTO_PROGRESS_EXTRAP_S. */
+void proto_swarm_view_compute(const proto_progress *v, size_t n,
+                              const char *run, uint64_t target,
+                              uint64_t now_ms, proto_swarm_view *out);
 int proto_metrics_decode(const uint8_t *buf, size_t len, proto_metrics *out);
 int proto_match_decode(const uint8_t *buf, size_t len, proto_match *out);
 int proto_donor_decode(const uint8_t *buf, size_t len, proto_donor *out);

@@ -623,3 +623,63 @@ int proto_record_check(const proto_dht_record *r, int *type) {
   proto_record_key(*type, run, round, bits, want);
   return memcmp(want, r->key, PROTO_DHT_KEY_BYTES) == 0 ? 0 : BEE_EAUTH;
 }
+
+/* ---- the swarm view ------------------------------------------------------ */
+
+/* A peer's samples now: its record's count, plus its rate over the time
+ * since it wrote the record, for at most PROTO_PROGRESS_EXTRAP_S: a peer
+ * that trains publishes every second or so, so an older record is a peer
+ * that stopped (averaging, or gone), and a clock far off must not make
+ * up an epoch. */
+static uint64_t samples_now(const proto_progress *p, uint64_t now_ms) {
+  if (now_ms <= p->time_ms)
+    return p->samples;
+  double age = (double)(now_ms - p->time_ms) / 1000;
+  if (age > PROTO_PROGRESS_EXTRAP_S)
+    age = PROTO_PROGRESS_EXTRAP_S;
+  double more = p->samples_per_second * age;
+  if (more >= (double)(UINT64_MAX - p->samples))
+    return UINT64_MAX;
+  return p->samples + (uint64_t)more;
+}
+
+void proto_swarm_view_compute(const proto_progress *v, size_t n,
+                              const char *run, uint64_t target,
+                              uint64_t now_ms, proto_swarm_view *out) {
+  memset(out, 0, sizeof *out);
+  out->eta_s = -1;
+  bool any_node = false;
+  uint64_t top_all = 0, top_nodes = 0;
+  for (size_t i = 0; i < n; i++) {
+    const proto_progress *p = &v[i];
+    if (strcmp(p->run, run) != 0 || p->leaving)
+      continue;
+    out->peers++;
+    out->samples_per_second += p->samples_per_second;
+    if (p->epoch > top_all)
+      top_all = p->epoch;
+    if (p->mode != PROTO_MODE_CLIENT) {
+      if (!any_node || p->epoch > top_nodes)
+        top_nodes = p->epoch;
+      any_node = true;
+    }
+  }
+  out->epoch = any_node ? top_nodes : top_all;
+  for (size_t i = 0; i < n; i++) {
+    const proto_progress *p = &v[i];
+    if (strcmp(p->run, run) != 0 || p->leaving || p->epoch != out->epoch)
+      continue;
+    out->peers_at_epoch++;
+    out->rate_at_epoch += p->samples_per_second;
+    /* Saturating: a forged record cannot wrap the sum around. */
+    uint64_t k = samples_now(p, now_ms);
+    out->samples = k > UINT64_MAX - out->samples ? UINT64_MAX
+                                                 : out->samples + k;
+  }
+  if (out->samples >= target) {
+    out->target_reached = true;
+    out->eta_s = 0;
+  } else if (out->samples_per_second > 0) {
+    out->eta_s = (double)(target - out->samples) / out->samples_per_second;
+  }
+}

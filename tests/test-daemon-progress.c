@@ -100,9 +100,9 @@ static proto_progress rec(const char *run, uint64_t epoch, uint64_t samples,
 
 static void test_view(void) {
   const uint64_t now = 1700000000000ull;
-  bee_swarm_view v;
+  proto_swarm_view v;
   /* Nobody: epoch 0, nothing gathered, no estimate. */
-  bee_swarm_view_compute(NULL, 0, "r", 1000, now, &v);
+  proto_swarm_view_compute(NULL, 0, "r", 1000, now, &v);
   ASSERT_UEQ(v.epoch, 0);
   ASSERT_UEQ(v.peers, 0);
   ASSERT(v.eta_s == -1 && !v.target_reached);
@@ -115,7 +115,7 @@ static void test_view(void) {
       rec("other", 7, 5000, 1000, now, PROTO_MODE_NODE),
       rec("r", 4, 100, 0, now, PROTO_MODE_CLIENT),
   };
-  bee_swarm_view_compute(p, 6, "r", 1000, now, &v);
+  proto_swarm_view_compute(p, 6, "r", 1000, now, &v);
   /* The epoch is the highest of the non-clients; the other run counts
    * for nothing; the samples are those at the epoch, clients' too. */
   ASSERT_UEQ(v.epoch, 4);
@@ -126,30 +126,30 @@ static void test_view(void) {
   ASSERT(near(v.rate_at_epoch, 150, 1e-9));
   ASSERT(near(v.eta_s, 400.0 / 185, 1e-9));
   ASSERT(!v.target_reached);
-  bee_swarm_view_compute(p, 6, "r", 600, now, &v);
+  proto_swarm_view_compute(p, 6, "r", 600, now, &v);
   ASSERT(v.target_reached && v.eta_s == 0);
 
   /* Only clients: the highest of them. */
-  bee_swarm_view_compute(&p[3], 1, "r", 1000, now, &v);
+  proto_swarm_view_compute(&p[3], 1, "r", 1000, now, &v);
   ASSERT_UEQ(v.epoch, 9);
   ASSERT_UEQ(v.samples, 999);
 
   /* Old records are extrapolated at their rate, for at most
-   * BEE_PROGRESS_EXTRAP_S; a record from the future counts as it is. */
+   * PROTO_PROGRESS_EXTRAP_S; a record from the future counts as it is. */
   proto_progress q[3] = {
       rec("r", 1, 100, 50, now - 2000, PROTO_MODE_NODE), /* +100 */
       rec("r", 1, 0, 10, now - 3600000, PROTO_MODE_NODE), /* +10 x3 */
       rec("r", 1, 7, 1e6, now + 5000, PROTO_MODE_NODE),
   };
-  bee_swarm_view_compute(q, 3, "r", 1000000, now, &v);
-  ASSERT_UEQ(v.samples, 200 + 10 * BEE_PROGRESS_EXTRAP_S + 7);
+  proto_swarm_view_compute(q, 3, "r", 1000000, now, &v);
+  ASSERT_UEQ(v.samples, 200 + 10 * PROTO_PROGRESS_EXTRAP_S + 7);
 
   /* Forged numbers cannot wrap the sums around. */
   proto_progress f[2] = {
       rec("r", 2, UINT64_MAX - 5, 1e300, now - 1000, PROTO_MODE_NODE),
       rec("r", 2, 100, 0, now, PROTO_MODE_NODE),
   };
-  bee_swarm_view_compute(f, 2, "r", 1000, now, &v);
+  proto_swarm_view_compute(f, 2, "r", 1000, now, &v);
   ASSERT_UEQ(v.samples, UINT64_MAX);
   ASSERT(v.target_reached);
 
@@ -157,7 +157,7 @@ static void test_view(void) {
   proto_progress l[2] = {rec("r", 9, 500, 100, now, PROTO_MODE_NODE),
                          rec("r", 2, 100, 10, now, PROTO_MODE_NODE)};
   l[0].leaving = true;
-  bee_swarm_view_compute(l, 2, "r", 1000, now, &v);
+  proto_swarm_view_compute(l, 2, "r", 1000, now, &v);
   ASSERT_UEQ(v.epoch, 2);
   ASSERT_UEQ(v.peers, 1);
   ASSERT_UEQ(v.samples, 100);
@@ -169,12 +169,12 @@ static void test_view(void) {
 
   /* No rate: the time to the target is unknown. */
   proto_progress z = rec("r", 0, 10, 0, now, PROTO_MODE_NODE);
-  bee_swarm_view_compute(&z, 1, "r", 1000, now, &v);
+  proto_swarm_view_compute(&z, 1, "r", 1000, now, &v);
   ASSERT(v.eta_s == -1);
 }
 
 static void test_epoch_ready(void) {
-  bee_swarm_view v;
+  proto_swarm_view v;
   memset(&v, 0, sizeof v);
   v.epoch = 5;
   /* At the swarm's epoch: ours and the others' against the target. */
