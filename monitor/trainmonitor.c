@@ -1,0 +1,482 @@
+/* trainmonitor.c: watches a run from its DHT and serves what it sees.
+ *
+ *   trainmonitor --join queen:45555 --run-id NAME [--http 127.0.0.1:8080]
+ *
+ * Joins the swarm's DHT as a client (never in anyone's routing table; in
+ * a moderated swarm with its identity and a token, a "monitor" one is
+ * enough), reads the run's progress and metrics records every
+ * --scrape-interval seconds, feeds them to the monitor core (monitor.h),
+ * appends one JSON line per scrape to --log-file, and serves the
+ * dashboard, the JSON API, Prometheus text and a websocket (http.c).
+ */
+#include "dht.h"
+#include "trainmonitor.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <signal.h>
+#include <stddef.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#define COMP "trainmonitor"
+#define JOIN_MAX 16
+#define BOOT_RETRY_MS 5000
+#define SWARM_DEFAULT "beed"
+
+typedef struct opts {
+  const char *join[JOIN_MAX];
+  size_t njoin;
+  const char *run, *http, *http_token, *log_file;
+  const char *swarm, *moderator, *token, *identity;
+  bool open;
+  double interval_s;
+  unsigned long long target;
+  int log_level;
+} opts;
+
+typedef struct tm_state {
+  uv_loop_t loop;
+  opts o;
+  proto_identity id;
+  proto_token tok;
+  uint8_t mod[PROTO_PK_BYTES];
+  proto_host *host;
+  dht_glue *glue;
+  mon *m;
+  mon_http *http;
+  FILE *log;
+  uv_timer_t timer;
+  uv_signal_t sigint, sigterm;
+  uint8_t pkey[PROTO_DHT_KEY_BYTES], mkey[PROTO_DHT_KEY_BYTES];
+  bool joined, booting, busy, stopping;
+  uint64_t boot_at_ms; /* next bootstrap try (loop ms) */
+  /* the progress records of the scrape under way, copied */
+  uint8_t (*pids)[PROTO_ID_BYTES];
+  uint8_t **pvals;
+  size_t *plens, np;
+  int status;
+} tm_state;
+
+static void usage(FILE *f) {
+  fprintf(
+      f,
+      "usage: trainmonitor --join HOST:PORT --run-id NAME [options]\n"
+      "  --join HOST:PORT         a peer of the swarm (repeatable)\n"
+      "  --run-id NAME            the run to watch\n"
+      "  --http ADDR:PORT         serve the dashboard there (default\n"
+      "                           127.0.0.1:8080; 0.0.0.0:PORT for all)\n"
+      "  --http-token TOKEN       require it: 'Authorization: Bearer TOKEN'\n"
+      "                           or ?token=TOKEN\n"
+      "  --scrape-interval SECS   read the DHT this often (default 1)\n"
+      "  --target-batch-size N    the run's target (default: inferred)\n"
+      "  --log-file PATH          append one JSON line per scrape\n"
+      "  --open | --moderator PUBKEY --token FILE --identity FILE\n"
+      "  --swarm NAME             (default beed)\n"
+      "  --log-level LEVEL        error|warn|info|debug (default info)\n");
+}
+
+/* Where the value of a flag that takes a string goes, or NULL. */
+static const char **string_opt(opts *o, const char *name) {
+  static const struct {
+    const char *name;
+    size_t off;
+  } t[] = {{"--run-id", offsetof(opts, run)},
+           {"--http", offsetof(opts, http)},
+           {"--http-token", offsetof(opts, http_token)},
+           {"--log-file", offsetof(opts, log_file)},
+           {"--swarm", offsetof(opts, swarm)},
+           {"--moderator", offsetof(opts, moderator)},
+           {"--token", offsetof(opts, token)},
+           {"--identity", offsetof(opts, identity)}};
+  for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+    if (!strcmp(name, t[i].name))
+      return (const char **)(void *)((char *)o + t[i].off);
+  return NULL;
+}
+
+static int parse(int argc, char **argv, opts *o) {
+  memset(o, 0, sizeof *o);
+  o->http = "127.0.0.1:8080";
+  o->swarm = SWARM_DEFAULT;
+  o->interval_s = 1;
+  o->log_level = BEE_LOG_INFO;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      usage(stdout);
+      exit(0);
+    }
+    if (!strcmp(a, "--open")) {
+      o->open = true;
+      continue;
+    }
+    if (!v) {
+      fprintf(stderr, "trainmonitor: %s needs a value\n", a);
+      return -1;
+    }
+    i++;
+    char *end;
+    if (!strcmp(a, "--join")) {
+      if (o->njoin == JOIN_MAX) {
+        fprintf(stderr, "trainmonitor: at most %d --join\n", JOIN_MAX);
+        return -1;
+      }
+      o->join[o->njoin++] = v;
+    } else if (string_opt(o, a)) {
+      *string_opt(o, a) = v;
+    } else if (!strcmp(a, "--scrape-interval")) {
+      errno = 0;
+      o->interval_s = strtod(v, &end);
+      if (errno || *end || end == v || !(o->interval_s >= 0.1) ||
+          o->interval_s > 3600) {
+        fprintf(stderr,
+                "trainmonitor: bad --scrape-interval '%s' (want "
+                "seconds, 0.1..3600)\n",
+                v);
+        return -1;
+      }
+    } else if (!strcmp(a, "--target-batch-size")) {
+      errno = 0;
+      o->target = strtoull(v, &end, 10);
+      if (errno || *end || end == v || v[0] == '-' || !o->target) {
+        fprintf(stderr, "trainmonitor: bad --target-batch-size '%s'\n", v);
+        return -1;
+      }
+    } else if (!strcmp(a, "--log-level")) {
+      if (bee_log_level_parse(v, &o->log_level)) {
+        fprintf(stderr, "trainmonitor: bad --log-level '%s'\n", v);
+        return -1;
+      }
+    } else {
+      fprintf(stderr, "trainmonitor: unknown option %s\n", a);
+      return -1;
+    }
+  }
+  const char *bad = NULL;
+  if (!o->njoin)
+    bad = "--join HOST:PORT is required";
+  else if (!o->run || !o->run[0] || strlen(o->run) > PROTO_RUN_MAX)
+    bad = "--run-id NAME (1 to 64 bytes) is required";
+  else if (o->open == (o->moderator || o->token))
+    bad = "give either --open or --moderator and --token";
+  else if (!o->open && !(o->moderator && o->token && o->identity))
+    bad = "a moderated swarm needs --moderator, --token and --identity";
+  else if (!proto_swarm_valid(o->swarm))
+    bad = "--swarm: 1 to 64 characters of A-Z a-z 0-9 . _ -";
+  if (bad) {
+    fprintf(stderr, "trainmonitor: %s\n", bad);
+    return -1;
+  }
+  return 0;
+}
+
+static uint64_t wall_ms(void) {
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+}
+
+static void drop_progress(tm_state *s) {
+  for (size_t i = 0; i < s->np; i++)
+    free(s->pvals[i]);
+  free(s->pids);
+  free(s->pvals);
+  free(s->plens);
+  s->pids = NULL;
+  s->pvals = NULL;
+  s->plens = NULL;
+  s->np = 0;
+}
+
+/* The owner's id of an owned record, or false for another subkey. */
+static bool owner_of(const proto_dht_record *r, uint8_t id[PROTO_ID_BYTES]) {
+  if (r->subkey.n != PROTO_DHT_OWNED_SUBKEY_BYTES)
+    return false;
+  proto_peer_id(r->subkey.p + 1, id);
+  return true;
+}
+
+static void log_line(tm_state *s) {
+  if (!s->log)
+    return;
+  mon_buf b = {0};
+  if (mon_line_json(s->m, &b) == 0) {
+    fputs(b.p, s->log);
+    fputc('\n', s->log);
+    fflush(s->log);
+  }
+  mon_buf_free(&b);
+}
+
+static void metrics_cb(dht_node *n, int status, const dht_value *v,
+                       const dht_stats *st, void *arg) {
+  (void)n, (void)st;
+  tm_state *s = arg;
+  s->busy = false;
+  if (s->stopping)
+    return;
+  size_t nm = status == 0 && v ? v->n : 0;
+  mon_record *pr = calloc(s->np ? s->np : 1, sizeof *pr);
+  mon_record *mr = calloc(nm ? nm : 1, sizeof *mr);
+  uint8_t(*mids)[PROTO_ID_BYTES] = calloc(nm ? nm : 1, PROTO_ID_BYTES);
+  if (pr && mr && mids) {
+    for (size_t i = 0; i < s->np; i++)
+      pr[i] = (mon_record){s->pids[i], s->pvals[i], s->plens[i]};
+    size_t k = 0;
+    for (size_t i = 0; i < nm; i++) {
+      const proto_dht_record *r = &v->records[i];
+      if (owner_of(r, mids[k])) {
+        mr[k] = (mon_record){mids[k], r->value.p, r->value.n};
+        k++;
+      }
+    }
+    mon_scrape(s->m, wall_ms(), pr, s->np, mr, k);
+    log_line(s);
+    mon_http_update(s->http);
+  }
+  free(pr);
+  free(mr);
+  free(mids);
+  drop_progress(s);
+}
+
+static void progress_cb(dht_node *n, int status, const dht_value *v,
+                        const dht_stats *st, void *arg) {
+  (void)st;
+  tm_state *s = arg;
+  if (s->stopping) {
+    s->busy = false;
+    return;
+  }
+  drop_progress(s);
+  size_t cap = status == 0 && v ? v->n : 0;
+  s->pids = calloc(cap ? cap : 1, PROTO_ID_BYTES);
+  s->pvals = calloc(cap ? cap : 1, sizeof *s->pvals);
+  s->plens = calloc(cap ? cap : 1, sizeof *s->plens);
+  for (size_t i = 0; s->pids && s->pvals && s->plens && i < cap; i++) {
+    const proto_dht_record *r = &v->records[i];
+    uint8_t *copy = malloc(r->value.n ? r->value.n : 1);
+    if (!copy || !owner_of(r, s->pids[s->np])) {
+      free(copy);
+      continue;
+    }
+    memcpy(copy, r->value.p, r->value.n);
+    s->pvals[s->np] = copy;
+    s->plens[s->np++] = r->value.n;
+  }
+  if (dht_get(n, s->mkey, true, metrics_cb, s) != 0)
+    metrics_cb(n, BEE_ECANCELED, NULL, NULL, s);
+}
+
+static void boot_cb(dht_node *n, int status, const dht_stats *st, void *arg) {
+  (void)n, (void)st;
+  tm_state *s = arg;
+  s->booting = false;
+  if (s->stopping)
+    return;
+  if (status) {
+    bee_warn(COMP, "cannot join the swarm: %s; trying again in %d s",
+             bee_strerror(status), BOOT_RETRY_MS / 1000);
+    s->boot_at_ms = uv_now(&s->loop) + BOOT_RETRY_MS;
+    return;
+  }
+  if (!s->joined)
+    bee_info(COMP, "joined the swarm; watching run '%s'", s->o.run);
+  s->joined = true;
+}
+
+static void tick(uv_timer_t *t) {
+  tm_state *s = t->data;
+  dht_node *n = dht_glue_node(s->glue);
+  if (!s->joined) {
+    if (!s->booting && uv_now(&s->loop) >= s->boot_at_ms) {
+      s->booting = true;
+      if (dht_bootstrap(n, s->o.join, s->o.njoin, boot_cb, s) != 0) {
+        s->booting = false;
+        s->boot_at_ms = uv_now(&s->loop) + BOOT_RETRY_MS;
+      }
+    }
+    return;
+  }
+  if (s->busy)
+    return; /* the last scrape is still reading: skip this one */
+  s->busy = true;
+  if (dht_get(n, s->pkey, true, progress_cb, s) != 0)
+    s->busy = false;
+}
+
+/* Closes everything start made; the loop then runs out. */
+static void stop(tm_state *s) {
+  if (s->stopping)
+    return;
+  s->stopping = true;
+  uv_timer_stop(&s->timer);
+  uv_close((uv_handle_t *)&s->timer, NULL);
+  uv_close((uv_handle_t *)&s->sigint, NULL);
+  uv_close((uv_handle_t *)&s->sigterm, NULL);
+  mon_http_stop(s->http);
+  dht_glue_close(s->glue);
+  s->glue = NULL;
+  if (s->host)
+    proto_host_close(s->host);
+  s->host = NULL;
+}
+
+static void on_signal(uv_signal_t *h, int sig) {
+  (void)sig;
+  bee_info(COMP, "stopping");
+  stop(h->data);
+}
+
+/* The identity, token and moderator key the options name. */
+static int credentials(tm_state *s, proto_auth *auth) {
+  opts *o = &s->o;
+  int rc;
+  if (o->identity) {
+    if ((rc = proto_identity_load(&s->id, o->identity, false))) {
+      bee_err(COMP, "%s: %s", o->identity, bee_strerror(rc));
+      return rc;
+    }
+  } else {
+    proto_identity_generate(&s->id); /* an open swarm: a throwaway one */
+  }
+  if (!o->open) {
+    if ((rc = proto_unhex(o->moderator, s->mod, PROTO_PK_BYTES)) ||
+        (rc = proto_token_load(&s->tok, o->token)) ||
+        (rc =
+             proto_token_verify(&s->tok, s->mod, o->swarm, s->id.pk,
+                                PROTO_ROLES_ALL, (uint64_t)time(NULL), NULL))) {
+      bee_err(COMP, "%s: %s", o->token, bee_strerror(rc));
+      return rc;
+    }
+  }
+  *auth = (proto_auth){.id = &s->id,
+                       .token = o->open ? NULL : &s->tok,
+                       .moderator_pk = o->open ? NULL : s->mod,
+                       .swarm = o->swarm,
+                       .accept_roles = PROTO_ROLE_BEE | PROTO_ROLE_AUX,
+                       .accept_bulk_roles = 0,
+                       .ciphers = PROTO_CIPHERS_ALL};
+  return 0;
+}
+
+/* "ADDR:PORT" (ADDR numeric, IPv6 in brackets) into host and port. */
+static int http_addr(const char *s, char *host, size_t cap, unsigned *port) {
+  const char *colon = strrchr(s, ':');
+  if (!colon || colon == s)
+    return BEE_ECONFIG;
+  const char *h = s, *he = colon;
+  if (*h == '[') {
+    if (he[-1] != ']')
+      return BEE_ECONFIG;
+    h++;
+    he--;
+  }
+  char *end;
+  errno = 0;
+  unsigned long p = strtoul(colon + 1, &end, 10);
+  if (errno || *end || end == colon + 1 || colon[1] == '-' || p == 0 ||
+      p > 65535 || (size_t)(he - h) >= cap)
+    return BEE_ECONFIG;
+  memcpy(host, h, (size_t)(he - h));
+  host[he - h] = 0;
+  unsigned char buf[16];
+  if (inet_pton(AF_INET, host, buf) != 1 && inet_pton(AF_INET6, host, buf) != 1)
+    return BEE_ECONFIG;
+  *port = (unsigned)p;
+  return 0;
+}
+
+/* Everything but the loop; on failure the caller stops what was made. */
+static int start(tm_state *s) {
+  opts *o = &s->o;
+  char host[256];
+  unsigned port;
+  int rc;
+  uv_timer_init(&s->loop, &s->timer);
+  s->timer.data = s;
+  uv_signal_init(&s->loop, &s->sigint);
+  uv_signal_init(&s->loop, &s->sigterm);
+  s->sigint.data = s->sigterm.data = s;
+  if (http_addr(o->http, host, sizeof host, &port)) {
+    bee_err(COMP, "bad --http '%s' (want ADDR:PORT, ADDR numeric)", o->http);
+    return BEE_ECONFIG;
+  }
+  proto_auth auth;
+  if ((rc = credentials(s, &auth)))
+    return rc;
+  mon_config mc = {.target = o->target};
+  snprintf(mc.run, sizeof mc.run, "%s", o->run);
+  if ((rc = mon_new(&mc, &s->m)))
+    return rc;
+  if (o->log_file && !(s->log = fopen(o->log_file, "a"))) {
+    bee_err(COMP, "%s: %s", o->log_file, strerror(errno));
+    return -errno;
+  }
+  proto_record_key(PROTO_REC_PROGRESS, o->run, 0, NULL, s->pkey);
+  proto_record_key(PROTO_REC_METRICS, o->run, 0, NULL, s->mkey);
+  proto_host_config hc;
+  proto_host_config_default(&hc);
+  hc.loop = &s->loop;
+  hc.auth = auth;
+  dht_config dc;
+  dht_config_default(&dc);
+  dc.id = &s->id;
+  dc.port = 0; /* client mode */
+  if ((rc = proto_host_new(&hc, &s->host)) ||
+      (rc = dht_glue_new(&s->loop, s->host, &dc, NULL, NULL, &s->glue))) {
+    bee_err(COMP, "cannot start a DHT client: %s", bee_strerror(rc));
+    return rc;
+  }
+  mon_http_config htc = {.loop = &s->loop,
+                         .host = host,
+                         .port = (int)port,
+                         .token = o->http_token,
+                         .m = s->m};
+  if ((rc = mon_http_start(&htc, &s->http))) {
+    bee_err(COMP, "cannot serve on %s: %s", o->http, bee_strerror(rc));
+    return rc;
+  }
+  bee_info(COMP, "serving http://%s/ (%s)", o->http,
+           o->http_token ? "with a token" : "no token");
+  uint64_t every = (uint64_t)(o->interval_s * 1000);
+  uv_timer_start(&s->timer, tick, 0, every);
+  uv_signal_start(&s->sigint, on_signal, SIGINT);
+  uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+  return 0;
+}
+
+/* A start that failed: what it made is closed from the running loop
+ * (libwebsockets wants its context destroyed there). */
+static void fail_cb(uv_timer_t *t) { stop(t->data); }
+
+int main(int argc, char **argv) {
+  static tm_state s;
+  if (parse(argc, argv, &s.o) != 0) {
+    usage(stderr);
+    return 2;
+  }
+  bee_log_set_level(s.o.log_level);
+  signal(SIGPIPE, SIG_IGN);
+  if (sodium_init() < 0)
+    return 1;
+  uv_loop_init(&s.loop);
+  if (start(&s) != 0) {
+    s.status = 1;
+    uv_timer_start(&s.timer, fail_cb, 0, 0);
+  }
+  uv_run(&s.loop, UV_RUN_DEFAULT);
+  mon_http_free(s.http);
+  uv_run(&s.loop, UV_RUN_DEFAULT); /* what a late destroy closed */
+  uv_loop_close(&s.loop);
+  drop_progress(&s);
+  mon_free(s.m);
+  if (s.log)
+    fclose(s.log);
+  proto_identity_clear(&s.id);
+  return s.status;
+}

@@ -1,0 +1,252 @@
+/* test-monitor-aggregate.c: trainmonitor's core on made-up scrapes.
+ *
+ * Three peers of run "r" (one a client) and one of another run: the
+ * point's epoch, samples, rate, ETA and means; joins, a peer that says
+ * it left and one that goes quiet; a malformed record reported once per
+ * peer; the inferred target; the noise scale against its formula; the
+ * history's thinning; the JSON and Prometheus texts.
+ */
+#include "monitor.h"
+#include "test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NOW 1800000000000ull /* unix ms */
+
+typedef struct rec {
+  uint8_t id[PROTO_ID_BYTES];
+  uint8_t buf[512];
+  size_t n;
+} rec;
+
+static void progress(rec *r, int who, const char *run, uint64_t epoch,
+                     uint64_t samples, double rate, uint64_t t, int mode,
+                     const char *label, bool leaving) {
+  memset(r->id, 0, sizeof r->id);
+  r->id[0] = (uint8_t)who;
+  proto_progress p = {.epoch = epoch,
+                      .samples = samples,
+                      .samples_per_second = rate,
+                      .time_ms = t,
+                      .mode = mode,
+                      .leaving = leaving};
+  snprintf(p.run, sizeof p.run, "%s", run);
+  snprintf(p.label, sizeof p.label, "%s", label);
+  ASSERT_OK(proto_progress_encode(&p, r->buf, sizeof r->buf, &r->n));
+}
+
+static void metrics(rec *r, int who, uint64_t step, double loss, double comp,
+                    double avg, uint64_t group, double gl, uint64_t bl,
+                    double ga, uint64_t ba, uint64_t t) {
+  memset(r->id, 0, sizeof r->id);
+  r->id[0] = (uint8_t)who;
+  proto_metrics x = {.step = step,
+                     .has_loss = true,
+                     .loss = loss,
+                     .samples_per_second = 100,
+                     .compute_s = comp,
+                     .averaging_s = avg,
+                     .bytes_sent = 2u << 20,
+                     .bytes_received = 2u << 20,
+                     .group_size = group,
+                     .grad_sq_local = gl,
+                     .batch_local = bl,
+                     .grad_sq_avg = ga,
+                     .batch_avg = ba,
+                     .time_ms = t};
+  snprintf(x.run, sizeof x.run, "r");
+  ASSERT_OK(proto_metrics_encode(&x, r->buf, sizeof r->buf, &r->n));
+}
+
+static mon_record view(const rec *r) {
+  return (mon_record){r->id, r->buf, r->n};
+}
+
+static bool has_event(const mon *m, int type, const char *text) {
+  const mon_event *ev[MON_EVENTS_MAX];
+  size_t n = mon_events(m, 0, ev, MON_EVENTS_MAX);
+  for (size_t i = 0; i < n; i++)
+    if (ev[i]->type == type && strstr(ev[i]->text, text))
+      return true;
+  return false;
+}
+
+static void test_scrapes(void) {
+  mon_config cfg = {.run = "r", .target = 1000};
+  mon *m;
+  ASSERT_OK(mon_new(&cfg, &m));
+  rec p[4], x[3];
+  /* Peers 1 and 2 at epoch 5, the client 3 at epoch 7 (a client's epoch
+   * is not the swarm's), peer 4 of another run. */
+  progress(&p[0], 1, "r", 5, 300, 100, NOW, PROTO_MODE_NODE, "eu \"west\"",
+           false);
+  progress(&p[1], 2, "r", 5, 200, 50, NOW, PROTO_MODE_NODE, "us", false);
+  progress(&p[2], 3, "r", 7, 10, 10, NOW, PROTO_MODE_CLIENT, "nat", false);
+  progress(&p[3], 4, "other", 9, 10, 10, NOW, PROTO_MODE_NODE, "", false);
+  metrics(&x[0], 1, 5, 1.0, 2.0, 1.0, 2, 4.0, 100, 2.5, 200, NOW);
+  metrics(&x[1], 2, 5, 2.0, 4.0, 1.0, 2, 4.0, 100, 2.5, 200, NOW);
+  mon_record pr[4] = {view(&p[0]), view(&p[1]), view(&p[2]), view(&p[3])};
+  mon_record mr[2] = {view(&x[0]), view(&x[1])};
+  const mon_point *pt = mon_scrape(m, NOW, pr, 4, mr, 2);
+  ASSERT_UEQ(pt->epoch, 5);
+  ASSERT_UEQ(pt->samples, 500);
+  ASSERT_UEQ(pt->target, 1000);
+  ASSERT_EQ(pt->peers, 3);
+  ASSERT(fabs(pt->samples_per_second - 160) < 1e-9);
+  ASSERT(fabs(pt->eta_s - 500.0 / 160) < 1e-9);
+  ASSERT(fabs(pt->loss - 1.5) < 1e-12);
+  ASSERT(fabs(pt->compute_s - 3.0) < 1e-12);
+  ASSERT(fabs(pt->round_s - 1.0) < 1e-12);
+  ASSERT(fabs(pt->granularity - 3.0) < 1e-12);
+  ASSERT(fabs(pt->group - 2.0) < 1e-12);
+  ASSERT(fabs(pt->mib_sent - 2.0) < 1e-12);
+  /* Noise scale: |G|^2 = (200 x 2.5 - 100 x 4) / 100 = 1; tr(Sigma) =
+   * (4 - 2.5) / (1/100 - 1/200) = 300; B = 300. */
+  ASSERT(fabs(pt->noise_scale - 300) < 1e-9);
+  size_t n;
+  mon_peers(m, &n);
+  ASSERT_EQ(n, 3); /* the other run's peer is not kept as a peer */
+  uint64_t joined, left, scrapes;
+  mon_counts(m, &joined, &left, &scrapes);
+  ASSERT_UEQ(joined, 3);
+  ASSERT_UEQ(left, 0);
+  ASSERT(has_event(m, MON_EV_JOIN, "01000000 joined"));
+
+  /* A second scrape: peer 2 says it left, peer 1 moves to epoch 6, the
+   * client's record turns malformed (twice: one event). */
+  progress(&p[0], 1, "r", 6, 100, 100, NOW + 1000, PROTO_MODE_NODE, "eu",
+           false);
+  progress(&p[1], 2, "r", 5, 200, 50, NOW + 1000, PROTO_MODE_NODE, "us", true);
+  p[2].buf[0] ^= 0xff;
+  pr[0] = view(&p[0]);
+  pr[1] = view(&p[1]);
+  pr[2] = view(&p[2]);
+  pt = mon_scrape(m, NOW + 1000, pr, 3, mr, 0);
+  pt = mon_scrape(m, NOW + 2000, pr, 3, mr, 0);
+  ASSERT_UEQ(pt->epoch, 6);
+  mon_counts(m, &joined, &left, &scrapes);
+  ASSERT_UEQ(left, 1);
+  ASSERT(has_event(m, MON_EV_LEAVE, "02000000 left"));
+  ASSERT(has_event(m, MON_EV_EPOCH, "epoch 6"));
+  const mon_event *ev[MON_EVENTS_MAX];
+  size_t nev = mon_events(m, 0, ev, MON_EVENTS_MAX), bad = 0;
+  for (size_t i = 0; i < nev; i++)
+    bad += ev[i]->type == MON_EV_BAD;
+  ASSERT_EQ(bad, 1);
+  /* Since a time: only the newer events; max keeps the newest. */
+  ASSERT_EQ(mon_events(m, NOW + 1000, NULL, 0), 0);
+  ASSERT_EQ(mon_events(m, NOW, ev, 1), nev - 3);
+  ASSERT(ev[0]->time_ms == NOW + 1000);
+
+  /* Nothing new for MON_GONE_MS: peer 1 (its record stays the same) and
+   * the client go quiet. */
+  pr[0] = view(&p[0]);
+  pt = mon_scrape(m, NOW + 1000 + MON_GONE_MS, pr, 1, mr, 0);
+  mon_peers(m, &n);
+  ASSERT_EQ(n, 0);
+  mon_counts(m, &joined, &left, &scrapes);
+  ASSERT_UEQ(left, 3);
+  ASSERT(has_event(m, MON_EV_LEAVE, "01000000 went quiet"));
+  ASSERT_EQ(pt->peers, 0);
+  ASSERT(isnan(pt->loss));
+  ASSERT(isnan(pt->noise_scale));
+  ASSERT_UEQ(scrapes, 4);
+  mon_free(m);
+}
+
+/* Without --target-batch-size: the samples an epoch held when the swarm
+ * moved past it. */
+static void test_inferred_target(void) {
+  mon_config cfg = {.run = "r"};
+  mon *m;
+  ASSERT_OK(mon_new(&cfg, &m));
+  rec p;
+  progress(&p, 1, "r", 0, 4000, 1000, NOW, PROTO_MODE_NODE, "", false);
+  mon_record r = view(&p);
+  const mon_point *pt = mon_scrape(m, NOW, &r, 1, NULL, 0);
+  ASSERT_UEQ(pt->target, 0);
+  ASSERT(pt->eta_s < 0);
+  progress(&p, 1, "r", 1, 1000, 1000, NOW + 1000, PROTO_MODE_NODE, "", false);
+  r = view(&p);
+  pt = mon_scrape(m, NOW + 1000, &r, 1, NULL, 0);
+  ASSERT_UEQ(pt->target, 4000);
+  ASSERT(fabs(pt->eta_s - 3.0) < 1e-9);
+  mon_free(m);
+}
+
+/* History: history_max points as they are, older ones one in 60. */
+static void test_history(void) {
+  mon_config cfg = {.run = "r", .history_max = 100};
+  mon *m;
+  ASSERT_OK(mon_new(&cfg, &m));
+  for (uint64_t i = 0; i < 100 + 600; i++)
+    mon_scrape(m, NOW + i * 1000, NULL, 0, NULL, 0);
+  ASSERT_EQ(mon_history_n(m), 100 + 10);
+  ASSERT_UEQ(mon_history_at(m, 0)->time_ms, NOW);
+  ASSERT_UEQ(mon_history_at(m, 1)->time_ms, NOW + 60000);
+  ASSERT_UEQ(mon_history_at(m, 109)->time_ms, NOW + 699000);
+  mon_buf b = {0};
+  ASSERT_OK(mon_history_json(m, NOW + 689000, 0, &b));
+  ASSERT_EQ(strncmp(b.p, "[{\"t\":1800000690000,", 20), 0);
+  size_t points = 0;
+  for (const char *c = b.p; (c = strstr(c, "\"t\":")); c++)
+    points++;
+  ASSERT_EQ(points, 10);
+  mon_buf_free(&b);
+  ASSERT_OK(mon_history_json(m, 0, 11, &b));
+  points = 0;
+  for (const char *c = b.p; (c = strstr(c, "\"t\":")); c++)
+    points++;
+  ASSERT_LE(points, 11);
+  ASSERT_GE(points, 10);
+  mon_buf_free(&b);
+  mon_free(m);
+}
+
+static void test_render(void) {
+  mon_config cfg = {.run = "r\"q", .target = 1000};
+  mon *m;
+  ASSERT_OK(mon_new(&cfg, &m));
+  mon_buf b = {0};
+  ASSERT_OK(mon_snapshot_json(m, &b));
+  ASSERT(strstr(b.p, "\"run\":\"r\\\"q\"") != NULL);
+  ASSERT(strstr(b.p, "\"now\":null") != NULL);
+  mon_buf_free(&b);
+  mon_free(m);
+  snprintf(cfg.run, sizeof cfg.run, "r");
+  ASSERT_OK(mon_new(&cfg, &m));
+  rec p, x;
+  progress(&p, 1, "r", 2, 10, 5, NOW, PROTO_MODE_NODE, "a\\b \"c\"", false);
+  metrics(&x, 1, 2, 0.5, 1, 0.5, 1, 1, 64, 1, 64, NOW);
+  mon_record pr = view(&p), mr = view(&x);
+  mon_scrape(m, NOW, &pr, 1, &mr, 1);
+  ASSERT_OK(mon_snapshot_json(m, &b));
+  ASSERT(strstr(b.p, "\"label\":\"a\\\\b \\\"c\\\"\"") != NULL);
+  ASSERT(strstr(b.p, "\"loss\":0.5,") != NULL);
+  ASSERT(strstr(b.p, "\"noise_scale\":null") != NULL); /* one batch size */
+  ASSERT(strstr(b.p, "\"epoch\":2,") != NULL);
+  ASSERT(strstr(b.p, "\"type\":\"join\"") != NULL);
+  mon_buf_free(&b);
+  ASSERT_OK(mon_prometheus(m, &b));
+  ASSERT(strstr(b.p, "# TYPE beed_swarm_epoch gauge\nbeed_swarm_epoch 2\n"));
+  ASSERT(strstr(b.p, "beed_swarm_loss 0.5\n"));
+  ASSERT(strstr(b.p, "beed_swarm_noise_scale NaN\n"));
+  ASSERT(strstr(b.p, "beed_peers_joined_total 1\n"));
+  ASSERT(strstr(b.p, "beed_peer_epoch{peer=\"01000000"));
+  ASSERT(strstr(b.p, "label=\"a\\\\b \\\"c\\\"\"} 2\n"));
+  mon_buf_free(&b);
+  mon_free(m);
+  mon_config bad = {.run = ""};
+  ASSERT_EQ(mon_new(&bad, &m), BEE_ECONFIG);
+  ASSERT(m == NULL);
+}
+
+int main(void) {
+  test_scrapes();
+  test_inferred_target();
+  test_history();
+  test_render();
+  return 0;
+}

@@ -1,0 +1,143 @@
+#!/bin/bash
+# test-net-monitor.sh: trainmonitor attached to a small swarm on loopback.
+#
+# Three bees (an open swarm) train mlp; trainmonitor joins through the
+# queen as a DHT client with --http-token.  Its snapshot must show the
+# three peers (their ids and labels), the swarm's epoch as the bees log
+# it and the configured target; /metrics the same as Prometheus text; a
+# request without the token, or with a wrong one, gets 401; a record that
+# is not a progress record, put under the run's key by another client,
+# never shows as a peer; a websocket client gets the snapshot at once and
+# then one per scrape; the log file holds one JSON line per scrape.  Then
+# b2 is killed (SIGKILL): it leaves the snapshot once its records go
+# stale, and the events say so.  SIGTERM stops trainmonitor with status 0.
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
+
+MON=${TRAINMONITOR:?TRAINMONITOR must name the trainmonitor binary}
+WSC="$(dirname "${BASH_SOURCE[0]}")/ws-client.py"
+RUN=mon
+TARGET=131072
+TOKEN=s3cret-token
+http=$((base + 10))
+
+for b in b0 b1 b2 client; do key "$b"; done
+train=(--open --run-id "$RUN" --target-batch-size "$TARGET" --eval-every 0)
+start b0 "$base" "${train[@]}" --label "queen"
+wait_log b0 'listening on' 10
+start b1 $((base + 1)) "${train[@]}" --join "127.0.0.1:$base" --label 'bee "one"'
+start b2 $((base + 2)) "${train[@]}" --join "127.0.0.1:$base" --label "bee two"
+(cd "$work" && exec "$MON" --open --join "127.0.0.1:$base" --run-id "$RUN" \
+  --http "127.0.0.1:$http" --http-token "$TOKEN" --target-batch-size "$TARGET" \
+  --log-file mon.jsonl) >"$work/mon.log" 2>&1 &
+pid[mon]=$!
+# Bad flags, and an address that is taken (the queen's port): clear
+# errors, status 2 and 1.
+bad() { # STATUS TEXT ARGS...
+  local want=$1 text=$2 rc=0
+  shift 2
+  timeout 10 "$MON" "$@" >"$work/bad.out" 2>&1 || rc=$?
+  [ "$rc" = "$want" ] || fail "trainmonitor $*: status $rc, want $want"
+  grep -q -- "$text" "$work/bad.out" || fail "trainmonitor $*: no '$text' in $(cat "$work/bad.out")"
+}
+bad 2 '--run-id NAME' --open --join "127.0.0.1:$base"
+bad 2 'give either --open or --moderator' --join "127.0.0.1:$base" --run-id x
+bad 2 'bad --scrape-interval' --open --join "127.0.0.1:$base" --run-id x --scrape-interval 0
+bad 1 "bad --http 'nowhere'" --open --join "127.0.0.1:$base" --run-id x --http nowhere
+bad 1 'cannot serve on .*: Address already in use' --open --join "127.0.0.1:$base" \
+  --run-id x --http "127.0.0.1:$base"
+for b in b0 b1 b2; do wait_log "$b" 'train: epoch 2 done' 60; done
+wait_log mon 'joined the swarm' 20
+
+get() { # PATH [CURL ARGS...]: the body; fails on HTTP errors
+  local p=$1
+  shift
+  curl -sS --fail --max-time 5 -H "Authorization: Bearer $TOKEN" "$@" \
+    "http://127.0.0.1:$http$p"
+}
+py() { python3 -c "import json,sys; s=json.load(sys.stdin); $1"; }
+
+# A snapshot with all three peers (the DHT takes a scrape or two).
+for ((i = 0; i < 50; i++)); do
+  snap=$(get /api/snapshot) || fail "GET /api/snapshot failed"
+  [ "$(py 'print(len(s["peers"]))' <<<"$snap")" = 3 ] && break
+  sleep 0.2
+done
+[ "$(py 'print(len(s["peers"]))' <<<"$snap")" = 3 ] ||
+  fail "the snapshot shows $(py 'print(len(s["peers"]))' <<<"$snap") peers, want 3: $snap"
+for b in b0 b1 b2; do
+  id=$(sed -nE 's/.*peer id ([0-9a-f]{40}).*/\1/p' "$work/$b.log" | head -n 1)
+  grep -q "\"id\":\"$id\"" <<<"$snap" || fail "$b ($id) is not in the snapshot"
+done
+labels=$(py 'print("|".join(sorted(p["label"] for p in s["peers"])))' <<<"$snap")
+[ "$labels" = 'bee "one"|bee two|queen' ] || fail "labels: $labels"
+[ "$(py 'print(s["run"], s["now"]["target"], s["now"]["peers"])' <<<"$snap")" = "$RUN $TARGET 3" ] ||
+  fail "run, target, peers: $(py 'print(s["run"], s["now"]["target"], s["now"]["peers"])' <<<"$snap")"
+# The swarm's epoch: the queen's, as far as a scrape (a second) and the
+# records' travel (a second or two) lag behind it.
+q_last() { sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/b0.log" | tail -n 1; }
+q1=$(q_last)
+snap=$(get /api/snapshot)
+q2=$(q_last)
+mon_epoch=$(py 'print(s["now"]["epoch"])' <<<"$snap")
+[ "$mon_epoch" -ge $((q1 - 1)) ] && [ "$mon_epoch" -le $((q2 + 1)) ] ||
+  fail "the monitor's epoch $mon_epoch, the queen's last steps $q1 to $q2"
+q_epoch=$q2
+
+# Prometheus text.
+metrics=$(get /metrics)
+grep -qx 'beed_swarm_peers 3' <<<"$metrics" || fail "/metrics: $(grep peers <<<"$metrics")"
+grep -q "^beed_peer_epoch{peer=\"[0-9a-f]\{40\}\",label=\"bee \\\\\"one\\\\\"\"} [0-9]" <<<"$metrics" ||
+  fail "/metrics: no per-peer epoch for bee \"one\""
+# The dashboard, and access control.
+get / | grep -q '<title>beed trainmonitor</title>' || fail "GET / is not the dashboard"
+code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http/api/snapshot")
+[ "$code" = 401 ] || fail "no token: HTTP $code, want 401"
+code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer nope" \
+  "http://127.0.0.1:$http/metrics")
+[ "$code" = 401 ] || fail "a wrong token: HTTP $code, want 401"
+code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http/api/snapshot?token=$TOKEN")
+[ "$code" = 200 ] || fail "?token=: HTTP $code, want 200"
+get /nowhere >/dev/null 2>&1 && fail "GET /nowhere succeeded"
+
+# A value under the run's progress key that is not a progress record.
+(cd "$work" && "$BEECTL" dht put "${RUN}_progress" "not a progress record" \
+  --ttl 60s --join "127.0.0.1:$base" --open --swarm beed \
+  --identity client.key) >"$work/put.log" 2>&1 || true
+sleep 3
+snap=$(get /api/snapshot)
+[ "$(py 'print(len(s["peers"]))' <<<"$snap")" = 3 ] ||
+  fail "after a bad record: $(py 'print(len(s["peers"]))' <<<"$snap") peers"
+kill -0 "${pid[mon]}" || fail "trainmonitor died"
+
+# Websocket: the snapshot on connect, then updates.
+ws=$(python3 "$WSC" "ws://127.0.0.1:$http/ws?token=$TOKEN" 3) ||
+  fail "websocket: $ws"
+[ "$(grep -c '^snapshot [0-9]* 3$' <<<"$ws")" = 3 ] || fail "websocket: $ws"
+ws_bad=$(python3 "$WSC" "ws://127.0.0.1:$http/ws" 1) &&
+  fail "a websocket without the token was accepted: $ws_bad"
+
+# A peer that dies leaves the snapshot once its records are stale.
+kill -9 "${pid[b2]}"
+wait "${pid[b2]}" 2>/dev/null || true
+unset 'pid[b2]'
+for ((i = 0; i < 60; i++)); do
+  snap=$(get /api/snapshot)
+  [ "$(py 'print(len(s["peers"]))' <<<"$snap")" = 2 ] && break
+  sleep 1
+done
+[ "$(py 'print(len(s["peers"]), s["left"])' <<<"$snap")" = "2 1" ] ||
+  fail "after b2's death: peers and left $(py 'print(len(s["peers"]), s["left"])' <<<"$snap")"
+grep -q 'went quiet' <<<"$snap" || fail "no event for b2's death"
+
+# The log file: one JSON line per scrape.
+lines=$(wc -l <"$work/mon.jsonl")
+[ "$lines" -ge 10 ] || fail "the log file has $lines lines"
+python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    assert j["run"] == "mon" and "point" in j and "peers" in j
+' "$work/mon.jsonl" || fail "the log file holds a line that is not a JSON point"
+stop_all
+echo "monitor: 3 peers, epoch $mon_epoch (queen $q_epoch), token enforced, bad record ignored, websocket updates, b2's death seen; $lines log lines"
