@@ -11,7 +11,8 @@
  * "?token=TOKEN" (browsers cannot set headers on a websocket), compared
  * in constant time.  A websocket client that has not taken the last
  * update when the next one comes skips to the newest: a slow client costs
- * one pending message, never a queue.
+ * one pending message and a capped kernel buffer (WS_SNDBUF), never a
+ * queue.
  */
 #include "trainmonitor.h"
 
@@ -27,6 +28,10 @@
 
 #define COMP "http"
 #define CHUNK 16384 /* bytes written per HTTP writeable callback */
+/* A websocket client's kernel send buffer (the kernel doubles it): what a
+ * client that does not read can hold up, beside its one pending update.
+ * Without a cap Linux grows it to megabytes per client. */
+#define WS_SNDBUF (32 * 1024)
 
 /* One update, shared by the websocket clients that have yet to send it. */
 typedef struct msg {
@@ -187,7 +192,10 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason,
     return s->body.p ? http_writeable(wsi, s) : 0;
   case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION:
     return token_ok(h, wsi) ? 0 : 1; /* websocket: the same token */
-  case LWS_CALLBACK_ESTABLISHED:
+  case LWS_CALLBACK_ESTABLISHED: {
+    int fd = (int)lws_get_socket_fd(wsi), sz = WS_SNDBUF;
+    if (fd >= 0)
+      setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
     s->wsi = wsi;
     s->pending = snapshot_msg(h);
     s->prev = NULL;
@@ -198,6 +206,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason,
     h->nclients++;
     lws_callback_on_writable(wsi);
     return 0;
+  }
   case LWS_CALLBACK_SERVER_WRITEABLE: {
     msg *g = s->pending;
     if (!g)

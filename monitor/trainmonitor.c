@@ -328,8 +328,17 @@ static void stop(tm_state *s) {
 
 static void on_signal(uv_signal_t *h, int sig) {
   (void)sig;
-  bee_info(COMP, "stopping");
-  stop(h->data);
+  tm_state *s = h->data;
+  unsigned clients;
+  uint64_t skipped, joined, left, scrapes;
+  mon_http_counts(s->http, &clients, &skipped);
+  mon_counts(s->m, &joined, &left, &scrapes);
+  bee_info(COMP,
+           "stopping after %llu scrapes (%llu peers joined, %llu left); %u "
+           "websocket clients, %llu updates skipped for slow ones",
+           (unsigned long long)scrapes, (unsigned long long)joined,
+           (unsigned long long)left, clients, (unsigned long long)skipped);
+  stop(s);
 }
 
 /* The identity, token and moderator key the options name. */
