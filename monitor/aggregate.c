@@ -240,16 +240,17 @@ double mon_noise_scale(const mon_peer *peers, size_t n) {
 /* The peers' means for the point: loss, round and compute times, group,
  * MiB sent. */
 static void means(const mon *m, mon_point *pt) {
-  double loss = 0, group = 0, round = 0, comp = 0, mib = 0;
-  size_t nl = 0, nm = 0;
+  double loss = 0, wl = 0, group = 0, round = 0, comp = 0, mib = 0;
+  size_t nm = 0;
   for (size_t i = 0; i < m->npeers; i++) {
     const mon_peer *p = &m->peers[i];
     if (!p->has_metrics)
       continue;
     const proto_metrics *x = &p->metrics;
-    if (x->has_loss) {
-      loss += x->loss;
-      nl++;
+    if (x->has_loss) { /* weighted by the samples behind it */
+      double w = x->batch_local ? (double)x->batch_local : 1;
+      loss += x->loss * w;
+      wl += w;
     }
     group += (double)x->group_size;
     round += x->averaging_s;
@@ -257,7 +258,7 @@ static void means(const mon *m, mon_point *pt) {
     mib += (double)x->bytes_sent / (1 << 20);
     nm++;
   }
-  pt->loss = nl ? loss / (double)nl : NAN;
+  pt->loss = wl > 0 ? loss / wl : NAN;
   if (nm) {
     pt->group = group / (double)nm;
     pt->round_s = round / (double)nm;

@@ -5,7 +5,9 @@
  *   GET /api/snapshot       mon_snapshot_json
  *   GET /api/history?since=MS[&points=N]  mon_history_json
  *   GET /metrics            mon_prometheus
- *   /ws (websocket)         the snapshot on connect, then one per scrape
+ *   /ws (websocket)         the snapshot on connect, then one per scrape;
+ *                           {"type":"history","since":MS,"points":N}
+ *                           asked of it gets {"type":"history","data":[...]}
  *
  * With a token every request must carry "Authorization: Bearer TOKEN" or
  * "?token=TOKEN" (browsers cannot set headers on a websocket), compared
@@ -32,6 +34,8 @@
  * client that does not read can hold up, beside its one pending update.
  * Without a cap Linux grows it to megabytes per client. */
 #define WS_SNDBUF (32 * 1024)
+#define WS_REQ_MAX 256       /* the longest request a client may send */
+#define WS_HISTORY_MAX 20000 /* points one history answer may hold */
 
 /* One update, shared by the websocket clients that have yet to send it. */
 typedef struct msg {
@@ -44,8 +48,13 @@ typedef struct session {
   /* HTTP: the response body being written */
   mon_buf body;
   size_t sent;
-  /* websocket: the message to send next, and the list of clients */
+  /* websocket: the update to send next, the answer to a request, what
+   * the client has sent of its request so far, and the list of clients */
   msg *pending;
+  msg *reply;
+  char req[WS_REQ_MAX];
+  size_t reqn;
+  bool req_over;
   struct lws *wsi;
   struct session *prev, *next;
 } session;
@@ -180,6 +189,47 @@ static msg *snapshot_msg(mon_http *h) {
   return g;
 }
 
+/* A number after "key": in the request, or def when there is none. */
+static uint64_t req_num(const char *req, const char *key, uint64_t def) {
+  const char *p = strstr(req, key);
+  if (!p)
+    return def;
+  p += strlen(key);
+  while (*p == ' ' || *p == ':')
+    p++;
+  char *end;
+  unsigned long long v = strtoull(p, &end, 10);
+  return end == p || *p == '-' ? def : (uint64_t)v;
+}
+
+/* Answers a request a websocket client sent: {"type":"history",
+ * "since":MS,"points":N} gets the history; anything else an error.  One
+ * answer waits at a time: a new request replaces an unsent answer. */
+static void answer(mon_http *h, session *s, struct lws *wsi) {
+  mon_buf b = {0};
+  if (!s->req_over && strstr(s->req, "\"type\"") &&
+      strstr(s->req, "\"history\"")) {
+    uint64_t since = req_num(s->req, "\"since\"", 0);
+    uint64_t points = req_num(s->req, "\"points\"", 2000);
+    if (points == 0 || points > WS_HISTORY_MAX)
+      points = WS_HISTORY_MAX;
+    mon_buf_printf(&b, "{\"type\":\"history\",\"data\":");
+    mon_history_json(h->m, since, (size_t)points, &b);
+    mon_buf_printf(&b, "}");
+  } else {
+    mon_buf_printf(&b, "{\"type\":\"error\",\"error\":\"%s\"}",
+                   s->req_over ? "request too long"
+                               : "unknown request: ask for type history");
+  }
+  msg *g = b.oom ? NULL : msg_of(&b);
+  mon_buf_free(&b);
+  if (!g)
+    return;
+  msg_unref(s->reply);
+  s->reply = g;
+  lws_callback_on_writable(wsi);
+}
+
 static int callback(struct lws *wsi, enum lws_callback_reasons reason,
                     void *user, void *in, size_t len) {
   struct lws_context *ctx = lws_get_context(wsi);
@@ -208,20 +258,36 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason,
     return 0;
   }
   case LWS_CALLBACK_SERVER_WRITEABLE: {
-    msg *g = s->pending;
+    /* An answer first; the newest update after it. */
+    msg **slot = s->reply ? &s->reply : &s->pending, *g = *slot;
     if (!g)
       return 0;
-    s->pending = NULL;
+    *slot = NULL;
     int n = lws_write(wsi, g->data + LWS_PRE, g->len, LWS_WRITE_TEXT);
     bool ok = n == (int)g->len;
     msg_unref(g);
+    if (ok && s->pending)
+      lws_callback_on_writable(wsi);
     return ok ? 0 : -1;
   }
   case LWS_CALLBACK_RECEIVE:
-    return 0; /* nothing is asked of us over the socket yet */
+    if (s->reqn + len > sizeof s->req - 1)
+      s->req_over = true;
+    else {
+      memcpy(s->req + s->reqn, in, len);
+      s->reqn += len;
+    }
+    if (!lws_is_final_fragment(wsi))
+      return 0;
+    s->req[s->reqn] = 0;
+    answer(h, s, wsi);
+    s->reqn = 0;
+    s->req_over = false;
+    return 0;
   case LWS_CALLBACK_CLOSED:
     msg_unref(s->pending);
-    s->pending = NULL;
+    msg_unref(s->reply);
+    s->pending = s->reply = NULL;
     if (s->prev)
       s->prev->next = s->next;
     else if (h->clients == s)

@@ -71,7 +71,8 @@ typedef struct mon_point {
   uint64_t epoch, samples, target;
   double samples_per_second, eta_s; /* eta -1: unknown */
   unsigned peers;
-  double loss;        /* mean of the peers' last losses; NaN: none */
+  double loss;        /* the peers' last losses, each weighted by the
+                         samples of its epoch; NaN: none */
   double group;       /* mean group size of the peers' last rounds */
   double round_s;     /* mean averaging time of their last epochs */
   double compute_s;   /* mean computing time of their last epochs */

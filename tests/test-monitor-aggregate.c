@@ -243,7 +243,25 @@ static void test_render(void) {
   ASSERT(m == NULL);
 }
 
+/* The mean loss weighs each peer's by the samples of its epoch. */
+static void test_loss_weights(void) {
+  mon_config cfg = {.run = "r"};
+  mon *m;
+  ASSERT_OK(mon_new(&cfg, &m));
+  rec p[2], x[2];
+  progress(&p[0], 1, "r", 1, 0, 10, NOW, PROTO_MODE_NODE, "", false);
+  progress(&p[1], 2, "r", 1, 0, 10, NOW, PROTO_MODE_NODE, "", false);
+  metrics(&x[0], 1, 1, 1.0, 1, 1, 2, 0, 100, 0, 400, NOW);
+  metrics(&x[1], 2, 1, 2.0, 1, 1, 2, 0, 300, 0, 400, NOW);
+  mon_record pr[2] = {view(&p[0]), view(&p[1])};
+  mon_record mr[2] = {view(&x[0]), view(&x[1])};
+  const mon_point *pt = mon_scrape(m, NOW, pr, 2, mr, 2);
+  ASSERT(fabs(pt->loss - 1.75) < 1e-12);
+  mon_free(m);
+}
+
 int main(void) {
+  test_loss_weights();
   test_scrapes();
   test_inferred_target();
   test_history();

@@ -8,7 +8,8 @@
 # request without the token, or with a wrong one, gets 401; a record that
 # is not a progress record, put under the run's key by another client,
 # never shows as a peer; a websocket client gets the snapshot at once and
-# then one per scrape; the log file holds one JSON line per scrape.  Then
+# then one per scrape, the history when it asks, an error for a request
+# it cannot have; the log file holds one JSON line per scrape.  Then
 # b2 is killed (SIGKILL): it leaves the snapshot once its records go
 # stale, and the events say so.  SIGTERM stops trainmonitor with status 0.
 set -euo pipefail
@@ -116,6 +117,15 @@ ws=$(python3 "$WSC" "ws://127.0.0.1:$http/ws?token=$TOKEN" 3) ||
 [ "$(grep -c '^snapshot [0-9]* 3$' <<<"$ws")" = 3 ] || fail "websocket: $ws"
 ws_bad=$(python3 "$WSC" "ws://127.0.0.1:$http/ws" 1) &&
   fail "a websocket without the token was accepted: $ws_bad"
+# History on request: at most the points asked for, in time order.
+ws=$(python3 "$WSC" "ws://127.0.0.1:$http/ws?token=$TOKEN" 2 \
+  '{"type":"history","since":0,"points":5}') || fail "websocket history: $ws"
+hist=$(grep '^history ' <<<"$ws") || fail "no history answer: $ws"
+read -r _ hn h1 h2 <<<"$hist"
+[ "$hn" -ge 2 ] && [ "$hn" -le 5 ] && [ "$h1" -lt "$h2" ] || fail "history: $hist"
+ws=$(python3 "$WSC" "ws://127.0.0.1:$http/ws?token=$TOKEN" 2 '{"type":"nonsense"}') ||
+  fail "websocket: $ws"
+grep -q '^error unknown request' <<<"$ws" || fail "a bad request was not answered: $ws"
 
 # A peer that dies leaves the snapshot once its records are stale.
 kill -9 "${pid[b2]}"

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""ws-client.py URL N: a minimal websocket client for the tests (the
-standard library only; Debian's python3-websockets is not needed).
+"""ws-client.py URL N [REQUEST]: a minimal websocket client for the tests
+(the standard library only; Debian's python3-websockets is not needed).
 
 Connects to URL (ws://HOST:PORT/PATH?QUERY) with the protocol
-"beed-monitor", prints the status line of the handshake, then reads N text
-messages and prints one line per message: its "type", the snapshot's
-epoch and number of peers.  Exits 1 when the server refuses the upgrade or
-closes early, 2 on a timeout (10 s per message)."""
+"beed-monitor", prints the status line of the handshake, sends REQUEST
+(a text message) if given, then reads N text messages and prints one line
+per message: "snapshot EPOCH PEERS", "history POINTS FIRST_T LAST_T" or
+"error TEXT".  Exits 1 when the server refuses the upgrade or closes
+early, 2 on a timeout (10 s per message)."""
 import base64
 import json
 import os
@@ -48,6 +49,11 @@ try:
     print(status)
     if " 101 " not in status:
         sys.exit(1)
+    if len(sys.argv) > 3:  # a client's frames are masked
+        data, mask = sys.argv[3].encode(), os.urandom(4)
+        head = bytes([0x81, 0x80 | len(data)]) if len(data) < 126 else \
+            bytes([0x81, 0x80 | 126]) + struct.pack(">H", len(data))
+        sock.sendall(head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
     got = 0
     while got < count:
         need(2)
@@ -66,9 +72,16 @@ try:
         if op != 1:
             continue
         msg = json.loads(data)
-        snap = msg["data"]
-        now = snap["now"]
-        print(msg["type"], now["epoch"] if now else "-", len(snap["peers"]))
+        if msg["type"] == "snapshot":
+            snap = msg["data"]
+            now = snap["now"]
+            print("snapshot", now["epoch"] if now else "-", len(snap["peers"]))
+        elif msg["type"] == "history":
+            pts = msg["data"]
+            print("history", len(pts), pts[0]["t"] if pts else "-",
+                  pts[-1]["t"] if pts else "-")
+        else:
+            print(msg["type"], msg.get("error", ""))
         got += 1
 except socket.timeout:
     print("timed out")
