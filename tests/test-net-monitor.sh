@@ -91,7 +91,8 @@ grep -qx 'beed_swarm_peers 3' <<<"$metrics" || fail "/metrics: $(grep peers <<<"
 grep -q "^beed_peer_epoch{peer=\"[0-9a-f]\{40\}\",label=\"bee \\\\\"one\\\\\"\"} [0-9]" <<<"$metrics" ||
   fail "/metrics: no per-peer epoch for bee \"one\""
 # The dashboard, and access control.
-get / | grep -q '<title>beed trainmonitor</title>' || fail "GET / is not the dashboard"
+page=$(get /) || fail "GET / failed"
+grep -q '<title>beed trainmonitor</title>' <<<"$page" || fail "GET / is not the dashboard"
 code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http/api/snapshot")
 [ "$code" = 401 ] || fail "no token: HTTP $code, want 401"
 code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer nope" \
