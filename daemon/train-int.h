@@ -42,6 +42,7 @@
 #define FETCH_BACKOFF_MS 1000      /* every donor busy: the first wait */
 #define FETCH_BACKOFF_MAX_MS 8000  /* and the longest */
 #define FETCH_PASSES 3             /* failed passes before training on */
+#define LAYOUT_WARNED_MAX 32       /* peers of another layout remembered */
 #define FETCH_SETTLE_MS 10000 /* after a download, catch up before another
                                  (or twice what the download took) */
 #define STATE_HDR 32               /* four u64: params, state, buffers, steps */
@@ -214,6 +215,9 @@ struct bee_train {
   /* the downloads we serve (--max-state-uploads) */
   bee_uploads uploads;
   uint64_t busy_logged_ms; /* the last "told it is busy" line */
+  /* peers seen declaring another layout, warned about once each */
+  uint8_t layout_warned[LAYOUT_WARNED_MAX][PROTO_ID_BYTES];
+  size_t nlayout_warned;
   uint64_t started_ms; /* bee_train_start's loop time */
   size_t candidates;   /* bee_round_candidates, by the last view */
   bool have_view;

@@ -231,6 +231,23 @@ typedef struct fetch_ctx {
   avg_node *node;
 } fetch_ctx;
 
+/* A peer of the run declared itself for a round with another layout
+ * (another model, averaging mode or optimizer): it is never grouped with
+ * us.  Said once per peer, as a warning: it is a misconfiguration. */
+static void other_layout(bee_train *t, const uint8_t id[PROTO_ID_BYTES]) {
+  for (size_t i = 0; i < t->nlayout_warned; i++)
+    if (memcmp(t->layout_warned[i], id, PROTO_ID_BYTES) == 0)
+      return;
+  if (t->nlayout_warned < LAYOUT_WARNED_MAX)
+    memcpy(t->layout_warned[t->nlayout_warned++], id, PROTO_ID_BYTES);
+  char id8[9];
+  bee_id8(id, id8);
+  bee_warn(COMP,
+           "%s trains run '%s' with another model, averaging mode or "
+           "optimizer: it is never in a group with this bee",
+           id8, t->cfg->run);
+}
+
 static void match_fetch_cb(dht_node *n, int status, const dht_value *v,
                            const dht_stats *st, void *arg) {
   (void)n, (void)st;
@@ -246,6 +263,10 @@ static void match_fetch_cb(dht_node *n, int status, const dht_value *v,
         continue; /* the DHT checked owner and schema: not expected */
       proto_peer_id(r->subkey.p + 1, d[k].id);
       d[k].expiration = r->expiration;
+      const uint8_t *want =
+          d[k].info.round >= STATE_ROUND ? t->state_schema : t->schema;
+      if (memcmp(d[k].info.schema_hash, want, PROTO_SCHEMA_HASH_BYTES) != 0)
+        other_layout(t, d[k].id);
       k++;
     }
     if (d)

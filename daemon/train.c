@@ -691,11 +691,13 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
     snprintf(lh, sizeof lh, "127.0.0.1");
   snprintf(t->addr, sizeof t->addr, strchr(lh, ':') ? "[%s]:%u" : "%s:%u",
            lh, port ? port : 1);
-  /* Only bees whose gradients have the same layout average together. */
+  /* Only bees whose gradients have the same layout average together, and
+   * that step them with the same optimizer (an AdamW bee and a LAMB bee
+   * averaging would each take another step from the same gradients). */
   char schema[96];
-  snprintf(schema, sizeof schema, "beed %s fp32 %s %zu",
-           t->outer ? "diloco" : "grads", t->cfg->model,
-           trn_model_nparams(t->m));
+  snprintf(schema, sizeof schema, "beed %s fp32 %s %s %zu",
+           t->outer ? "diloco" : "grads", bee_optimizer_name(t->cfg->optimizer),
+           t->cfg->model, trn_model_nparams(t->m));
   crypto_generichash(t->schema, sizeof t->schema, (const uint8_t *)schema,
                      strlen(schema), NULL, 0);
   /* State rounds: the optimizer and the mode decide the layout. */
