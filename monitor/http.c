@@ -1,7 +1,9 @@
 /* http.c: trainmonitor's web server (libwebsockets on the program's
  * libuv loop).
  *
- *   GET /                   the dashboard (dashboard.html, compiled in)
+ *   GET /                   the dashboard (dashboard.html, compiled in),
+ *   GET /dashboard.js, .css its script and style (no inline ones: the
+ *                           page's Content-Security-Policy forbids them)
  *   GET /api/snapshot       mon_snapshot_json
  *   GET /api/history?since=MS[&points=N]  mon_history_json
  *   GET /metrics            mon_prometheus
@@ -9,9 +11,10 @@
  *                           {"type":"history","since":MS,"points":N}
  *                           asked of it gets {"type":"history","data":[...]}
  *
- * With a token every request must carry "Authorization: Bearer TOKEN" or
- * "?token=TOKEN" (browsers cannot set headers on a websocket), compared
- * in constant time.  A websocket client that has not taken the last
+ * With a token every request for data (/api/..., /metrics, /ws) must
+ * carry "Authorization: Bearer TOKEN" or "?token=TOKEN" (browsers cannot
+ * set headers on a websocket), compared in constant time; the page and
+ * its script and style hold no data and load without it.  A websocket client that has not taken the last
  * update when the next one comes skips to the newest: a slow client costs
  * one pending message and a capped kernel buffer (WS_SNDBUF), never a
  * queue.
@@ -127,7 +130,12 @@ static int respond_text(struct lws *wsi, session *s, unsigned status,
 }
 
 static int on_http(mon_http *h, struct lws *wsi, session *s, const char *uri) {
-  if (!token_ok(h, wsi))
+  /* The page, its script and its style hold no data and load without the
+   * token (a browser asks for the script and the style without the
+   * page's ?token=); the data needs it. */
+  bool page = !strcmp(uri, "/") || !strcmp(uri, "/index.html") ||
+              !strcmp(uri, "/dashboard.js") || !strcmp(uri, "/dashboard.css");
+  if (!page && !token_ok(h, wsi))
     return respond_text(wsi, s, HTTP_STATUS_UNAUTHORIZED,
                         "a token is needed (--http-token)");
   mon_buf b = {0};
@@ -136,6 +144,12 @@ static int on_http(mon_http *h, struct lws *wsi, session *s, const char *uri) {
   if (strcmp(uri, "/") == 0 || strcmp(uri, "/index.html") == 0) {
     mon_buf_printf(&b, "%s", mon_dashboard_html);
     type = "text/html";
+  } else if (strcmp(uri, "/dashboard.js") == 0) {
+    mon_buf_printf(&b, "%s", mon_dashboard_js);
+    type = "application/javascript";
+  } else if (strcmp(uri, "/dashboard.css") == 0) {
+    mon_buf_printf(&b, "%s", mon_dashboard_css);
+    type = "text/css";
   } else if (strcmp(uri, "/api/snapshot") == 0) {
     rc = mon_snapshot_json(h->m, &b);
   } else if (strcmp(uri, "/api/history") == 0) {

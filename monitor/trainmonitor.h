@@ -7,8 +7,11 @@
 
 #include <uv.h>
 
-/* The dashboard page (dashboard.html, embedded at build time). */
+/* The dashboard: its page, script and style (dashboard.html, .js, .css,
+ * embedded at build time). */
 extern const char mon_dashboard_html[];
+extern const char mon_dashboard_js[];
+extern const char mon_dashboard_css[];
 
 typedef struct mon_http mon_http;
 

@@ -93,8 +93,26 @@ grep -q "^beed_peer_epoch{peer=\"[0-9a-f]\{40\}\",label=\"bee \\\\\"one\\\\\"\"}
 # The dashboard, and access control.
 page=$(get /) || fail "GET / failed"
 grep -q '<title>beed trainmonitor</title>' <<<"$page" || fail "GET / is not the dashboard"
+# The page's Content-Security-Policy (script-src and style-src 'self')
+# forbids inline script and style: it has none, and its own load.
+grep -Eq '<script>|<style|style="' <<<"$page" && fail "the page has inline script or style"
+for f in dashboard.js:application/javascript dashboard.css:text/css; do
+  type=$(curl -sS --fail -o /dev/null -w '%{content_type}' \
+    -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$http/${f%%:*}") ||
+    fail "GET /${f%%:*} failed"
+  [ "$type" = "${f#*:}" ] || fail "/${f%%:*} is $type"
+done
+csp=$(curl -sS -D - -o /dev/null -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$http/")
+grep -qi "content-security-policy:.*script-src 'self'" <<<"$csp" ||
+  fail "no Content-Security-Policy on the page"
 code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http/api/snapshot")
 [ "$code" = 401 ] || fail "no token: HTTP $code, want 401"
+# The page, its script and its style hold no data: they load without it
+# (a browser fetches the script and style without the page's ?token=).
+for p in / /dashboard.js /dashboard.css; do
+  code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http$p")
+  [ "$code" = 200 ] || fail "$p without a token: HTTP $code, want 200"
+done
 code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer nope" \
   "http://127.0.0.1:$http/metrics")
 [ "$code" = 401 ] || fail "a wrong token: HTTP $code, want 401"
