@@ -43,6 +43,8 @@
 #define FETCH_BACKOFF_MAX_MS 8000  /* and the longest */
 #define FETCH_PASSES 3             /* failed passes before training on */
 #define LAYOUT_WARNED_MAX 32       /* peers of another layout remembered */
+#define DONOR_REFRESH_MS 10000 /* the donor record, at least this often */
+#define DONOR_TTL_S 30         /* and it lives this long */
 #define FETCH_SETTLE_MS 10000 /* after a download, catch up before another
                                  (or twice what the download took) */
 #define STATE_HDR 32               /* four u64: params, state, buffers, steps */
@@ -229,6 +231,11 @@ struct bee_train {
                                     is stored or LEAVE_MS passed */
   void *leave_arg;
   uint8_t mkey[PROTO_DHT_KEY_BYTES];
+  /* our donor record under "<run>_donors" (what we serve, and how many
+   * more downloads we would start now) */
+  uint8_t dkey[PROTO_DHT_KEY_BYTES];
+  bool donor_busy, donor_any;
+  uint64_t donor_epoch, donor_slots, donor_ms, donor_exp;
   uint64_t status_ms;
   uint64_t wait_logged_ms; /* --min-peers: the last "waiting" line */
 };

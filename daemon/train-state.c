@@ -375,11 +375,56 @@ static void fetch_from_next_donor(bee_train *t) {
   bee__set_go(t);
 }
 
+/* The donors' records: the ones with free download slots first (most
+ * first), those without a record next, those that say they are full
+ * last; then the download starts. */
+static void donors_cb(dht_node *n, int status, const dht_value *v,
+                      const dht_stats *st, void *arg) {
+  (void)n, (void)st;
+  bee_train *t = arg;
+  if (t->stopped || !t->fetching)
+    return;
+  int64_t rank[DONORS_MAX]; /* slots; -1 no record; -2 full */
+  size_t with = 0;
+  for (size_t i = 0; i < t->ndonors; i++) {
+    rank[i] = -1;
+    for (size_t j = 0; status == 0 && v && j < v->n; j++) {
+      const proto_dht_record *r = &v->records[j];
+      uint8_t id[PROTO_ID_BYTES];
+      proto_donor d;
+      if (r->subkey.n != PROTO_DHT_OWNED_SUBKEY_BYTES ||
+          proto_donor_decode(r->value.p, r->value.n, &d) ||
+          strcmp(d.run, t->cfg->run) != 0)
+        continue;
+      proto_peer_id(r->subkey.p + 1, id);
+      if (memcmp(id, t->donors[i], PROTO_ID_BYTES) == 0) {
+        rank[i] = d.slots ? (int64_t)d.slots : -2;
+        with += d.slots > 0;
+      }
+    }
+  }
+  for (size_t i = 1; i < t->ndonors; i++) /* stable: the view's order */
+    for (size_t j = i; j > 0 && rank[j] > rank[j - 1]; j--) {
+      int64_t r = rank[j];
+      rank[j] = rank[j - 1];
+      rank[j - 1] = r;
+      uint8_t id[PROTO_ID_BYTES];
+      memcpy(id, t->donors[j], PROTO_ID_BYTES);
+      memcpy(t->donors[j], t->donors[j - 1], PROTO_ID_BYTES);
+      memcpy(t->donors[j - 1], id, PROTO_ID_BYTES);
+    }
+  bee_info(COMP, "state: %zu donors at the swarm's epoch, %zu with a free "
+                 "download slot by their records",
+           t->ndonors, with);
+  fetch_from_next_donor(t);
+}
+
 void bee__start_fetch(bee_train *t) {
   t->fetching = true;
   t->fdonor = 0;
   t->fbusy = 0;
-  fetch_from_next_donor(t);
+  if (!t->dht || dht_get(t->dht, t->dkey, true, donors_cb, t) != 0)
+    fetch_from_next_donor(t);
 }
 
 /* An upload lapsed (its peer stopped asking): its snapshot may go. */

@@ -405,6 +405,63 @@ void bee_train_conn_down(bee_train *t, proto_conn *c) {
     avg_node_conn_down(t->avg, c);
 }
 
+static void donor_put_cb(dht_node *n, int status, unsigned stored,
+                         const dht_stats *st, void *arg) {
+  (void)n, (void)stored, (void)st;
+  bee_train *t = arg;
+  t->donor_busy = false;
+  if (status && status != BEE_ECANCELED && !t->stopped)
+    bee_debug(COMP, "donor record not published: %s", bee_strerror(status));
+}
+
+/* Downloads we would start now: --max-state-uploads less those running
+ * (asked within BEE_UPLOAD_IDLE_MS). */
+static uint64_t free_slots(const bee_train *t, uint64_t now) {
+  size_t busy = 0;
+  for (size_t i = 0; i < t->uploads.n; i++)
+    busy += now - t->uploads.u[i].last_ms < BEE_UPLOAD_IDLE_MS;
+  return busy < t->cfg->max_state_uploads ? t->cfg->max_state_uploads - busy
+                                          : 0;
+}
+
+/* Advertises the snapshot we serve under "<run>_donors": its epoch, our
+ * address and the downloads we would start now; again when either
+ * changes (at most once a second) and every DONOR_REFRESH_MS.  A client
+ * (behind NAT) serves nobody and says nothing. */
+static void publish_donor(bee_train *t, uint64_t now) {
+  uv_mutex_lock(&t->mu);
+  bool have = t->sh.snap != NULL;
+  uint64_t epoch = have ? t->sh.snap->epoch : 0;
+  uv_mutex_unlock(&t->mu);
+  if (!have || t->cfg->client || t->donor_busy)
+    return;
+  uint64_t slots = free_slots(t, now);
+  if (t->donor_any && now - t->donor_ms < 1000)
+    return;
+  if (t->donor_any && epoch == t->donor_epoch && slots == t->donor_slots &&
+      now - t->donor_ms < DONOR_REFRESH_MS)
+    return;
+  proto_donor d = {.epoch = epoch, .slots = slots};
+  snprintf(d.run, sizeof d.run, "%s", t->cfg->run);
+  snprintf(d.addr, sizeof d.addr, "%s", t->addr);
+  uint8_t buf[PROTO_RECORD_MAX];
+  size_t len;
+  if (proto_donor_encode(&d, buf, sizeof buf, &len))
+    return; /* our own fields: checked at start-up */
+  /* The DHT keeps the record with the later expiration. */
+  uint64_t exp = wall_ms() / 1000 + DONOR_TTL_S;
+  if (exp <= t->donor_exp)
+    exp = t->donor_exp + 1;
+  if (dht_put(t->dht, t->dkey, (proto_bytes){t->sub, sizeof t->sub},
+              (proto_bytes){buf, len}, exp, donor_put_cb, t) != 0)
+    return;
+  t->donor_busy = t->donor_any = true;
+  t->donor_epoch = epoch;
+  t->donor_slots = slots;
+  t->donor_ms = now;
+  t->donor_exp = exp;
+}
+
 void bee__tick(uv_timer_t *h) {
   bee_train *t = h->data;
   uint64_t now = uv_now(t->loop);
@@ -416,6 +473,8 @@ void bee__tick(uv_timer_t *h) {
   uv_mutex_unlock(&t->mu);
   if (t->dht && !t->put_busy)
     publish(t, epoch, samples);
+  if (t->dht)
+    publish_donor(t, now);
   if (t->dht && !t->get_busy && now - t->last_get_ms >= VIEW_MS) {
     t->last_get_ms = now;
     if (dht_get(t->dht, t->key, true, get_cb, t) == 0)

@@ -616,6 +616,7 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   t->handles = true;
   proto_record_key(PROTO_REC_PROGRESS, cfg->run, 0, NULL, t->key);
   proto_record_key(PROTO_REC_METRICS, cfg->run, 0, NULL, t->mkey);
+  proto_record_key(PROTO_REC_DONOR, cfg->run, 0, NULL, t->dkey);
   if (cfg->resume) { /* the newest valid checkpoint, loaded before go */
     char path[BEE_PATH_MAX + 96];
     uint8_t *blob;

@@ -190,6 +190,28 @@ static void take_metrics(mon *m, const mon_record *r, uint64_t now_ms) {
   }
 }
 
+void mon_donors(mon *m, uint64_t now_ms, const mon_record *donors, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    proto_donor d;
+    int rc = proto_donor_decode(donors[i].value, donors[i].n, &d);
+    if (rc) {
+      bad_record(m, donors[i].id, now_ms, "donor", rc);
+      continue;
+    }
+    if (strcmp(d.run, m->cfg.run) != 0)
+      continue;
+    for (size_t k = 0; k < m->npeers; k++) {
+      mon_peer *p = &m->peers[k];
+      if (memcmp(p->id, donors[i].id, PROTO_ID_BYTES) == 0) {
+        p->has_donor = true;
+        snprintf(p->addr, sizeof p->addr, "%s", d.addr);
+        p->donor_epoch = d.epoch;
+        p->slots = d.slots;
+      }
+    }
+  }
+}
+
 /* Joins (a first progress record) and leaves (a last one that says so,
  * or quiet for MON_GONE_MS). */
 static void churn(mon *m, uint64_t now_ms) {

@@ -63,12 +63,12 @@ function renderRows(snap) {
   const tb = $("rows"); tb.textContent = "";
   for (const p of rows) {
     const tr = document.createElement("tr"), age = (now - p.seen_ms) / 1000;
-    const cells = [p.id.slice(0, 8), p.label, p.mode, p.epoch, fmt(p.samples_per_second, 0),
+    const cells = [p.id.slice(0, 8), p.label, p.addr || "–", p.mode, p.epoch, fmt(p.samples_per_second, 0),
       fmt(p.loss, 4), fmt(p.round_s, 2), p.group ?? "–", age < 1.5 ? "now" : dur(age) + " ago"];
     cells.forEach((v, i) => {
       const td = document.createElement("td"); td.textContent = v;
       if (i === 0) { td.className = "id"; td.title = p.id; }
-      if (i === 8 && age > 5) td.className = "stale";
+      if (i === 9 && age > 5) td.className = "stale";
       tr.appendChild(td);
     });
     tb.appendChild(tr);

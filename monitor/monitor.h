@@ -53,6 +53,9 @@ typedef struct mon_peer {
   bool has_progress, has_metrics;
   uint64_t first_ms, seen_ms; /* scrapes that first and last found it */
   bool joined;                /* its join is counted (a progress record) */
+  bool has_donor;             /* its donor record: address, free slots */
+  char addr[PROTO_ADDR_MAX];
+  uint64_t donor_epoch, slots;
 } mon_peer;
 
 enum { MON_EV_JOIN = 1, MON_EV_LEAVE, MON_EV_EPOCH, MON_EV_BAD };
@@ -97,6 +100,11 @@ const mon_point *mon_scrape(mon *m, uint64_t now_ms, const mon_record *progress,
                             size_t np, const mon_record *metrics, size_t nm);
 
 const char *mon_run(const mon *m);
+/* The donor records of the scrape mon_scrape just took ("<run>_donors":
+ * the state a peer serves, its address and its free download slots),
+ * attached to the peers they name; a malformed one is reported as in
+ * mon_scrape. */
+void mon_donors(mon *m, uint64_t now_ms, const mon_record *donors, size_t n);
 /* The peers known now: each has a progress record of the run (gone ones
  * are dropped); and the counts so far. */
 const mon_peer *mon_peers(const mon *m, size_t *n);

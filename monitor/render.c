@@ -102,6 +102,14 @@ static void peer_json(mon_buf *b, const mon_peer *p) {
   const proto_metrics *x = &p->metrics;
   mon_buf_printf(b, "{\"id\":\"%s\",\"label\":", id);
   mon_buf_json_str(b, p->has_progress ? g->label : "");
+  mon_buf_printf(b, ",\"addr\":");
+  mon_buf_json_str(b, p->has_donor ? p->addr : "");
+  if (p->has_donor)
+    mon_buf_printf(b, ",\"slots\":%llu,\"donor_epoch\":%llu",
+                   (unsigned long long)p->slots,
+                   (unsigned long long)p->donor_epoch);
+  else
+    mon_buf_printf(b, ",\"slots\":null,\"donor_epoch\":null");
   mon_buf_printf(b, ",\"mode\":\"%s\",\"epoch\":%llu,\"samples\":%llu,",
                  mode_name(g->mode), (unsigned long long)g->epoch,
                  (unsigned long long)g->samples);

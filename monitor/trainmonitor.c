@@ -38,6 +38,16 @@ typedef struct opts {
   int log_level;
 } opts;
 
+/* A scrape reads three keys of the run, in this order. */
+enum { R_PROGRESS, R_METRICS, R_DONORS, READS };
+
+/* Owned records copied out of a lookup's callback: owner ids, values. */
+typedef struct recset {
+  uint8_t (*ids)[PROTO_ID_BYTES];
+  uint8_t **vals;
+  size_t *lens, n;
+} recset;
+
 typedef struct tm_state {
   uv_loop_t loop;
   opts o;
@@ -51,13 +61,12 @@ typedef struct tm_state {
   FILE *log;
   uv_timer_t timer;
   uv_signal_t sigint, sigterm;
-  uint8_t pkey[PROTO_DHT_KEY_BYTES], mkey[PROTO_DHT_KEY_BYTES];
+  uint8_t keys[READS][PROTO_DHT_KEY_BYTES]; /* the run's, by R_* */
+  int stage;                                /* the read under way */
   bool joined, booting, busy, stopping;
   uint64_t boot_at_ms; /* next bootstrap try (loop ms) */
-  /* the progress records of the scrape under way, copied */
-  uint8_t (*pids)[PROTO_ID_BYTES];
-  uint8_t **pvals;
-  size_t *plens, np;
+  /* the records of the scrape under way, copied */
+  recset sets[READS];
   int status;
 } tm_state;
 
@@ -180,16 +189,44 @@ static uint64_t wall_ms(void) {
   return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
 }
 
-static void drop_progress(tm_state *s) {
-  for (size_t i = 0; i < s->np; i++)
-    free(s->pvals[i]);
-  free(s->pids);
-  free(s->pvals);
-  free(s->plens);
-  s->pids = NULL;
-  s->pvals = NULL;
-  s->plens = NULL;
-  s->np = 0;
+static void recset_free(recset *rs) {
+  for (size_t i = 0; i < rs->n; i++)
+    free(rs->vals[i]);
+  free(rs->ids);
+  free(rs->vals);
+  free(rs->lens);
+  memset(rs, 0, sizeof *rs);
+}
+
+static bool owner_of(const proto_dht_record *r, uint8_t id[PROTO_ID_BYTES]);
+
+/* Copies the owned records of a lookup's result (v borrowed for the
+ * callback only) into rs. */
+static void recset_take(recset *rs, int status, const dht_value *v) {
+  recset_free(rs);
+  size_t cap = status == 0 && v ? v->n : 0;
+  rs->ids = calloc(cap ? cap : 1, PROTO_ID_BYTES);
+  rs->vals = calloc(cap ? cap : 1, sizeof *rs->vals);
+  rs->lens = calloc(cap ? cap : 1, sizeof *rs->lens);
+  for (size_t i = 0; rs->ids && rs->vals && rs->lens && i < cap; i++) {
+    const proto_dht_record *r = &v->records[i];
+    uint8_t *copy = malloc(r->value.n ? r->value.n : 1);
+    if (!copy || !owner_of(r, rs->ids[rs->n])) {
+      free(copy);
+      continue;
+    }
+    memcpy(copy, r->value.p, r->value.n);
+    rs->vals[rs->n] = copy;
+    rs->lens[rs->n++] = r->value.n;
+  }
+}
+
+/* Views of rs's records for the monitor core (NULL when out of memory). */
+static mon_record *recset_view(const recset *rs) {
+  mon_record *out = calloc(rs->n ? rs->n : 1, sizeof *out);
+  for (size_t i = 0; out && i < rs->n; i++)
+    out[i] = (mon_record){rs->ids[i], rs->vals[i], rs->lens[i]};
+  return out;
 }
 
 /* The owner's id of an owned record, or false for another subkey. */
@@ -212,64 +249,44 @@ static void log_line(tm_state *s) {
   mon_buf_free(&b);
 }
 
-static void metrics_cb(dht_node *n, int status, const dht_value *v,
-                       const dht_stats *st, void *arg) {
-  (void)n, (void)st;
-  tm_state *s = arg;
-  s->busy = false;
-  if (s->stopping)
-    return;
-  size_t nm = status == 0 && v ? v->n : 0;
-  mon_record *pr = calloc(s->np ? s->np : 1, sizeof *pr);
-  mon_record *mr = calloc(nm ? nm : 1, sizeof *mr);
-  uint8_t(*mids)[PROTO_ID_BYTES] = calloc(nm ? nm : 1, PROTO_ID_BYTES);
-  if (pr && mr && mids) {
-    for (size_t i = 0; i < s->np; i++)
-      pr[i] = (mon_record){s->pids[i], s->pvals[i], s->plens[i]};
-    size_t k = 0;
-    for (size_t i = 0; i < nm; i++) {
-      const proto_dht_record *r = &v->records[i];
-      if (owner_of(r, mids[k])) {
-        mr[k] = (mon_record){mids[k], r->value.p, r->value.n};
-        k++;
-      }
-    }
-    mon_scrape(s->m, wall_ms(), pr, s->np, mr, k);
+/* The scrape's reads are done: the monitor takes them. */
+static void scrape_done(tm_state *s) {
+  mon_record *r[READS];
+  bool ok = true;
+  for (int k = 0; k < READS; k++)
+    ok &= (r[k] = recset_view(&s->sets[k])) != NULL;
+  if (ok) {
+    uint64_t now = wall_ms();
+    mon_scrape(s->m, now, r[R_PROGRESS], s->sets[R_PROGRESS].n, r[R_METRICS],
+               s->sets[R_METRICS].n);
+    mon_donors(s->m, now, r[R_DONORS], s->sets[R_DONORS].n);
     log_line(s);
     mon_http_update(s->http);
   }
-  free(pr);
-  free(mr);
-  free(mids);
-  drop_progress(s);
+  for (int k = 0; k < READS; k++) {
+    free(r[k]);
+    recset_free(&s->sets[k]);
+  }
 }
 
-static void progress_cb(dht_node *n, int status, const dht_value *v,
-                        const dht_stats *st, void *arg) {
+/* One read of a scrape is back (copied, as v lives for this call only);
+ * the next one starts, or the scrape is done. */
+static void read_cb(dht_node *n, int status, const dht_value *v,
+                    const dht_stats *st, void *arg) {
   (void)st;
   tm_state *s = arg;
   if (s->stopping) {
     s->busy = false;
     return;
   }
-  drop_progress(s);
-  size_t cap = status == 0 && v ? v->n : 0;
-  s->pids = calloc(cap ? cap : 1, PROTO_ID_BYTES);
-  s->pvals = calloc(cap ? cap : 1, sizeof *s->pvals);
-  s->plens = calloc(cap ? cap : 1, sizeof *s->plens);
-  for (size_t i = 0; s->pids && s->pvals && s->plens && i < cap; i++) {
-    const proto_dht_record *r = &v->records[i];
-    uint8_t *copy = malloc(r->value.n ? r->value.n : 1);
-    if (!copy || !owner_of(r, s->pids[s->np])) {
-      free(copy);
-      continue;
-    }
-    memcpy(copy, r->value.p, r->value.n);
-    s->pvals[s->np] = copy;
-    s->plens[s->np++] = r->value.n;
+  recset_take(&s->sets[s->stage], status, v);
+  if (++s->stage < READS) {
+    if (dht_get(n, s->keys[s->stage], true, read_cb, s) != 0)
+      read_cb(n, BEE_ECANCELED, NULL, NULL, s);
+    return;
   }
-  if (dht_get(n, s->mkey, true, metrics_cb, s) != 0)
-    metrics_cb(n, BEE_ECANCELED, NULL, NULL, s);
+  s->busy = false;
+  scrape_done(s);
 }
 
 static void boot_cb(dht_node *n, int status, const dht_stats *st, void *arg) {
@@ -305,7 +322,8 @@ static void tick(uv_timer_t *t) {
   if (s->busy)
     return; /* the last scrape is still reading: skip this one */
   s->busy = true;
-  if (dht_get(n, s->pkey, true, progress_cb, s) != 0)
+  s->stage = R_PROGRESS;
+  if (dht_get(n, s->keys[R_PROGRESS], true, read_cb, s) != 0)
     s->busy = false;
 }
 
@@ -426,8 +444,9 @@ static int start(tm_state *s) {
     bee_err(COMP, "%s: %s", o->log_file, strerror(errno));
     return -errno;
   }
-  proto_record_key(PROTO_REC_PROGRESS, o->run, 0, NULL, s->pkey);
-  proto_record_key(PROTO_REC_METRICS, o->run, 0, NULL, s->mkey);
+  proto_record_key(PROTO_REC_PROGRESS, o->run, 0, NULL, s->keys[R_PROGRESS]);
+  proto_record_key(PROTO_REC_METRICS, o->run, 0, NULL, s->keys[R_METRICS]);
+  proto_record_key(PROTO_REC_DONOR, o->run, 0, NULL, s->keys[R_DONORS]);
   proto_host_config hc;
   proto_host_config_default(&hc);
   hc.loop = &s->loop;
@@ -482,7 +501,8 @@ int main(int argc, char **argv) {
   mon_http_free(s.http);
   uv_run(&s.loop, UV_RUN_DEFAULT); /* what a late destroy closed */
   uv_loop_close(&s.loop);
-  drop_progress(&s);
+  for (int k = 0; k < READS; k++)
+    recset_free(&s.sets[k]);
   mon_free(s.m);
   if (s.log)
     fclose(s.log);

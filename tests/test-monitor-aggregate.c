@@ -73,6 +73,15 @@ static bool has_event(const mon *m, int type, const char *text) {
   return false;
 }
 
+/* How many events of a type the monitor keeps. */
+static size_t events_of(const mon *m, int type) {
+  const mon_event *ev[MON_EVENTS_MAX];
+  size_t n = mon_events(m, 0, ev, MON_EVENTS_MAX), k = 0;
+  for (size_t i = 0; i < n; i++)
+    k += ev[i]->type == type;
+  return k;
+}
+
 static void test_scrapes(void) {
   mon_config cfg = {.run = "r", .target = 1000};
   mon *m;
@@ -130,11 +139,9 @@ static void test_scrapes(void) {
   ASSERT_UEQ(left, 1);
   ASSERT(has_event(m, MON_EV_LEAVE, "02000000 left"));
   ASSERT(has_event(m, MON_EV_EPOCH, "epoch 6"));
+  ASSERT_EQ(events_of(m, MON_EV_BAD), 1);
   const mon_event *ev[MON_EVENTS_MAX];
-  size_t nev = mon_events(m, 0, ev, MON_EVENTS_MAX), bad = 0;
-  for (size_t i = 0; i < nev; i++)
-    bad += ev[i]->type == MON_EV_BAD;
-  ASSERT_EQ(bad, 1);
+  size_t nev = mon_events(m, 0, ev, MON_EVENTS_MAX);
   /* Since a time: only the newer events; max keeps the newest. */
   ASSERT_EQ(mon_events(m, NOW + 1000, NULL, 0), 0);
   ASSERT_EQ(mon_events(m, NOW, ev, 1), nev - 3);
@@ -243,6 +250,43 @@ static void test_render(void) {
   ASSERT(m == NULL);
 }
 
+/* Donor records give a peer its address and free slots; a malformed one
+ * is reported once; one of a peer not known is dropped. */
+static void test_donors(void) {
+  mon_config cfg = {.run = "r"};
+  mon *m;
+  ASSERT_OK(mon_new(&cfg, &m));
+  rec p, d[3];
+  progress(&p, 1, "r", 4, 0, 10, NOW, PROTO_MODE_NODE, "", false);
+  mon_record pr = view(&p);
+  mon_scrape(m, NOW, &pr, 1, NULL, 0);
+  proto_donor x = {.epoch = 4, .slots = 2};
+  snprintf(x.run, sizeof x.run, "r");
+  snprintf(x.addr, sizeof x.addr, "10.0.0.7:45555");
+  for (int i = 0; i < 3; i++) {
+    memset(d[i].id, 0, sizeof d[i].id);
+    d[i].id[0] = (uint8_t)(i + 1); /* peers 1 (known), 2 and 3 (not) */
+    ASSERT_OK(proto_donor_encode(&x, d[i].buf, sizeof d[i].buf, &d[i].n));
+  }
+  d[2].buf[0] ^= 0xff;
+  mon_record dr[3] = {view(&d[0]), view(&d[1]), view(&d[2])};
+  mon_donors(m, NOW, dr, 3);
+  mon_donors(m, NOW + 1000, dr, 3);
+  size_t n;
+  const mon_peer *peers = mon_peers(m, &n);
+  ASSERT_EQ(n, 1);
+  ASSERT(peers[0].has_donor);
+  ASSERT(strcmp(peers[0].addr, "10.0.0.7:45555") == 0);
+  ASSERT_UEQ(peers[0].slots, 2);
+  ASSERT(has_event(m, MON_EV_BAD, "03000000 sent a malformed donor record"));
+  ASSERT_EQ(events_of(m, MON_EV_BAD), 1);
+  mon_buf b = {0};
+  ASSERT_OK(mon_snapshot_json(m, &b));
+  ASSERT(strstr(b.p, "\"addr\":\"10.0.0.7:45555\",\"slots\":2,") != NULL);
+  mon_buf_free(&b);
+  mon_free(m);
+}
+
 /* The mean loss weighs each peer's by the samples of its epoch. */
 static void test_loss_weights(void) {
   mon_config cfg = {.run = "r"};
@@ -262,6 +306,7 @@ static void test_loss_weights(void) {
 
 int main(void) {
   test_loss_weights();
+  test_donors();
   test_scrapes();
   test_inferred_target();
   test_history();

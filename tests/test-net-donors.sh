@@ -51,6 +51,9 @@ serving=$(grep 'state: serving ' "$work/q.log" || true)
 grep -qv '(1 of at most 1 downloads)' <<<"$serving" &&
   fail "the queen served more than one at once: $(grep 'state' "$work/q.log")"
 [ "$done_n" -ge 1 ] || fail "the queen finished none of $n downloads"
+# The newcomers read the donor records before they asked.
+grep -q "state: [0-9]* donors at the swarm's epoch, [0-9]* with a free download slot" \
+  "$work/n1.log" "$work/n2.log" || fail "no newcomer read the donor records"
 # One newcomer was told to come back, and came back.
 waited=$(grep -l 'donors busy serving others; asking again' \
   "$work/n1.log" "$work/n2.log" | wc -l || true)

@@ -70,6 +70,15 @@ for b in b0 b1 b2; do
   id=$(sed -nE 's/.*peer id ([0-9a-f]{40}).*/\1/p' "$work/$b.log" | head -n 1)
   grep -q "\"id\":\"$id\"" <<<"$snap" || fail "$b ($id) is not in the snapshot"
 done
+# Addresses from the donor records (they come a scrape or two later).
+for ((i = 0; i < 30; i++)); do
+  addrs=$(py 'print(" ".join(sorted(p["addr"] for p in s["peers"])))' <<<"$snap")
+  [ "$addrs" = "127.0.0.1:$base 127.0.0.1:$((base + 1)) 127.0.0.1:$((base + 2))" ] && break
+  sleep 0.3
+  snap=$(get /api/snapshot)
+done
+[ "$addrs" = "127.0.0.1:$base 127.0.0.1:$((base + 1)) 127.0.0.1:$((base + 2))" ] ||
+  fail "addresses: '$addrs'"
 labels=$(py 'print("|".join(sorted(p["label"] for p in s["peers"])))' <<<"$snap")
 [ "$labels" = 'bee "one"|bee two|queen' ] || fail "labels: $labels"
 [ "$(py 'print(s["run"], s["now"]["target"], s["now"]["peers"])' <<<"$snap")" = "$RUN $TARGET 3" ] ||
