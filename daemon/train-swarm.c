@@ -517,7 +517,9 @@ void bee__publish_metrics(bee_train *t, const struct step_report *r) {
                      .batch_local = r->samples,
                      .grad_sq_avg = r->grad_sq_avg,
                      .batch_avg = r->batch_avg,
-                     .time_ms = wall_ms()};
+                     .time_ms = wall_ms(),
+                     .has_by_all = true,
+                     .by_all = r->avg_status == 0 ? r->by_all : 0};
   snprintf(m.run, sizeof m.run, "%s", t->cfg->run);
   uint8_t buf[PROTO_RECORD_MAX];
   size_t len;

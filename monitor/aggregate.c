@@ -262,8 +262,8 @@ double mon_noise_scale(const mon_peer *peers, size_t n) {
 /* The peers' means for the point: loss, round and compute times, group,
  * MiB sent. */
 static void means(const mon *m, mon_point *pt) {
-  double loss = 0, wl = 0, group = 0, round = 0, comp = 0, mib = 0;
-  size_t nm = 0;
+  double loss = 0, wl = 0, group = 0, round = 0, comp = 0, mib = 0, avg = 0;
+  size_t nm = 0, na = 0;
   for (size_t i = 0; i < m->npeers; i++) {
     const mon_peer *p = &m->peers[i];
     if (!p->has_metrics)
@@ -278,6 +278,10 @@ static void means(const mon *m, mon_point *pt) {
     round += x->averaging_s;
     comp += x->compute_s;
     mib += (double)x->bytes_sent / (1 << 20);
+    if (x->has_by_all) {
+      avg += x->by_all;
+      na++;
+    }
     nm++;
   }
   pt->loss = wl > 0 ? loss / wl : NAN;
@@ -287,6 +291,7 @@ static void means(const mon *m, mon_point *pt) {
     pt->compute_s = comp / (double)nm;
     pt->mib_sent = mib / (double)nm;
   }
+  pt->averaged = na ? avg / (double)na : NAN;
   pt->granularity = pt->round_s > 0 ? pt->compute_s / pt->round_s : 0;
   pt->noise_scale = mon_noise_scale(m->peers, m->npeers);
 }

@@ -89,6 +89,7 @@ function render(snap) {
     $("peers").textContent = n.peers;
     $("loss").textContent = fmt(n.loss, 4);
     $("round").textContent = fmt(n.round_s, 2);
+    $("averaged").textContent = n.averaged === null ? "–" : fmt(100 * n.averaged, 1) + "%";
     $("gran").textContent = fmt(n.granularity, 1);
     $("noise").textContent = fmt(n.noise_scale, 0);
     if (!history.length || history[history.length - 1].t < n.t) {

@@ -81,6 +81,9 @@ typedef struct mon_point {
   double compute_s;   /* mean computing time of their last epochs */
   double granularity; /* compute_s / round_s; 0 when round_s is 0 */
   double mib_sent;    /* mean MiB sent in their last rounds */
+  double averaged;    /* mean share of the tensor the peers' last
+                            rounds averaged by their whole group (1: all,
+                            0: none; NaN: no peer says) */
   double noise_scale; /* the critical batch estimate; NaN: none */
 } mon_point;
 

@@ -85,6 +85,7 @@ static void point_json(mon_buf *b, const mon_point *p) {
   num(b, "compute_s", p->compute_s, true);
   num(b, "granularity", p->granularity, true);
   num(b, "mib_sent", p->mib_sent, true);
+  num(b, "averaged", p->averaged, true);
   num(b, "noise_scale", p->noise_scale, false);
   mon_buf_printf(b, "}");
 }
@@ -122,6 +123,7 @@ static void peer_json(mon_buf *b, const mon_peer *p) {
     num(b, "loss", x->has_loss ? x->loss : NAN, true);
     num(b, "compute_s", x->compute_s, true);
     num(b, "round_s", x->averaging_s, true);
+    num(b, "averaged", x->has_by_all ? x->by_all : NAN, true);
     mon_buf_printf(b,
                    "\"group\":%llu,\"bytes_sent\":%llu,"
                    "\"bytes_received\":%llu}",
@@ -252,7 +254,8 @@ static void gauge(mon_buf *b, const char *name, const char *help, double x) {
 
 int mon_prometheus(const mon *m, mon_buf *b) {
   const mon_point *p = mon_last(m);
-  mon_point zero = {.loss = NAN, .noise_scale = NAN, .eta_s = -1};
+  mon_point zero = {
+      .loss = NAN, .noise_scale = NAN, .averaged = NAN, .eta_s = -1};
   if (!p)
     p = &zero;
   uint64_t joined, left, scrapes;
@@ -270,6 +273,9 @@ int mon_prometheus(const mon *m, mon_buf *b) {
         p->loss);
   gauge(b, "beed_swarm_round_seconds", "Mean averaging time per epoch.",
         p->round_s);
+  gauge(b, "beed_swarm_averaged_share",
+        "Mean share of the tensor the last rounds averaged by all.",
+        p->averaged);
   gauge(b, "beed_swarm_granularity",
         "Computing time over averaging time per epoch.", p->granularity);
   gauge(b, "beed_swarm_noise_scale",

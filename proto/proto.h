@@ -511,6 +511,10 @@ typedef struct proto_metrics {
   double grad_sq_avg;          /* the same after averaging */
   uint64_t batch_avg;
   uint64_t time_ms;
+  bool has_by_all;             /* an optional fifteenth field: */
+  double by_all;               /* the share of the tensor the whole group
+                                  averaged in the epoch's round, [0, 1] (0:
+                                  not averaged) */
 } proto_metrics;
 
 typedef struct proto_match {

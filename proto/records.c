@@ -354,7 +354,8 @@ static int metrics_check(const proto_metrics *m, size_t *run_n) {
       !f64_ok(m->samples_per_second, F_NONNEG) ||
       !f64_ok(m->compute_s, F_NONNEG) || !f64_ok(m->averaging_s, F_NONNEG) ||
       m->group_size > PROTO_GROUP_MAX || !f64_ok(m->grad_sq_local, F_NONNEG) ||
-      !f64_ok(m->grad_sq_avg, F_NONNEG))
+      !f64_ok(m->grad_sq_avg, F_NONNEG) ||
+      (m->has_by_all && !(m->by_all >= 0 && m->by_all <= 1)))
     return BEE_ERANGE;
   return 0;
 }
@@ -367,7 +368,7 @@ int proto_metrics_encode(const proto_metrics *m, uint8_t *buf, size_t cap,
   if (rc)
     return rc;
   proto__wr_init(&w, buf, cap);
-  wr_head(&w, PROTO_REC_METRICS, 0);
+  wr_head(&w, PROTO_REC_METRICS, m->has_by_all ? 1 : 0);
   proto__wr_str(&w, m->run, run_n);
   proto__wr_uint(&w, m->step);
   if (m->has_loss)
@@ -385,6 +386,8 @@ int proto_metrics_encode(const proto_metrics *m, uint8_t *buf, size_t cap,
   proto__wr_f64(&w, m->grad_sq_avg);
   proto__wr_uint(&w, m->batch_avg);
   proto__wr_uint(&w, m->time_ms);
+  if (m->has_by_all) /* a fifteenth field, written when known */
+    proto__wr_f64(&w, m->by_all);
   return wr_done(&w, len);
 }
 
@@ -406,8 +409,25 @@ int proto_metrics_decode(const uint8_t *buf, size_t len, proto_metrics *out) {
       (rc = proto__rd_uint(&r, &out->batch_local)) ||
       (rc = rd_float(&r, F_NONNEG, &out->grad_sq_avg)) ||
       (rc = proto__rd_uint(&r, &out->batch_avg)) ||
-      (rc = proto__rd_uint(&r, &out->time_ms)) || (rc = rd_tail(&r, extra)))
-    memset(out, 0, sizeof *out);
+      (rc = proto__rd_uint(&r, &out->time_ms)))
+    goto fail;
+  /* A fifteenth field that is a float is the share the round averaged, in
+   * [0, 1]; anything else there is a later version's field, skipped. */
+  if (extra) {
+    rc = proto__rd_f64(&r, &out->by_all);
+    if (rc == 0 && !(out->by_all >= 0 && out->by_all <= 1))
+      rc = BEE_ERANGE;
+    if (rc == 0) {
+      out->has_by_all = true;
+      extra--;
+    } else if (rc != BEE_ETYPE) {
+      goto fail;
+    }
+  }
+  if ((rc = rd_tail(&r, extra)) == 0)
+    return 0;
+fail:
+  memset(out, 0, sizeof *out);
   return rc;
 }
 

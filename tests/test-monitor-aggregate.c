@@ -37,6 +37,9 @@ static void progress(rec *r, int who, const char *run, uint64_t epoch,
   ASSERT_OK(proto_progress_encode(&p, r->buf, sizeof r->buf, &r->n));
 }
 
+/* The by_all field metrics() writes; < 0: none. */
+static double g_by_all = -1;
+
 static void metrics(rec *r, int who, uint64_t step, double loss, double comp,
                     double avg, uint64_t group, double gl, uint64_t bl,
                     double ga, uint64_t ba, uint64_t t) {
@@ -55,7 +58,9 @@ static void metrics(rec *r, int who, uint64_t step, double loss, double comp,
                      .batch_local = bl,
                      .grad_sq_avg = ga,
                      .batch_avg = ba,
-                     .time_ms = t};
+                     .time_ms = t,
+                     .has_by_all = g_by_all >= 0,
+                     .by_all = g_by_all >= 0 ? g_by_all : 0};
   snprintf(x.run, sizeof x.run, "r");
   ASSERT_OK(proto_metrics_encode(&x, r->buf, sizeof r->buf, &r->n));
 }
@@ -295,12 +300,20 @@ static void test_loss_weights(void) {
   rec p[2], x[2];
   progress(&p[0], 1, "r", 1, 0, 10, NOW, PROTO_MODE_NODE, "", false);
   progress(&p[1], 2, "r", 1, 0, 10, NOW, PROTO_MODE_NODE, "", false);
+  g_by_all = 1;
   metrics(&x[0], 1, 1, 1.0, 1, 1, 2, 0, 100, 0, 400, NOW);
+  g_by_all = 0.5;
   metrics(&x[1], 2, 1, 2.0, 1, 1, 2, 0, 300, 0, 400, NOW);
+  g_by_all = -1;
   mon_record pr[2] = {view(&p[0]), view(&p[1])};
   mon_record mr[2] = {view(&x[0]), view(&x[1])};
   const mon_point *pt = mon_scrape(m, NOW, pr, 2, mr, 2);
   ASSERT(fabs(pt->loss - 1.75) < 1e-12);
+  ASSERT(fabs(pt->averaged - 0.75) < 1e-12); /* the rounds' shares */
+  mon_buf b = {0};
+  ASSERT_OK(mon_prometheus(m, &b));
+  ASSERT(strstr(b.p, "beed_swarm_averaged_share 0.75\n") != NULL);
+  mon_buf_free(&b);
   mon_free(m);
 }
 

@@ -93,6 +93,11 @@ mon_epoch=$(py 'print(s["now"]["epoch"])' <<<"$snap")
 [ "$mon_epoch" -ge $((q1 - 1)) ] && [ "$mon_epoch" -le $((q2 + 1)) ] ||
   fail "the monitor's epoch $mon_epoch, the queen's last steps $q1 to $q2"
 q_epoch=$q2
+# The rounds' share averaged by all (the metrics' by_all): the three
+# average in full groups.
+avg=$(py 'print(s["now"]["averaged"])' <<<"$snap")
+awk -v a="$avg" 'BEGIN { exit !(a > 0.5 && a <= 1) }' ||
+  fail "the share averaged by all is $avg"
 
 # Prometheus text.
 metrics=$(get /metrics)

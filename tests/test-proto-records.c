@@ -983,6 +983,51 @@ static void test_leaving(void) {
   ASSERT(d.leaving);
 }
 
+/* bee.metrics's optional fifteenth field: the share the round averaged by
+ * all, a float64 in [0, 1]; another type there is a later version's
+ * field, skipped; a float outside [0, 1] is refused. */
+static void test_by_all(void) {
+  proto_metrics m = {.step = 4, .samples_per_second = 2.5, .time_ms = 17},
+                d;
+  snprintf(m.run, sizeof m.run, "run");
+  uint8_t a[PROTO_RECORD_MAX], b[PROTO_RECORD_MAX];
+  size_t an, bn;
+  ASSERT_OK(proto_metrics_encode(&m, a, sizeof a, &an));
+  m.has_by_all = true;
+  m.by_all = 0.75;
+  ASSERT_OK(proto_metrics_encode(&m, b, sizeof b, &bn));
+  ASSERT_UEQ(bn, an + 9);
+  /* 16 elements, an array16 (0xdc, then the count); one more */
+  ASSERT_EQ(a[0], 0xdc);
+  ASSERT_EQ(b[2], a[2] + 1);
+  ASSERT_EQ(b[an], 0xcb);
+  ASSERT_MEMEQ(b + 3, a + 3, an - 3);
+  ASSERT_OK(proto_metrics_decode(b, bn, &d));
+  ASSERT(d.has_by_all && d.by_all == 0.75 && d.step == 4);
+  ASSERT_OK(proto_metrics_decode(a, an, &d));
+  ASSERT(!d.has_by_all);
+  for (double bad = -0.5; bad < 2; bad += 1.75) { /* -0.5, 1.25 */
+    m.by_all = bad;
+    ASSERT_RC(proto_metrics_encode(&m, b, sizeof b, &bn), BEE_ERANGE);
+    m.by_all = 1;
+    ASSERT_OK(proto_metrics_encode(&m, b, sizeof b, &bn));
+    memcpy(b + bn - 8, (uint8_t[8]){0}, 8); /* 0.0: fine */
+    ASSERT_OK(proto_metrics_decode(b, bn, &d));
+    ASSERT(d.has_by_all && d.by_all == 0);
+    uint64_t bits;
+    memcpy(&bits, &bad, 8);
+    for (int i = 0; i < 8; i++)
+      b[bn - 8 + i] = (uint8_t)(bits >> (56 - 8 * i));
+    ASSERT_RC(proto_metrics_decode(b, bn, &d), BEE_ERANGE);
+  }
+  /* a later field of another type there: skipped */
+  memcpy(b, a, an);
+  b[2] = (uint8_t)(a[2] + 1);
+  b[an] = 0x05;
+  ASSERT_OK(proto_metrics_decode(b, an + 1, &d));
+  ASSERT(!d.has_by_all && d.step == 4);
+}
+
 int main(void) {
   if (sodium_init() < 0)
     FAIL("sodium_init");
@@ -996,6 +1041,7 @@ int main(void) {
   test_shape();
   test_check();
   test_leaving();
+  test_by_all();
   printf("typed records: all checks passed\n");
   return 0;
 }
