@@ -371,6 +371,9 @@ typedef struct bee_uploads {
 bee_upload *bee_uploads_admit(bee_uploads *u, const uint8_t id[PROTO_ID_BYTES],
                               uint64_t now_ms, unsigned max, bool *fresh,
                               void (*unpin)(void *pin, void *arg), void *arg);
+/* Downloads running at now_ms: those whose peer asked within
+ * BEE_UPLOAD_IDLE_MS (lapsed ones go at the next admit). */
+size_t bee_uploads_active(const bee_uploads *u, uint64_t now_ms);
 /* The upload of up is over (its peer has the last chunk); the caller has
  * released its pin. */
 void bee_uploads_end(bee_uploads *u, bee_upload *up);

@@ -417,9 +417,7 @@ static void donor_put_cb(dht_node *n, int status, unsigned stored,
 /* Downloads we would start now: --max-state-uploads less those running
  * (asked within BEE_UPLOAD_IDLE_MS). */
 static uint64_t free_slots(const bee_train *t, uint64_t now) {
-  size_t busy = 0;
-  for (size_t i = 0; i < t->uploads.n; i++)
-    busy += now - t->uploads.u[i].last_ms < BEE_UPLOAD_IDLE_MS;
+  size_t busy = bee_uploads_active(&t->uploads, now);
   return busy < t->cfg->max_state_uploads ? t->cfg->max_state_uploads - busy
                                           : 0;
 }

@@ -44,6 +44,13 @@ bee_upload *bee_uploads_admit(bee_uploads *u, const uint8_t id[PROTO_ID_BYTES],
   return up;
 }
 
+size_t bee_uploads_active(const bee_uploads *u, uint64_t now_ms) {
+  size_t k = 0;
+  for (size_t i = 0; i < u->n; i++)
+    k += now_ms - u->u[i].last_ms < BEE_UPLOAD_IDLE_MS;
+  return k;
+}
+
 void bee_uploads_end(bee_uploads *u, bee_upload *up) {
   drop(u, (size_t)(up - u->u));
 }

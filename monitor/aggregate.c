@@ -30,7 +30,7 @@ struct mon {
   mon_config cfg;
   mon_peer *peers;
   size_t npeers;
-  uint64_t joined, left, scrapes, untracked;
+  uint64_t joined, left, scrapes;
   mon_event ev[MON_EVENTS_MAX];
   size_t ev_head, ev_n;
   ring fine, coarse;
@@ -116,15 +116,21 @@ static void event(mon *m, uint64_t now_ms, int type, const uint8_t *id,
     m->ev_n++;
 }
 
-static mon_peer *peer_find(mon *m, const uint8_t *id, uint64_t now_ms) {
+/* The peer with this id, or NULL. */
+static mon_peer *peer_of(mon *m, const uint8_t *id) {
   for (size_t i = 0; i < m->npeers; i++)
     if (memcmp(m->peers[i].id, id, PROTO_ID_BYTES) == 0)
       return &m->peers[i];
-  if (m->npeers == MON_PEERS_MAX) {
-    m->untracked++;
-    return NULL;
-  }
-  mon_peer *p = &m->peers[m->npeers++];
+  return NULL;
+}
+
+/* The peer with this id, made when new (NULL when MON_PEERS_MAX are
+ * kept already). */
+static mon_peer *peer_find(mon *m, const uint8_t *id, uint64_t now_ms) {
+  mon_peer *p = peer_of(m, id);
+  if (p || m->npeers == MON_PEERS_MAX)
+    return p;
+  p = &m->peers[m->npeers++];
   memset(p, 0, sizeof *p);
   memcpy(p->id, id, PROTO_ID_BYTES);
   p->first_ms = now_ms;
@@ -177,17 +183,12 @@ static void take_metrics(mon *m, const mon_record *r, uint64_t now_ms) {
     bad_record(m, r->id, now_ms, "metrics", rc);
     return;
   }
-  if (strcmp(x.run, m->cfg.run) != 0)
+  mon_peer *p = peer_of(m, r->id);
+  if (!p || strcmp(x.run, m->cfg.run) != 0)
     return;
-  for (size_t i = 0; i < m->npeers; i++) {
-    mon_peer *p = &m->peers[i];
-    if (memcmp(p->id, r->id, PROTO_ID_BYTES) == 0) {
-      p->metrics = x;
-      p->has_metrics = true;
-      p->seen_ms = now_ms;
-      return;
-    }
-  }
+  p->metrics = x;
+  p->has_metrics = true;
+  p->seen_ms = now_ms;
 }
 
 void mon_donors(mon *m, uint64_t now_ms, const mon_record *donors, size_t n) {
@@ -198,17 +199,13 @@ void mon_donors(mon *m, uint64_t now_ms, const mon_record *donors, size_t n) {
       bad_record(m, donors[i].id, now_ms, "donor", rc);
       continue;
     }
-    if (strcmp(d.run, m->cfg.run) != 0)
+    mon_peer *p = peer_of(m, donors[i].id);
+    if (!p || strcmp(d.run, m->cfg.run) != 0)
       continue;
-    for (size_t k = 0; k < m->npeers; k++) {
-      mon_peer *p = &m->peers[k];
-      if (memcmp(p->id, donors[i].id, PROTO_ID_BYTES) == 0) {
-        p->has_donor = true;
-        snprintf(p->addr, sizeof p->addr, "%s", d.addr);
-        p->donor_epoch = d.epoch;
-        p->slots = d.slots;
-      }
-    }
+    p->has_donor = true;
+    snprintf(p->addr, sizeof p->addr, "%s", d.addr);
+    p->donor_epoch = d.epoch;
+    p->slots = d.slots;
   }
 }
 

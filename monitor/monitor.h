@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #ifndef MON_PEERS_MAX
-#define MON_PEERS_MAX 4096 /* peers tracked; more are counted, not kept */
+#define MON_PEERS_MAX 4096 /* peers tracked; the records of more are skipped */
 #endif
 #ifndef MON_EVENTS_MAX
 #define MON_EVENTS_MAX 1024 /* the newest events kept */

@@ -130,8 +130,10 @@ static void peer_json(mon_buf *b, const mon_peer *p) {
                    (unsigned long long)x->group_size,
                    (unsigned long long)x->bytes_sent,
                    (unsigned long long)x->bytes_received);
-  } else {
-    mon_buf_printf(b, "\"step\":null,\"loss\":null}");
+  } else { /* the same keys, unknown yet */
+    mon_buf_printf(b, "\"step\":null,\"loss\":null,\"compute_s\":null,"
+                      "\"round_s\":null,\"averaged\":null,\"group\":null,"
+                      "\"bytes_sent\":null,\"bytes_received\":null}");
   }
 }
 

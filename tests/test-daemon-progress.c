@@ -225,6 +225,9 @@ static void test_uploads(void) {
   ASSERT_EQ(ua->start_ms, 1000);
   ASSERT_EQ(ua->last_ms, 1100);
   ASSERT(bee_uploads_admit(&u, b, 1200, 2, &fresh, NULL, NULL) && fresh);
+  ASSERT_EQ(bee_uploads_active(&u, 1200), 2);
+  ASSERT_EQ(bee_uploads_active(&u, 1100 + BEE_UPLOAD_IDLE_MS), 1); /* b */
+  ASSERT_EQ(bee_uploads_active(&u, 1200 + BEE_UPLOAD_IDLE_MS), 0);
   /* Two running: a third is refused, the two keep going. */
   ASSERT(bee_uploads_admit(&u, c, 1300, 2, &fresh, NULL, NULL) == NULL &&
          !fresh);

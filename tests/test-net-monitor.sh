@@ -143,6 +143,10 @@ snap=$(get /api/snapshot)
 [ "$(py 'print(len(s["peers"]))' <<<"$snap")" = 3 ] ||
   fail "after a bad record: $(py 'print(len(s["peers"]))' <<<"$snap") peers"
 kill -0 "${pid[mon]}" || fail "trainmonitor died"
+# It is not a bee's record (the DHT judges only "bee." typed values), so
+# the monitor gets it, skips it and says so once, not once per scrape.
+n=$(grep -c 'a malformed progress record' "$work/mon.log" || true)
+[ "$n" = 1 ] || fail "the bad record was reported $n times, want once"
 
 # Websocket: the snapshot on connect, then updates.
 ws=$(python3 "$WSC" "ws://127.0.0.1:$http/ws?token=$TOKEN" 3) ||
