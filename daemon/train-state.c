@@ -386,22 +386,22 @@ static void donors_cb(dht_node *n, int status, const dht_value *v,
     return;
   int64_t rank[DONORS_MAX]; /* slots; -1 no record; -2 full */
   size_t with = 0;
-  for (size_t i = 0; i < t->ndonors; i++) {
+  for (size_t i = 0; i < t->ndonors; i++)
     rank[i] = -1;
-    for (size_t j = 0; status == 0 && v && j < v->n; j++) {
-      const proto_dht_record *r = &v->records[j];
-      uint8_t id[PROTO_ID_BYTES];
-      proto_donor d;
-      if (r->subkey.n != PROTO_DHT_OWNED_SUBKEY_BYTES ||
-          proto_donor_decode(r->value.p, r->value.n, &d) ||
-          strcmp(d.run, t->cfg->run) != 0)
-        continue;
-      proto_peer_id(r->subkey.p + 1, id);
+  for (size_t j = 0; status == 0 && v && j < v->n; j++) {
+    const proto_dht_record *r = &v->records[j];
+    uint8_t id[PROTO_ID_BYTES];
+    proto_donor d;
+    if (r->subkey.n != PROTO_DHT_OWNED_SUBKEY_BYTES ||
+        proto_donor_decode(r->value.p, r->value.n, &d) ||
+        strcmp(d.run, t->cfg->run) != 0)
+      continue;
+    proto_peer_id(r->subkey.p + 1, id);
+    for (size_t i = 0; i < t->ndonors; i++)
       if (memcmp(id, t->donors[i], PROTO_ID_BYTES) == 0) {
         rank[i] = d.slots ? (int64_t)d.slots : -2;
         with += d.slots > 0;
       }
-    }
   }
   for (size_t i = 1; i < t->ndonors; i++) /* stable: the view's order */
     for (size_t j = i; j > 0 && rank[j] > rank[j - 1]; j--) {
