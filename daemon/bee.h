@@ -108,6 +108,8 @@ typedef struct bee_config {
   bool delay_averaging;         /* the round runs behind the next epoch */
   char label[PROTO_LABEL_MAX + 1];
   unsigned threads;
+  char device[32];              /* trainer device spec: auto, cpu, cuda:N */
+  bool tf32;                    /* --precision tf32 (on CUDA) */
   unsigned eval_every;          /* epochs; 0: never */
   char checkpoint_dir[BEE_PATH_MAX]; /* "": no checkpoints */
   unsigned checkpoint_every;    /* epochs */

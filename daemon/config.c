@@ -52,6 +52,8 @@ enum opt_id {
   O_DELAY_AVERAGING,
   O_LABEL,
   O_THREADS,
+  O_DEVICE,
+  O_PRECISION,
   O_EVAL_EVERY,
   O_CHECKPOINT_DIR,
   O_CHECKPOINT_EVERY,
@@ -116,6 +118,8 @@ static const struct opt {
     {"delay-averaging", O_DELAY_AVERAGING, K_BOOL, true},
     {"label", O_LABEL, K_VALUE, true},
     {"threads", O_THREADS, K_VALUE, true},
+    {"device", O_DEVICE, K_VALUE, true},
+    {"precision", O_PRECISION, K_VALUE, true},
     {"eval-every", O_EVAL_EVERY, K_VALUE, true},
     {"checkpoint-dir", O_CHECKPOINT_DIR, K_VALUE, true},
     {"checkpoint-every", O_CHECKPOINT_EVERY, K_VALUE, true},
@@ -165,6 +169,7 @@ void bee_config_init(bee_config *cfg) {
   cfg->min_peers = 1;
   cfg->max_state_uploads = BEE_DEFAULT_STATE_UPLOADS;
   cfg->threads = 1;
+  snprintf(cfg->device, sizeof cfg->device, "auto");
   cfg->eval_every = 1;
   cfg->checkpoint_every = 1;
   cfg->keep_checkpoints = 3;
@@ -545,6 +550,21 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
     if (parse_uint(v, 1, 64, &u))
       return bee_failf(msg, cap, BEE_ECONFIG, "bad number '%.80s' (want 1..64)", v);
     cfg->threads = u;
+    return 0;
+  case O_DEVICE:
+    /* The trainer checks the spec itself when training starts (what
+     * exists depends on the machine); here only its length. */
+    if (!*v || strlen(v) >= sizeof cfg->device)
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad device '%.80s' (want auto, cpu, cuda or cuda:N)",
+                       v);
+    snprintf(cfg->device, sizeof cfg->device, "%s", v);
+    return 0;
+  case O_PRECISION:
+    if (strcmp(v, "fp32") != 0 && strcmp(v, "tf32") != 0)
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad precision '%.80s' (want fp32 or tf32)", v);
+    cfg->tf32 = v[0] == 't';
     return 0;
   case O_EVAL_EVERY:
     if (parse_uint(v, 0, 1000000, &u))
@@ -948,6 +968,13 @@ void bee_config_usage(FILE *f) {
       "                           (default 2)\n"
       "  --label TEXT             shown beside this bee's progress (a region)\n"
       "  --threads N              compute threads, 1..64 (default 1)\n"
+      "  --device D               auto, cpu, cuda or cuda:N: where the model\n"
+      "                           trains (default auto: cuda:0 when a CUDA\n"
+      "                           device is present, else the CPU)\n"
+      "  --precision P            fp32 or tf32: on CUDA, tf32 lets matrix\n"
+      "                           products and convolutions round their\n"
+      "                           inputs to TF32 on the tensor cores\n"
+      "                           (default fp32)\n"
       "  --eval-every N           test accuracy every N epochs; 0 = never\n"
       "                           (default 1)\n"
       "  --checkpoint-dir DIR     write checkpoints there, in the background\n"

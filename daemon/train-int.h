@@ -176,9 +176,8 @@ struct bee_train {
   float *sbuf;      /* state averaging: parameters and optimizer states */
   size_t sn;
   trn_images tr, te;
-  trn_order ord;
-  float *x;
-  int32_t *y;
+  trn_order ord;   /* where the loader started */
+  trn_loader *ld;  /* this bee's batches, made ahead on its own thread */
   /* the loop's */
   proto_host *host;
   avg_node *avg;

@@ -252,6 +252,10 @@ static int epoch_step(bee_train *t) {
                    .loss = t->sh.loss_sum,
                    .compute_s = t->sh.compute_s};
   uv_mutex_unlock(&t->mu);
+  /* A model on a GPU: the gradients come back to the host here; a device
+   * that failed stops the worker (the last checkpoint stays). */
+  if ((rc = trn_model_sync(t->m)))
+    return rc;
   float *g = trn_model_grads(t->m), *p = trn_model_params(t->m);
   size_t np = trn_model_nparams(t->m);
   if (t->outer) { /* the change: anchor - now, a gradient's sign */
@@ -330,7 +334,6 @@ static void evaluator(void *arg) {
 
 static void worker(void *arg) {
   bee_train *t = arg;
-  const float mean = DATA_MEAN, std = DATA_STD;
   size_t b = t->cfg->batch_size;
   trn_cpu_threads_set((int)t->cfg->threads);
   /* Training starts once the loop has seen the swarm: from a peer's
@@ -397,13 +400,14 @@ static void worker(void *arg) {
       continue;
     }
     double t0 = mono_s(), loss = 0;
-    rc = trn_images_batch(&t->tr, &t->ord, b, &mean, &std, t->x, t->y);
+    const float *x;
+    const int32_t *y;
+    rc = trn_loader_next(t->ld, &x, &y);
     if (rc == 0)
-      rc = trn_model_train_batch(t->m, t->x, t->y, b, &loss);
+      rc = trn_model_train_batch(t->m, x, y, b, &loss);
     if (rc == 0 && t->outer) { /* DiLoCo: a local step after each batch */
       trn_optim_set_lr(t->o, lr_at(t, t->sh.epoch)); /* ours to write */
-      rc = trn_optim_step(t->o, trn_model_params(t->m), trn_model_grads(t->m),
-                          1.0f / (float)b);
+      rc = trn_model_step(t->m, t->o, 1.0f / (float)b); /* on its device */
       trn_model_zero_grad(t->m);
     }
     if (rc) {
@@ -528,6 +532,16 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   trn_model_config_default(&mc);
   mc.name = cfg->model;
   mc.max_batch = cfg->batch_size;
+  trn_device dev;
+  char why[256];
+  if ((rc = trn_device_open(cfg->device, &dev, why, sizeof why))) {
+    bee_err(COMP, "--device %s: %s", cfg->device, why);
+    return rc;
+  }
+  bee_info(COMP, "device: %s", why);
+  mc.device = dev.kind;
+  mc.device_index = dev.index;
+  mc.precision = cfg->tf32 ? TRN_TF32 : TRN_FP32;
   /* Every bee of the run starts from the same weights. */
   uint8_t h[8];
   crypto_generichash(h, sizeof h, (const uint8_t *)cfg->run, strlen(cfg->run),
@@ -582,10 +596,14 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     bee_err(COMP, "data order: %s", strerror(-rc));
     return rc;
   }
-  t->x = malloc((size_t)cfg->batch_size * trn_model_inputs(t->m) * sizeof *t->x);
-  t->y = malloc((size_t)cfg->batch_size * sizeof *t->y);
-  if (!t->x || !t->y)
-    return -ENOMEM;
+  /* The batches are made on the loader's thread, a few ahead, while the
+   * model trains (on a GPU the pass would otherwise wait for each). */
+  const float mean = DATA_MEAN, std = DATA_STD;
+  if ((rc = trn_loader_new(&t->tr, &t->ord, cfg->batch_size, &mean, &std,
+                           NULL, 4, &t->ld))) {
+    bee_err(COMP, "data loader: %s", strerror(-rc));
+    return rc;
+  }
   if (uv_mutex_init(&t->mu))
     return -ENOMEM;
   if (uv_cond_init(&t->eval_cv)) {
@@ -875,10 +893,9 @@ void bee_train_free(bee_train *t) {
   bee__snap_unref(t->sh.snap);
   free(t->sh.load);
   free(t->fbuf);
+  trn_loader_free(t->ld); /* before the images it reads */
   trn_order_free(&t->ord);
   trn_images_free(&t->tr);
   trn_images_free(&t->te);
-  free(t->x);
-  free(t->y);
   free(t);
 }

@@ -102,7 +102,15 @@ if [ -r "$fm/train-images-idx3-ubyte.gz" ]; then
   cp "$fm/train-labels-idx1-ubyte.gz" "$tmp/cut/"
   expect 1 'train-images-idx3-ubyte.gz' --open --no-listen --identity t.key \
     --run-id r --data "$tmp/cut"
+  # Devices are checked when training starts: a spec that means nothing,
+  # and a GPU no machine has.
+  expect 1 'device gpu: bad device "gpu": expected auto, cpu, cuda' --open \
+    --no-listen --identity t.key --run-id r --device gpu
+  expect 1 'device cuda:4095: ' --open --no-listen --identity t.key \
+    --run-id r --device cuda:4095
 fi
+expect 2 "--precision: bad precision 'fp16' .want fp32 or tf32." --open \
+  --run-id r --precision fp16
 expect 2 "--model: bad model 'resnet'" --open --run-id r --model resnet
 expect 2 "--run-id: bad run name" --open --run-id 'a b'
 

@@ -636,6 +636,20 @@ static void test_mlp(void) {
   c.sizes[1] = M1;
   c.nsizes = 1;
   ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), -EINVAL);
+  c.nsizes = 4;
+  c.precision = 3;
+  ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), -EINVAL);
+  ASSERT(strstr(err, "precision 3: fp32 or tf32") != NULL);
+  c.precision = TRN_FP32;
+  /* CUDA where this build or machine has none: an error, not a crash. */
+  c.device = TRN_DEV_CUDA;
+  int n = 0;
+  if (trn_device_count_cuda(&n) == 0 && n == 0) {
+    int rc = trn_model_new(&c, &m, err, sizeof err);
+    ASSERT(rc == -ENODEV || rc == -ENOTSUP);
+    printf("mlp on CUDA without a device: %s\n", err);
+  }
+  c.device = TRN_DEV_CPU;
   printf("mlp %d-%d-%d-%d: loss and all %zu gradients agree with finite "
          "differences; batches accumulate\n",
          M0, M1, M2, M3, mnp);

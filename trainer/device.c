@@ -84,6 +84,33 @@ int trn__cuda_count(int *n, char *why, size_t why_len) {
 int trn__cuda_props(int index, trn_device *out) { return -ENOTSUP; }
 int trn__cuda_bind(int index) { return -ENOTSUP; }
 size_t trn__cudnn_version(void) { return 0; }
+
+int trn__gpu_new(int index, const trn__layer *l, size_t nl, size_t nparams,
+                 size_t nbuffers, size_t max_batch, bool tf32, trn__gpu **out,
+                 char *err, size_t err_len) {
+  *out = NULL;
+  return trn__fail(err, err_len, -ENOTSUP, "cuda:%d: this build has no CUDA "
+                   "backend", index);
+}
+void trn__gpu_free(trn__gpu *g) {}
+size_t trn__gpu_bytes(const trn__gpu *g) { return 0; }
+int trn__gpu_put(trn__gpu *g, int which, const float *src) { return -ENOTSUP; }
+int trn__gpu_get(trn__gpu *g, int which, float *dst) { return -ENOTSUP; }
+int trn__gpu_zero_grads(trn__gpu *g) { return -ENOTSUP; }
+int trn__gpu_pass(trn__gpu *g, const float *x, const int32_t *y, size_t B,
+                  bool train, uint64_t seed, uint64_t *dropout_calls,
+                  float *logits, double *loss, size_t *correct) {
+  return -ENOTSUP;
+}
+int trn__gpu_step(trn__gpu *g, float *state, const trn__step *s) {
+  return -ENOTSUP;
+}
+int trn__gpu_index(const trn__gpu *g) { return -1; }
+int trn__dbuf_put(trn__dbuf *b, int index, const float *src, size_t n) {
+  return -ENOTSUP;
+}
+int trn__dbuf_get(const trn__dbuf *b, float *dst) { return -ENOTSUP; }
+void trn__dbuf_free(trn__dbuf *b) {}
 #endif
 
 bool trn_cuda_built(void) { return BEE_HAVE_CUDA; }

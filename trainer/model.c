@@ -18,27 +18,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { L_LINEAR, L_RELU, L_CONV, L_POOL, L_DROPOUT, L_BN };
+enum {
+  L_LINEAR = TRN__L_LINEAR,
+  L_RELU = TRN__L_RELU,
+  L_CONV = TRN__L_CONV,
+  L_POOL = TRN__L_POOL,
+  L_DROPOUT = TRN__L_DROPOUT,
+  L_BN = TRN__L_BN,
+};
 
-typedef struct layer {
-  int kind;
-  unsigned c, h, w;      /* input shape per sample */
-  size_t in, out;        /* floats per sample, in and out */
-  trn__conv cv;          /* L_CONV */
-  unsigned k;            /* L_POOL: window (and stride) */
-  float p;               /* L_DROPOUT: the probability of a zero */
-  trn__bn bn;            /* L_BN */
-  size_t w_off, b_off;   /* parameters: weight (BN: gamma), bias (beta) */
-  size_t nparams;
-  bool bias;             /* L_LINEAR, L_CONV: has one (b_off valid) */
-  float *y;              /* (max_batch, out) the layer's output */
-  float *mask;           /* L_DROPOUT: (max_batch, out) 0 or 1 / (1 - p) */
-  uint32_t *arg;         /* L_POOL: (max_batch, out) where each max was */
-  float *xhat, *inv;     /* L_BN: (max_batch, out) normalized x; (c) */
-  size_t buf_off;        /* L_BN: running mean (c), then variance (c) */
-} layer;
+typedef trn__layer layer; /* trainer-int.h: cuda-model.cu runs it too */
 
-#define LAYERS_MAX 32
+#define LAYERS_MAX TRN__LAYERS_MAX
 
 struct trn_model {
   trn_model_config cfg;
@@ -57,6 +48,16 @@ struct trn_model {
   trn__gpt *gpt;          /* gpt: the transformer (no layer list) */
   trn__resnet *resnet;    /* resnet: its op list (no layer list) */
   size_t act_bytes;       /* the activations' and workspaces' memory */
+  /* On a CUDA device: its copy (cuda-model.cu), the host's logits, and
+   * which side of each array is newer.  dev_*_old: the host wrote or
+   * handed out its array since the device's was sent; host_*_old: a pass
+   * changed the device's since the host's was fetched.  gpu_rc: the
+   * first device failure, which every later call returns. */
+  trn__gpu *gpu;
+  float *logits;
+  bool dev_params_old, dev_grads_old, dev_bufs_old;
+  bool host_params_old, host_grads_old, host_bufs_old;
+  int gpu_rc;
 };
 
 void trn_model_config_default(trn_model_config *c) {
@@ -73,6 +74,7 @@ void trn_model_config_default(trn_model_config *c) {
   c->batchnorm = false;
   c->vocab = 256, c->ctx = 64, c->layers = 4, c->heads = 4, c->embd = 128;
   c->depth = 20, c->width = 16;
+  c->device = TRN_DEV_CPU;
 }
 
 /* splitmix64, for the initial weights: uniform in [-bound, bound). */
@@ -87,6 +89,7 @@ static float uniform(uint64_t *s, float bound) {
 
 void trn_model_init(trn_model *m, uint64_t seed) {
   uint64_t s = seed ^ 0x7472616e20696e69ull;
+  m->dev_params_old = m->dev_bufs_old = true; /* for a model on CUDA */
   if (m->gpt) {
     trn__gpt_init(m->gpt, m->params, &s, uniform);
     return;
@@ -308,6 +311,36 @@ static int build_gpt(trn_model *m, const trn_model_config *c, char *err,
   return 0;
 }
 
+/* The layer list on CUDA device cfg.device_index: host arrays for the
+ * parameters, gradients, buffers and logits (the rest lives on the
+ * device), the weights initialized here and sent before the first pass. */
+static int new_on_cuda(trn_model *m, char *err, size_t errlen) {
+  size_t B = m->cfg.max_batch;
+  m->params = calloc(m->nparams, sizeof *m->params);
+  m->grads = calloc(m->nparams, sizeof *m->grads);
+  m->buffers = m->nbuffers ? calloc(m->nbuffers, sizeof *m->buffers) : NULL;
+  m->logits = malloc(B * m->classes * sizeof *m->logits);
+  if (!m->params || !m->grads || !m->logits || (m->nbuffers && !m->buffers))
+    return trn__fail(err, errlen, -ENOMEM,
+                     "%s: out of memory for %zu parameters", m->name,
+                     m->nparams);
+  m->l[m->nl - 1].y = m->logits; /* what trn_model_logits returns */
+  trn_model_init(m, m->cfg.seed);
+  int n = 0, i = m->cfg.device_index;
+  char why[160];
+  int rc = trn__cuda_count(&n, why, sizeof why);
+  if (rc || i < 0 || i >= n)
+    return trn__fail(err, errlen, rc ? rc : -ENODEV, "cuda:%d: %s", i,
+                     rc || n == 0 ? why : "no such device");
+  rc = trn__gpu_new(m->cfg.device_index, m->l, m->nl, m->nparams,
+                        m->nbuffers, B, m->cfg.precision == TRN_TF32,
+                        &m->gpu, err, errlen);
+  if (rc)
+    return rc;
+  m->act_bytes = trn__gpu_bytes(m->gpu);
+  return 0;
+}
+
 int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
                   size_t errlen) {
   *out = NULL;
@@ -318,6 +351,9 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
   if (cfg->max_batch == 0 || cfg->max_batch > TRN_BATCH_MAX)
     return trn__fail(err, errlen, -EINVAL, "batch %zu: 1 to %d",
                      cfg->max_batch, TRN_BATCH_MAX);
+  if (cfg->precision != TRN_FP32 && cfg->precision != TRN_TF32)
+    return trn__fail(err, errlen, -EINVAL, "precision %d: fp32 or tf32",
+                     cfg->precision);
   trn_model *m = calloc(1, sizeof *m);
   if (!m)
     return trn__fail(err, errlen, -ENOMEM, "out of memory");
@@ -326,6 +362,13 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
   m->cfg.name = m->name;
   int rc;
   if (strcmp(cfg->name, "gpt") == 0 || strcmp(cfg->name, "resnet") == 0) {
+    if (cfg->device == TRN_DEV_CUDA) {
+      rc = trn__fail(err, errlen, -ENOTSUP,
+                     "%s: not on CUDA yet (the CUDA backend runs mlp and "
+                     "cnn); use the CPU (--device cpu)",
+                     cfg->name);
+      goto fail;
+    }
     rc = cfg->name[0] == 'g' ? build_gpt(m, cfg, err, errlen)
                              : build_resnet(m, cfg, err, errlen);
     if (rc)
@@ -343,6 +386,13 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
     rc = trn__fail(err, errlen, -EINVAL, "%s: %zu classes; at least 2",
                    m->name, m->classes);
     goto fail;
+  }
+  if (cfg->device == TRN_DEV_CUDA) {
+    rc = new_on_cuda(m, err, errlen);
+    if (rc)
+      goto fail;
+    *out = m;
+    return 0;
   }
   /* The workspace: every layer's output, the masks and pooling indices,
    * two gradient buffers of the widest activation, one im2col matrix. */
@@ -420,6 +470,8 @@ void trn_model_free(trn_model *m) {
   free(m->d0);
   free(m->d1);
   trn__conv_ws_free(&m->cws);
+  trn__gpu_free(m->gpu);
+  free(m->logits);
   trn__gpt_free(m->gpt);
   trn__resnet_free(m->resnet);
   free(m);
@@ -427,17 +479,104 @@ void trn_model_free(trn_model *m) {
 
 size_t trn_model_nparams(const trn_model *m) { return m->nparams; }
 size_t trn_model_activation_bytes(const trn_model *m) {
-  /* The convolutions' workspace grows with the thread count. */
+  /* The convolutions' workspace grows with the thread count (on CUDA,
+   * when a smaller batch needs a larger one). */
+  if (m->gpu)
+    return trn__gpu_bytes(m->gpu);
   if (m->resnet)
     return trn__resnet_bytes(m->resnet);
   return m->act_bytes + trn__conv_ws_bytes(&m->cws);
 }
+/* ---- a model on CUDA: keeping the host's arrays and the device's in step */
+
+/* Fetches the device's array which (gradients or buffers) when a pass
+ * changed it; a failure is remembered in gpu_rc (and logged there). */
+static void gpu_fetch(trn_model *m, int which) {
+  static const char *const names[] = {
+      [TRN__GPU_PARAMS] = "parameters", [TRN__GPU_GRADS] = "gradients",
+      [TRN__GPU_BUFFERS] = "batch-norm statistics"};
+  bool *old = which == TRN__GPU_PARAMS  ? &m->host_params_old
+              : which == TRN__GPU_GRADS ? &m->host_grads_old
+                                        : &m->host_bufs_old;
+  float *dst = which == TRN__GPU_PARAMS  ? m->params
+               : which == TRN__GPU_GRADS ? m->grads
+                                         : m->buffers;
+  if (m->gpu_rc || !*old)
+    return;
+  int rc = trn__gpu_get(m->gpu, which, dst);
+  if (rc) {
+    m->gpu_rc = rc;
+    trn__log(TRN_LOG_ERROR, "cuda:%d: the %s could not be fetched from the "
+             "device; the host's copy is stale", m->cfg.device_index,
+             names[which]);
+    return;
+  }
+  *old = false;
+}
+
+/* Sends what the host wrote since the last pass; 0 or the device's
+ * first failure. */
+static int gpu_send(trn_model *m) {
+  static const int which[3] = {TRN__GPU_PARAMS, TRN__GPU_GRADS,
+                               TRN__GPU_BUFFERS};
+  bool *old[3] = {&m->dev_params_old, &m->dev_grads_old, &m->dev_bufs_old};
+  const float *src[3] = {m->params, m->grads, m->buffers};
+  for (int i = 0; i < 3 && !m->gpu_rc; i++)
+    if (*old[i] && !(m->gpu_rc = trn__gpu_put(m->gpu, which[i], src[i])))
+      *old[i] = false;
+  return m->gpu_rc;
+}
+
+int trn_model_sync(trn_model *m) {
+  if (!m->gpu)
+    return 0;
+  gpu_fetch(m, TRN__GPU_PARAMS);
+  gpu_fetch(m, TRN__GPU_GRADS);
+  if (m->nbuffers)
+    gpu_fetch(m, TRN__GPU_BUFFERS);
+  return m->gpu_rc;
+}
+
+int trn_model_device(const trn_model *m) {
+  return m->gpu ? TRN_DEV_CUDA : TRN_DEV_CPU;
+}
+
 float *trn_model_buffers(trn_model *m, size_t *n) {
   *n = m->nbuffers;
+  if (m->gpu && m->nbuffers) {
+    gpu_fetch(m, TRN__GPU_BUFFERS);
+    m->dev_bufs_old = true;
+  }
   return m->buffers;
 }
-float *trn_model_params(trn_model *m) { return m->params; }
-float *trn_model_grads(trn_model *m) { return m->grads; }
+float *trn_model_params(trn_model *m) {
+  if (m->gpu)
+    gpu_fetch(m, TRN__GPU_PARAMS); /* after trn_model_step */
+  m->dev_params_old = true;
+  return m->params;
+}
+
+int trn_model_step(trn_model *m, trn_optim *o, float scale) {
+  if (!m->gpu) /* the host's arrays are the model's */
+    return trn_optim_step(o, m->params, m->grads, scale);
+  int rc = gpu_send(m);
+  if (rc)
+    return rc;
+  rc = trn__optim_step_gpu(o, m->gpu, scale);
+  if (rc == -EINVAL) /* a bad scale: nothing happened */
+    return rc;
+  if (rc)
+    return m->gpu_rc = rc;
+  m->host_params_old = true;
+  return 0;
+}
+float *trn_model_grads(trn_model *m) {
+  if (m->gpu) {
+    gpu_fetch(m, TRN__GPU_GRADS);
+    m->dev_grads_old = true;
+  }
+  return m->grads;
+}
 size_t trn_model_classes(const trn_model *m) { return m->classes; }
 size_t trn_model_inputs(const trn_model *m) { return m->in; }
 uint64_t trn__model_shape_hash(const trn_model *m) {
@@ -512,6 +651,11 @@ void trn_model_set_dropout_calls(trn_model *m, uint64_t n) {
 
 void trn_model_zero_grad(trn_model *m) {
   memset(m->grads, 0, m->nparams * sizeof *m->grads);
+  if (m->gpu) {
+    if (!m->gpu_rc)
+      m->gpu_rc = trn__gpu_zero_grads(m->gpu);
+    m->host_grads_old = m->dev_grads_old = false;
+  }
 }
 
 /* ---- passes ---------------------------------------------------------------- */
@@ -564,6 +708,19 @@ int trn_model_train_batch(trn_model *m, const float *x, const int32_t *y,
   int rc = check_batch(m, y, B);
   if (rc)
     return rc;
+  if (m->gpu) {
+    double l = 0;
+    if ((rc = gpu_send(m)) ||
+        (rc = m->gpu_rc = trn__gpu_pass(m->gpu, x, y, B, true, m->cfg.seed,
+                                        &m->dropout_calls, m->logits, &l,
+                                        NULL)))
+      return rc;
+    m->host_grads_old = true;
+    m->host_bufs_old = m->nbuffers > 0;
+    if (loss)
+      *loss = l;
+    return 0;
+  }
   if (m->resnet) {
     double l = trn__resnet_forward(m->resnet, m->params, m->buffers, x, y, B,
                                    true, trn__resnet_dlogits(m->resnet), NULL);
@@ -621,6 +778,17 @@ int trn_model_eval_batch(trn_model *m, const float *x, const int32_t *y,
   int rc = check_batch(m, y, B);
   if (rc)
     return rc;
+  if (m->gpu) {
+    double l = 0;
+    uint64_t calls = m->dropout_calls; /* evaluation draws none */
+    if ((rc = gpu_send(m)) ||
+        (rc = m->gpu_rc = trn__gpu_pass(m->gpu, x, y, B, false, m->cfg.seed,
+                                        &calls, m->logits, &l, correct)))
+      return rc;
+    if (loss)
+      *loss = l;
+    return 0;
+  }
   if (m->resnet) {
     double l = trn__resnet_forward(m->resnet, m->params, m->buffers, x, y, B,
                                    false, NULL, correct);

@@ -25,6 +25,12 @@ struct trn_optim {
   uint64_t steps;
   size_t *ends;  /* LAMB: where each parameter tensor ends */
   size_t nends;
+  /* Steps taken on a model's CUDA device keep the state there too (dev):
+   * host_old when a device step changed it since the host's copy was
+   * fetched, dev_old when the host's was changed or handed out since it
+   * was sent. */
+  trn__dbuf dev;
+  bool host_old, dev_old;
 };
 
 void trn_optim_config_default(trn_optim_config *c, int kind) {
@@ -80,6 +86,7 @@ int trn_optim_new(const trn_optim_config *c, size_t nparams, trn_optim **out) {
 void trn_optim_free(trn_optim *o) {
   if (!o)
     return;
+  trn__dbuf_free(&o->dev);
   free(o->state);
   free(o->ends);
   free(o);
@@ -101,8 +108,24 @@ int trn_optim_set_tensors(trn_optim *o, const size_t *ends, size_t n) {
   return 0;
 }
 
+/* Brings the host's state up to date after steps on a device. */
+static int fetch(trn_optim *o) {
+  if (!o->host_old)
+    return 0;
+  int rc = trn__dbuf_get(&o->dev, o->state);
+  if (rc) {
+    trn__log(TRN_LOG_ERROR, "cuda:%d: the optimizer's state could not be "
+             "fetched from the device", o->dev.index);
+    return rc;
+  }
+  o->host_old = false;
+  return 0;
+}
+
 float *trn_optim_state(trn_optim *o, size_t *n) {
   *n = o->nstate;
+  (void)fetch(o); /* a failure is logged; the device's model fails too */
+  o->dev_old = true;
   return o->state;
 }
 
@@ -228,6 +251,10 @@ int trn_optim_step(trn_optim *o, float *params, const float *grads,
                    float scale) {
   if (!isfinite(scale))
     return -EINVAL;
+  int rc = fetch(o);
+  if (rc)
+    return rc;
+  o->dev_old = true;
   if (o->cfg.kind == TRN_SGD)
     sgd(o, params, grads, scale);
   else if (o->cfg.kind == TRN_ADAMW)
@@ -235,6 +262,42 @@ int trn_optim_step(trn_optim *o, float *params, const float *grads,
   else
     lamb(o, params, grads, scale);
   o->steps++;
+  return 0;
+}
+
+/* The step on a model's CUDA device: the same scalars as the CPU's, the
+ * state sent when the host's is newer (or it lives on another device). */
+int trn__optim_step_gpu(trn_optim *o, trn__gpu *g, float scale) {
+  if (!isfinite(scale))
+    return -EINVAL;
+  const trn_optim_config *c = &o->cfg;
+  int index = trn__gpu_index(g), rc;
+  if (o->nstate && (!o->dev.p || o->dev.index != index || o->dev_old)) {
+    if ((rc = fetch(o)) ||
+        (rc = trn__dbuf_put(&o->dev, index, o->state, o->nstate)))
+      return rc;
+    o->dev_old = false;
+  }
+  double t = (double)(o->steps + 1);
+  trn__step s = {.kind = c->kind, .scale = scale, .lr = c->lr,
+                 .wd = c->weight_decay, .momentum = c->momentum,
+                 .dampening = c->dampening, .nesterov = c->nesterov,
+                 .first = o->steps == 0, .beta1 = c->beta1,
+                 .beta2 = c->beta2, .eps = c->eps, .ends = o->ends,
+                 .nends = o->nends};
+  if (c->kind == TRN_ADAMW) { /* as adamw() */
+    double bc1 = 1 - pow(c->beta1, t), bc2 = 1 - pow(c->beta2, t);
+    s.step = (float)(c->lr / bc1);
+    s.bc2s = (float)sqrt(bc2);
+    s.decay = (float)(1 - (double)c->lr * c->weight_decay);
+  } else if (c->kind == TRN_LAMB) { /* as lamb() */
+    s.bc1 = (float)(1 - pow(c->beta1, t));
+    s.bc2 = (float)(1 - pow(c->beta2, t));
+  }
+  if ((rc = trn__gpu_step(g, o->nstate ? o->dev.p : NULL, &s)))
+    return rc;
+  o->steps++;
+  o->host_old = o->nstate > 0;
   return 0;
 }
 

@@ -231,6 +231,110 @@ void trn__bn_bwd(const trn__bn *bn, const float *xhat, const float *inv,
                  const float *gamma, const float *dy, float *dx,
                  float *dgamma, float *dbeta, size_t B);
 
+/* ---- model.c's layer list, which cuda-model.cu runs too ------------------ */
+
+enum {
+  TRN__L_LINEAR,
+  TRN__L_RELU,
+  TRN__L_CONV,
+  TRN__L_POOL,
+  TRN__L_DROPOUT,
+  TRN__L_BN,
+};
+
+#define TRN__LAYERS_MAX 32
+
+typedef struct trn__layer {
+  int kind;
+  unsigned c, h, w;      /* input shape per sample */
+  size_t in, out;        /* floats per sample, in and out */
+  trn__conv cv;          /* TRN__L_CONV */
+  unsigned k;            /* TRN__L_POOL: window (and stride) */
+  float p;               /* TRN__L_DROPOUT: the probability of a zero */
+  trn__bn bn;            /* TRN__L_BN */
+  size_t w_off, b_off;   /* parameters: weight (BN: gamma), bias (beta) */
+  size_t nparams;
+  bool bias;             /* TRN__L_LINEAR, _CONV: has one (b_off valid) */
+  /* The CPU backend's buffers (NULL for a model on a CUDA device): */
+  float *y;              /* (max_batch, out) the layer's output */
+  float *mask;           /* TRN__L_DROPOUT: (max_batch, out) 0 or 1/(1-p) */
+  uint32_t *arg;         /* TRN__L_POOL: (max_batch, out) where each max was */
+  float *xhat, *inv;     /* TRN__L_BN: (max_batch, out) normalized x; (c) */
+  size_t buf_off;        /* TRN__L_BN: running mean (c), then variance (c) */
+} trn__layer;
+
+/* ---- cuda-model.cu: a layer list on a CUDA device ------------------------ */
+
+/* The device's copy of a model: parameters, gradients, buffers,
+ * activations and workspaces in device memory, a stream, a cuBLAS and a
+ * cuDNN handle.  Every call makes the device current for the calling
+ * thread first, so any thread may call (one at a time).  Errors from CUDA,
+ * cuBLAS and cuDNN are logged with the call and file:line and come back as
+ * -EIO; running out of device memory is -ENOMEM with the sizes in err.  In
+ * a build without CUDA these return -ENOTSUP (device.c). */
+typedef struct trn__gpu trn__gpu;
+
+enum { TRN__GPU_PARAMS, TRN__GPU_GRADS, TRN__GPU_BUFFERS };
+
+/* Builds the device copy of the nl layers l (copied), nparams parameters,
+ * nbuffers buffer floats, batches up to max_batch, on CUDA device index;
+ * with tf32, products and convolutions may round their inputs to TF32.
+ * Chooses each convolution's algorithms from cuDNN's heuristics. */
+int trn__gpu_new(int index, const trn__layer *l, size_t nl, size_t nparams,
+                 size_t nbuffers, size_t max_batch, bool tf32, trn__gpu **out,
+                 char *err, size_t err_len);
+void trn__gpu_free(trn__gpu *g);
+size_t trn__gpu_bytes(const trn__gpu *g); /* device memory it holds */
+/* Copies the host array which (TRN__GPU_*, its full length) to or from
+ * the device; get waits for the copy. */
+int trn__gpu_put(trn__gpu *g, int which, const float *src);
+int trn__gpu_get(trn__gpu *g, int which, float *dst);
+int trn__gpu_zero_grads(trn__gpu *g);
+/* One pass on x (B, in) with labels y (B), checked by the caller: forward,
+ * and with train backward (the gradients added to the device's) and
+ * dropout masks drawn as the CPU draws them from (seed, *dropout_calls),
+ * which counts up.  The logits (B, classes) are copied to logits, the
+ * summed loss (each sample's in double, added in sample order) to *loss,
+ * and the argmax hits to *correct (may be NULL). */
+int trn__gpu_pass(trn__gpu *g, const float *x, const int32_t *y, size_t B,
+                  bool train, uint64_t seed, uint64_t *dropout_calls,
+                  float *logits, double *loss, size_t *correct);
+
+/* An optimizer step's settings and per-step scalars, as optim.c computes
+ * them for its CPU step. */
+typedef struct trn__step {
+  int kind; /* TRN_SGD, TRN_ADAMW, TRN_LAMB */
+  float scale, lr, wd;
+  float momentum, dampening; /* SGD (no state: no momentum) */
+  bool nesterov, first;
+  float beta1, beta2, eps;   /* AdamW, LAMB */
+  float step, bc2s, decay;   /* AdamW */
+  float bc1, bc2;            /* LAMB */
+  const size_t *ends;        /* LAMB: its tensors' ends (none: one tensor) */
+  size_t nends;
+} trn__step;
+
+/* One optimizer step on the device's parameters with its gradients;
+ * state is the optimizer's state in device memory (a trn__dbuf of the
+ * same device; NULL for SGD without momentum).  Waits for the step. */
+int trn__gpu_step(trn__gpu *g, float *state, const trn__step *s);
+int trn__gpu_index(const trn__gpu *g);
+
+/* A float array in one CUDA device's memory (an optimizer's state kept
+ * next to a model on that device). */
+typedef struct trn__dbuf {
+  int index; /* the device */
+  float *p;  /* (n) NULL: none yet */
+  size_t n;
+} trn__dbuf;
+/* Copies n floats from src into the array on device index, allocating it
+ * (again, when the device or size differs).  0, -ENOMEM or -EIO. */
+int trn__dbuf_put(trn__dbuf *b, int index, const float *src, size_t n);
+int trn__dbuf_get(const trn__dbuf *b, float *dst);
+void trn__dbuf_free(trn__dbuf *b);
+/* An optimizer step on a model's device, the state kept there (optim.c). */
+int trn__optim_step_gpu(trn_optim *o, trn__gpu *g, float scale);
+
 #ifdef __cplusplus
 }
 #endif

@@ -289,7 +289,18 @@ typedef struct trn_model_config {
   unsigned depth, width;
   size_t max_batch; /* the largest batch a call may pass */
   uint64_t seed;    /* the initial weights, and the dropout masks */
+  /* Where the passes run: TRN_DEV_CPU (the default) or TRN_DEV_CUDA on
+   * CUDA device device_index (mlp and cnn so far).  Resolve "auto" with
+   * trn_device_open first. */
+  int device, device_index;
+  /* On CUDA: TRN_FP32 (the default) computes in plain fp32; TRN_TF32 lets
+   * cuBLAS and cuDNN multiply on the tensor cores with TF32 inputs (10
+   * mantissa bits) and fp32 sums, as PyTorch's allow_tf32.  The CPU
+   * computes in fp32 either way. */
+  int precision;
 } trn_model_config;
+
+enum { TRN_FP32 = 0, TRN_TF32 };
 
 typedef struct trn_model trn_model;
 
@@ -349,6 +360,17 @@ int trn_model_eval_batch(trn_model *m, const float *x, const int32_t *y,
  * 0, -EINVAL (the images do not fit the model's input), -ENOMEM. */
 int trn_model_evaluate(trn_model *m, const trn_images *d, const float *mean,
                        const float *std, double *loss, double *accuracy);
+/* A model on a CUDA device keeps the parameters, gradients and buffers
+ * in device memory too.  trn_model_params, _grads and _buffers bring the
+ * host array up to date before they return it, and what the caller
+ * writes there goes to the device before the next pass: ask again after
+ * a pass rather than keep the pointer.  trn_model_sync brings all three
+ * up to date and returns 0, or -EIO once the device has failed (logged
+ * with the call and file:line; every later pass fails too, so a daemon
+ * checkpoints what it has and leaves).  On the CPU it does nothing. */
+int trn_model_sync(trn_model *m);
+/* The device the passes run on: TRN_DEV_CPU or TRN_DEV_CUDA. */
+int trn_model_device(const trn_model *m);
 /* The logits (B, classes) of the last batch. */
 const float *trn_model_logits(const trn_model *m);
 /* The end offset of each parameter tensor (weight, bias, ...) in the flat
@@ -400,6 +422,13 @@ void trn_optim_free(trn_optim *o);
  * the gradients are sums).  -EINVAL for a scale that is not finite. */
 int trn_optim_step(trn_optim *o, float *params, const float *grads,
                    float scale);
+/* The step of trn_optim_step on m's parameters with its gradients, on
+ * the model's device: for a model on CUDA the update runs there and the
+ * optimizer's state stays there between steps (trn_optim_state fetches
+ * it, and sends what the caller writes back before the next).  SGD and
+ * AdamW give the CPU step's bits; LAMB's norms are summed in another
+ * order.  0, -EINVAL (scale), or the device's failure. */
+int trn_model_step(trn_model *m, trn_optim *o, float scale);
 /* LAMB's tensors: the end offset of each parameter tensor in the flat
  * buffer, increasing, the last the buffer's size (trn_model_tensors gives
  * them).  Without, LAMB takes the whole buffer as one tensor.  0, -EINVAL

@@ -70,7 +70,21 @@ def main():
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--depth", type=int, default=20)
     p.add_argument("--width", type=int, default=16)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--step-every", type=int, default=1)
+    p.add_argument("--precision", default="fp32", choices=("fp32", "tf32"))
     a = p.parse_args()
+    dev = torch.device(a.device)
+    if dev.type == "cuda":
+        # --precision fp32: plain fp32 (no TF32 on the tensor cores), as
+        # beed's CUDA backend computes by default; tf32: both allowed, as
+        # beed's --precision tf32.  cuDNN times its algorithms
+        # (benchmark), which beed's does not (it keeps its bits the same
+        # from one process to the next).
+        tf32 = a.precision == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cudnn.benchmark = True
     if a.model not in ("mlp", "cnn", "resnet", "gpt"):
         p.error("--model is mlp, cnn, resnet or gpt")
     torch.set_num_threads(a.threads)
@@ -113,6 +127,7 @@ def main():
             nn.Linear(1024, 10))
     if synth and a.model != "resnet":
         p.error("--data synthetic is for resnet")
+    model = model.to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     order = torch.randperm(len(x)) if x is not None else None
     at = 0
@@ -136,13 +151,20 @@ def main():
             idx = order[at:at + a.batch]
             at += a.batch
             xb, yb = x.index_select(0, idx), y.index_select(0, idx)
-        opt.zero_grad()
+        # The batch is made on the host and sent, as beed's bench does.
+        xb, yb = xb.to(dev), yb.to(dev)
         loss = F.cross_entropy(model(xb), yb)
         loss.backward()
-        opt.step()
+        if (s + a.warmup + 1) % a.step_every == 0:
+            opt.step()
+            opt.zero_grad()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     cores = (time.process_time() - c0) / dt
-    print(f"RESULT impl=torch model={a.model} batch={a.batch} "
+    print(f"RESULT impl=torch device={dev.type} precision={a.precision} "
+          f"step_every={a.step_every} "
+          f"model={a.model} batch={a.batch} "
           f"threads={a.threads} steps={a.steps} "
           f"samples_per_s={a.steps * a.batch / dt:.1f} loss={loss.item():.4f} "
           f"cores={cores:.2f}",

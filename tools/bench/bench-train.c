@@ -1,14 +1,21 @@
-/* bench-train.c: beed's CPU trainer, training samples per second, timed as
- * bench-train-torch.py times PyTorch (tools/bench/run-train).
+/* bench-train.c: beed's trainer (CPU or CUDA), training samples per
+ * second, timed as bench-train-torch.py times PyTorch
+ * (tools/bench/run-train, tools/bench/run-train-cuda).
  *
- * Loads Fashion-MNIST's training set, builds the model, and runs --warmup
- * uncounted steps, then --steps timed ones: each a batch taken from the
- * shuffled order (normalized from the bytes), zeroed gradients, forward,
- * backward and an SGD step with momentum 0.9.  A note on stderr says
- * when OpenBLAS runs weaker kernels than the CPU has (an
- * OPENBLAS_CORETYPE in the environment).  Prints one line:
- * "RESULT impl=beed model=mlp batch=B threads=T samples_per_s=... loss=...
- * ... cores=C", C being CPU time over wall time in the timed steps.
+ * Loads Fashion-MNIST's training set, builds the model on --device, and
+ * runs --warmup uncounted steps, then --steps timed ones: each a batch
+ * taken from the shuffled order (normalized from the bytes, on the calling
+ * thread or, with --prefetch D, D batches ahead on the loader's thread),
+ * forward and backward, and every --step-every batches an SGD step with
+ * momentum 0.9 (trn_model_step: on the model's device) over the
+ * gradients accumulated since the last.  A note on stderr says when
+ * OpenBLAS runs weaker kernels than the CPU has (an OPENBLAS_CORETYPE in
+ * the environment).
+ * Prints one line: "RESULT impl=beed device=cpu step_every=1 model=mlp
+ * batch=B threads=T samples_per_s=... loss=... ... cores=C batch_ms=...
+ * pass_ms=...", C being CPU time over wall time in the timed steps,
+ * batch_ms the time a step spent making (or waiting for) its batch and
+ * pass_ms the time in trn_model_train_batch.
  */
 #include "trainer.h"
 
@@ -37,7 +44,9 @@ static void usage(FILE *f) {
   fprintf(f, "usage: bench-train [--model mlp|cnn|resnet|gpt] [--batch B] [--threads T]\n"
              "                   [--steps N] [--warmup W] [--depth D] [--width C]\n"
              "                   [--data DIR | --data synthetic:CxHxW:K]\n"
-             "                   [--print-core]\n"
+             "                   [--print-core] [--device cpu|cuda[:N]]\n"
+             "                   [--step-every N] [--prefetch D]\n"
+             "                   [--precision fp32|tf32]\n"
              "  defaults: mlp 784-256-10 (cnn, resnet: trainer.h's defaults;\n"
              "  --depth, --width set resnet's), batch 256, 1 thread, 400 steps after\n"
              "  20, Fashion-MNIST from " TRN_FASHION_MNIST_DIR ";\n"
@@ -51,7 +60,12 @@ int main(int argc, char **argv) {
       {"model", 1, 0, 'm'}, {"batch", 1, 0, 'b'},  {"threads", 1, 0, 't'},
       {"steps", 1, 0, 's'}, {"warmup", 1, 0, 'w'}, {"data", 1, 0, 'd'},
       {"help", 0, 0, 'h'},  {"print-core", 0, 0, 'P'}, {"depth", 1, 0, 'D'},
-      {"width", 1, 0, 'W'},   {0, 0, 0, 0}};
+      {"width", 1, 0, 'W'},   {"device", 1, 0, 'V'},
+      {"step-every", 1, 0, 'E'}, {"prefetch", 1, 0, 'F'},
+      {"precision", 1, 0, 'R'}, {0, 0, 0, 0}};
+  const char *precision = "fp32";
+  const char *device = "cpu";
+  long step_every = 1, prefetch = 0;
   const char *model = "mlp", *dir = TRN_FASHION_MNIST_DIR;
   long batch = 256, threads = 1, steps = 400, warmup = 20, depth = 0,
        width = 0;
@@ -68,6 +82,10 @@ int main(int argc, char **argv) {
     case 'D': depth = strtol(optarg, NULL, 10); break;
     case 'W': width = strtol(optarg, NULL, 10); break;
     case 'h': usage(stdout); return 0;
+    case 'V': device = optarg; break;
+    case 'E': step_every = strtol(optarg, NULL, 10); break;
+    case 'F': prefetch = strtol(optarg, NULL, 10); break;
+    case 'R': precision = optarg; break;
     case 'P': { /* the better OPENBLAS_CORETYPE, or nothing */
       char core[32], why[160];
       if (trn_blas_better_core(core, sizeof core, why, sizeof why) == 1)
@@ -113,6 +131,24 @@ int main(int argc, char **argv) {
   trn_cpu_threads_set((int)threads);
   trn_model_config mc;
   trn_model_config_default(&mc);
+  trn_device dv;
+  char why[256];
+  if (step_every < 1 || step_every > 1 << 20) {
+    fprintf(stderr, "bench-train: --step-every %ld: 1 to 2^20\n",
+            step_every);
+    return 2;
+  }
+  if ((rc = trn_device_open(device, &dv, why, sizeof why))) {
+    fprintf(stderr, "bench-train: --device %s: %s\n", device, why);
+    return 2;
+  }
+  fprintf(stderr, "bench-train: %s\n", why);
+  mc.device = dv.kind, mc.device_index = dv.index;
+  if (strcmp(precision, "fp32") != 0 && strcmp(precision, "tf32") != 0) {
+    fprintf(stderr, "bench-train: --precision %s: fp32 or tf32\n", precision);
+    return 2;
+  }
+  mc.precision = precision[0] == 't' ? TRN_TF32 : TRN_FP32;
   mc.name = model;
   mc.max_batch = (size_t)batch;
   if (depth)
@@ -145,7 +181,15 @@ int main(int argc, char **argv) {
     return 1;
   }
   const float mean = 0.2860f, std = 0.3530f;
-  double t0 = 0, c0 = 0, loss = 0;
+  trn_loader *ld = NULL; /* --prefetch: batches made on the loader's thread */
+  if (prefetch && (sc || gpt || prefetch < 2 || prefetch > 64 ||
+                   (rc = trn_loader_new(&tr, &ord, (size_t)batch, &mean, &std,
+                                        NULL, (size_t)prefetch, &ld)))) {
+    fprintf(stderr, "bench-train: --prefetch %ld: 2 to 64, for the image "
+                    "models on Fashion-MNIST\n", prefetch);
+    return 2;
+  }
+  double t0 = 0, c0 = 0, loss = 0, prep_s = 0, pass_s = 0;
   uint64_t rng = 1;
   for (long s = -warmup; s < steps; s++) {
     if (s == 0) {
@@ -172,15 +216,23 @@ int main(int argc, char **argv) {
       loss = l / (double)(batch * (long)T);
       continue;
     }
+    double h0 = now_s();
+    const float *lx = x;
+    const int32_t *ly = y;
     rc = sc ? trn_synthetic_batch(1, (uint64_t)(s + warmup) * (uint64_t)batch,
                                   (size_t)batch, sc, sh, sw, sk, x, y)
+       : ld ? trn_loader_next(ld, &lx, &ly)
             : trn_images_batch(&tr, &ord, (size_t)batch, &mean, &std, x, y);
-    trn_model_zero_grad(m);
+    double h1 = now_s();
     if (rc == 0)
-      rc = trn_model_train_batch(m, x, y, (size_t)batch, &l);
-    if (rc == 0)
-      rc = trn_optim_step(o, trn_model_params(m), trn_model_grads(m),
-                          1.0f / (float)batch);
+      rc = trn_model_train_batch(m, lx, ly, (size_t)batch, &l);
+    double h2 = now_s();
+    if (s >= 0)
+      prep_s += h1 - h0, pass_s += h2 - h1;
+    if (rc == 0 && (s + warmup + 1) % step_every == 0) {
+      rc = trn_model_step(m, o, 1.0f / (float)(batch * step_every));
+      trn_model_zero_grad(m);
+    }
     if (rc) {
       fprintf(stderr, "bench-train: step %ld: %s\n", s, strerror(-rc));
       return 1;
@@ -200,13 +252,19 @@ int main(int argc, char **argv) {
                               trn_model_activation_bytes(m)) /
                      mib;
   double data_mib = (double)(tr.n * (size_t)tr.c * tr.h * tr.w + tr.n) / mib;
-  printf("RESULT impl=beed model=%s batch=%ld threads=%ld steps=%ld "
+  printf("RESULT impl=beed device=%s precision=%s step_every=%ld model=%s "
+         "batch=%ld "
+         "threads=%ld steps=%ld "
          "samples_per_s=%.1f loss=%.4f rss_mib=%.1f model_mib=%.1f "
-         "data_mib=%.1f cores=%.2f\n",
-         model, batch, threads, steps, (double)(steps * batch) / dt, loss,
-         (double)ru.ru_maxrss / 1024.0, model_mib, data_mib, cores);
+         "data_mib=%.1f cores=%.2f batch_ms=%.3f pass_ms=%.3f\n",
+         dv.kind == TRN_DEV_CUDA ? "cuda" : "cpu", precision, step_every,
+         model, batch,
+         threads, steps, (double)(steps * batch) / dt, loss,
+         (double)ru.ru_maxrss / 1024.0, model_mib, data_mib, cores,
+         1e3 * prep_s / (double)steps, 1e3 * pass_s / (double)steps);
   free(x);
   free(y);
+  trn_loader_free(ld);
   trn_order_free(&ord);
   trn_optim_free(o);
   trn_model_free(m);

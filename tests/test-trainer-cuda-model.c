@@ -1,0 +1,357 @@
+/* test-trainer-cuda-model.c: mlp and cnn on a CUDA device against the CPU.
+ *
+ * Skips (exit 77) without the CUDA backend or a device.  With one, for
+ * mlp, cnn (with dropout) and cnn with batch norm, the same weights and
+ * batches go through the CPU backend and cuda:0:
+ * - the losses, logits, gradients and batch-norm statistics agree within
+ *   fp32 rounding (the worst difference is printed, relative to the
+ *   array's largest magnitude; cuDNN's Winograd and FFT convolutions,
+ *   which it may time fastest, differ by up to about 3e-4 of the largest
+ *   logit, a wrong index or a missed term by far more), over two
+ *   accumulated batches, an
+ *   optimizer step taken on the host's arrays, and the batch after it;
+ * - evaluation agrees and leaves the dropout count alone;
+ * - with TF32 allowed, cnn agrees within what TF32's rounding explains;
+ * - two fresh CUDA models give the same bits for the same batches;
+ * - bad calls fail as on the CPU (-EINVAL), gpt and resnet say -ENOTSUP;
+ * - optimizer steps on the device (trn_model_step) give the CPU's bits for
+ *   SGD and AdamW, LAMB's within rounding, with the state moving between
+ *   host and device when a step is taken on the host in between;
+ * - cnn trained on the GPU from Fashion-MNIST (the t10k set, when
+ *   installed) learns: its accuracy on the training images passes 75%
+ *   and its loss follows the CPU's.
+ */
+#include "test.h"
+
+#include "trainer.h"
+
+#include <errno.h>
+#include <math.h>
+
+static uint64_t rng = 0x1234;
+static float frand(void) { /* uniform in [-1, 1) */
+  rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+  return (float)((double)(rng >> 11) * 0x1p-52 - 1.0);
+}
+
+/* The largest |a - b| over n, relative to the largest |a|. */
+static double rel_diff(const float *a, const float *b, size_t n) {
+  double d = 0, mx = 1e-30;
+  for (size_t i = 0; i < n; i++) {
+    double e = fabs((double)a[i] - b[i]);
+    d = e > d ? e : d;
+    mx = fabs(a[i]) > mx ? fabs(a[i]) : mx;
+  }
+  return d / mx;
+}
+
+static void near(const char *what, const float *a, const float *b, size_t n,
+                 double tol) {
+  double d = rel_diff(a, b, n);
+  printf("  %-28s worst difference %.2e of the largest\n", what, d);
+  if (!(d <= tol))
+    FAIL("%s: CPU and CUDA differ by %.3e (tolerance %.1e)", what, d, tol);
+}
+
+static trn_model *make(const trn_model_config *base, int device) {
+  trn_model_config c = *base;
+  c.device = device;
+  c.device_index = 0;
+  trn_model *m;
+  char err[256];
+  int rc = trn_model_new(&c, &m, err, sizeof err);
+  if (rc)
+    FAIL("%s on %s: %s", c.name, device == TRN_DEV_CUDA ? "cuda" : "cpu", err);
+  return m;
+}
+
+/* Both models through the same batches and one SGD step; the arrays
+ * compared after each. */
+static void compare(const char *label, const trn_model_config *cfg, size_t B) {
+  /* TF32 keeps 10 of fp32's 23 mantissa bits in the products' inputs. */
+  double f = cfg->precision == TRN_TF32 ? 50 : 1;
+  printf("%s, batch %zu:\n", label, B);
+  trn_model *c = make(cfg, TRN_DEV_CPU), *g = make(cfg, TRN_DEV_CUDA);
+  ASSERT_EQ(trn_model_device(c), TRN_DEV_CPU);
+  ASSERT_EQ(trn_model_device(g), TRN_DEV_CUDA);
+  size_t np = trn_model_nparams(c), in = trn_model_inputs(c);
+  size_t k = trn_model_classes(c), nb, nbg;
+  ASSERT_EQ(trn_model_nparams(g), np);
+  ASSERT(memcmp(trn_model_params(c), trn_model_params(g), np * sizeof(float)) ==
+         0);
+  float *x = malloc(B * in * sizeof *x);
+  int32_t *y = malloc(B * sizeof *y);
+  ASSERT(x && y);
+  trn_optim_config oc;
+  trn_optim_config_default(&oc, TRN_SGD);
+  oc.lr = 0.05f, oc.momentum = 0.9f;
+  trn_optim *oc_c, *oc_g;
+  ASSERT_EQ(trn_optim_new(&oc, np, &oc_c), 0);
+  ASSERT_EQ(trn_optim_new(&oc, np, &oc_g), 0);
+  for (int step = 0; step < 3; step++) {
+    for (size_t i = 0; i < B * in; i++)
+      x[i] = frand();
+    for (size_t i = 0; i < B; i++) {
+      frand();
+      y[i] = (int32_t)((rng >> 20) % k);
+    }
+    double lc = 0, lg = 0;
+    ASSERT_EQ(trn_model_train_batch(c, x, y, B, &lc), 0);
+    ASSERT_EQ(trn_model_train_batch(g, x, y, B, &lg), 0);
+    printf("  batch %d: loss cpu %.9g cuda %.9g\n", step, lc, lg);
+    if (!(fabs(lc - lg) <= 1e-4 * f * fabs(lc)))
+      FAIL("batch %d: loss %.9g on the CPU, %.9g on CUDA", step, lc, lg);
+    ASSERT_UEQ(trn_model_dropout_calls(c), trn_model_dropout_calls(g));
+    near("logits", trn_model_logits(c), trn_model_logits(g), B * k, 1e-3 * f);
+    ASSERT_EQ(trn_model_sync(g), 0);
+    near("gradients", trn_model_grads(c), trn_model_grads(g), np, 2e-3 * f);
+    float *bc = trn_model_buffers(c, &nb), *bg = trn_model_buffers(g, &nbg);
+    ASSERT_EQ(nb, nbg);
+    if (nb)
+      near("batch-norm statistics", bc, bg, nb, 1e-3 * f);
+    if (step == 1) { /* the step on the host, then the next batch */
+      ASSERT_EQ(trn_optim_step(oc_c, trn_model_params(c), trn_model_grads(c),
+                               1.0f / (float)(2 * B)),
+                0);
+      ASSERT_EQ(trn_optim_step(oc_g, trn_model_params(g), trn_model_grads(g),
+                               1.0f / (float)(2 * B)),
+                0);
+      near("parameters after a step", trn_model_params(c), trn_model_params(g),
+           np, 1e-5 * f);
+      trn_model_zero_grad(c);
+      trn_model_zero_grad(g);
+    }
+  }
+  /* Evaluation: no dropout, nothing of the training state changes. */
+  uint64_t calls = trn_model_dropout_calls(g);
+  double lc, lg;
+  size_t rc_c, rc_g;
+  ASSERT_EQ(trn_model_eval_batch(c, x, y, B, &lc, &rc_c), 0);
+  ASSERT_EQ(trn_model_eval_batch(g, x, y, B, &lg, &rc_g), 0);
+  printf("  evaluation: loss cpu %.9g cuda %.9g, correct %zu %zu\n", lc, lg,
+         rc_c, rc_g);
+  if (!(fabs(lc - lg) <= 1e-4 * f * fabs(lc)))
+    FAIL("evaluation: loss %.9g on the CPU, %.9g on CUDA", lc, lg);
+  size_t flips = f > 1 ? 3 : 1; /* near ties may fall either way */
+  ASSERT(rc_c >= rc_g ? rc_c - rc_g <= flips : rc_g - rc_c <= flips);
+  ASSERT_UEQ(trn_model_dropout_calls(g), calls);
+  /* Bad calls fail before the device sees them. */
+  y[0] = (int32_t)k;
+  ASSERT_EQ(trn_model_train_batch(g, x, y, B, NULL), -EINVAL);
+  y[0] = 0;
+  ASSERT_EQ(trn_model_train_batch(g, x, y, 0, NULL), -EINVAL);
+  ASSERT_EQ(trn_model_train_batch(g, x, y, cfg->max_batch + 1, NULL), -EINVAL);
+  /* Determinism: a fresh CUDA model, the same batch twice, the same bits. */
+  trn_model *g2 = make(cfg, TRN_DEV_CUDA), *g3 = make(cfg, TRN_DEV_CUDA);
+  ASSERT_EQ(trn_model_train_batch(g2, x, y, B, &lc), 0);
+  ASSERT_EQ(trn_model_train_batch(g3, x, y, B, &lg), 0);
+  ASSERT(lc == lg);
+  ASSERT(memcmp(trn_model_grads(g2), trn_model_grads(g3), np * sizeof(float)) ==
+         0);
+  printf("  two CUDA models: the same bits; %.1f MiB on the device\n",
+         (double)trn_model_activation_bytes(g) / 1048576.0);
+  trn_model_free(g2);
+  trn_model_free(g3);
+  trn_optim_free(oc_c);
+  trn_optim_free(oc_g);
+  free(x);
+  free(y);
+  trn_model_free(c);
+  trn_model_free(g);
+}
+
+/* The optimizers' steps on the device against the CPU's, from the same
+ * parameters and gradients (the CPU model's, copied): SGD and AdamW give
+ * the same bits, LAMB (its norms summed in another order) agrees to
+ * rounding.  The third step is taken on the host's arrays of the CUDA
+ * model, so the state travels back to the host and out again. */
+static void optim_steps(void) {
+  static const struct {
+    const char *name;
+    int kind;
+    float momentum, wd;
+    bool nesterov;
+  } opts[] = {{"sgd", TRN_SGD, 0, 0, false},
+              {"sgd momentum nesterov wd", TRN_SGD, 0.9f, 1e-3f, true},
+              {"adamw", TRN_ADAMW, 0, 0.01f, false},
+              {"lamb", TRN_LAMB, 0, 0.01f, false}};
+  trn_model_config cfg;
+  trn_model_config_default(&cfg);
+  cfg.name = "cnn";
+  cfg.conv[0] = 4, cfg.conv[1] = 8, cfg.dense = 64;
+  cfg.max_batch = 16;
+  const size_t B = 16;
+  for (size_t k = 0; k < sizeof opts / sizeof *opts; k++) {
+    trn_model *c = make(&cfg, TRN_DEV_CPU), *g = make(&cfg, TRN_DEV_CUDA);
+    size_t np = trn_model_nparams(c), in = trn_model_inputs(c), ends[64];
+    size_t ne = trn_model_tensors(c, ends, 64);
+    trn_optim_config oc;
+    trn_optim_config_default(&oc, opts[k].kind);
+    oc.momentum = opts[k].momentum, oc.nesterov = opts[k].nesterov;
+    oc.weight_decay = opts[k].wd;
+    if (opts[k].kind == TRN_SGD)
+      oc.lr = 0.1f;
+    trn_optim *oc_c, *oc_g;
+    ASSERT_EQ(trn_optim_new(&oc, np, &oc_c), 0);
+    ASSERT_EQ(trn_optim_new(&oc, np, &oc_g), 0);
+    if (opts[k].kind == TRN_LAMB) {
+      ASSERT_EQ(trn_optim_set_tensors(oc_c, ends, ne), 0);
+      ASSERT_EQ(trn_optim_set_tensors(oc_g, ends, ne), 0);
+    }
+    float *x = malloc(B * in * sizeof *x);
+    int32_t y[16];
+    ASSERT(x);
+    bool exact = opts[k].kind != TRN_LAMB;
+    double worst = 0;
+    for (int step = 0; step < 5; step++) {
+      for (size_t i = 0; i < B * in; i++)
+        x[i] = frand();
+      for (size_t i = 0; i < B; i++)
+        y[i] = (int32_t)(i % 10);
+      ASSERT_EQ(trn_model_train_batch(c, x, y, B, NULL), 0);
+      memcpy(trn_model_grads(g), trn_model_grads(c), np * sizeof(float));
+      ASSERT_EQ(trn_model_step(c, oc_c, 1.0f / B), 0);
+      if (step == 2)
+        ASSERT_EQ(trn_optim_step(oc_g, trn_model_params(g), trn_model_grads(g),
+                                 1.0f / B),
+                  0);
+      else
+        ASSERT_EQ(trn_model_step(g, oc_g, 1.0f / B), 0);
+      ASSERT_EQ(trn_model_step(g, oc_g, (float)NAN), -EINVAL);
+      ASSERT_UEQ(trn_optim_steps(oc_g), trn_optim_steps(oc_c));
+      size_t ns_c, ns_g;
+      const float *sc = trn_optim_state(oc_c, &ns_c);
+      const float *sg = trn_optim_state(oc_g, &ns_g);
+      ASSERT_EQ(ns_c, ns_g);
+      const float *pc = trn_model_params(c), *pg = trn_model_params(g);
+      if (exact) {
+        if (memcmp(pc, pg, np * sizeof(float)) ||
+            (ns_c && memcmp(sc, sg, ns_c * sizeof(float))))
+          FAIL("%s, step %d: the device's step differs from the CPU's "
+               "(parameters by %.3e, state by %.3e)",
+               opts[k].name, step, rel_diff(pc, pg, np),
+               ns_c ? rel_diff(sc, sg, ns_c) : 0.0);
+      } else {
+        double d = rel_diff(pc, pg, np);
+        worst = d > worst ? d : worst;
+        if (!(d <= 1e-5))
+          FAIL("%s, step %d: parameters differ by %.3e", opts[k].name, step, d);
+      }
+      trn_model_zero_grad(c);
+      trn_model_zero_grad(g);
+    }
+    /* The stepped parameters are the ones the next pass uses. */
+    double lc, lg;
+    ASSERT_EQ(trn_model_eval_batch(c, x, y, B, &lc, NULL), 0);
+    ASSERT_EQ(trn_model_eval_batch(g, x, y, B, &lg, NULL), 0);
+    if (!(fabs(lc - lg) <= 1e-4 * fabs(lc)))
+      FAIL("%s: after the steps, loss %.9g on the CPU, %.9g on CUDA",
+           opts[k].name, lc, lg);
+    printf("optimizer %s on cuda:0: 5 steps, %s\n", opts[k].name,
+           exact ? "the CPU's bits" : "within rounding");
+    if (!exact)
+      printf("  worst parameter difference %.2e of the largest\n", worst);
+    free(x);
+    trn_optim_free(oc_c);
+    trn_optim_free(oc_g);
+    trn_model_free(c);
+    trn_model_free(g);
+  }
+}
+
+/* cnn trained on the t10k images for 150 batches of 64 on both devices
+ * from the same weights and order. */
+static void learns(void) {
+  trn_images d;
+  char err[256];
+  const char *dir = getenv("BEE_FMNIST_DIR");
+  if (!dir)
+    dir = TRN_FASHION_MNIST_DIR;
+  if (trn_mnist_load(dir, "t10k", &d, err, sizeof err)) {
+    printf("learning: skipped, no Fashion-MNIST: %s\n", err);
+    return;
+  }
+  trn_model_config cfg;
+  trn_model_config_default(&cfg);
+  cfg.name = "cnn";
+  cfg.max_batch = 256;
+  const size_t B = 64, steps = 150;
+  double last[2] = {0, 0}, acc = 0;
+  for (int dev = 0; dev < 2; dev++) {
+    trn_model *m = make(&cfg, dev ? TRN_DEV_CUDA : TRN_DEV_CPU);
+    trn_optim_config oc;
+    trn_optim_config_default(&oc, TRN_SGD);
+    oc.lr = 0.05f, oc.momentum = 0.9f;
+    trn_optim *o;
+    ASSERT_EQ(trn_optim_new(&oc, trn_model_nparams(m), &o), 0);
+    trn_order ord;
+    ASSERT_EQ(trn_order_init(&ord, d.n, "learn", 5, 0, 0), 0);
+    float *x = malloc(B * 784 * sizeof *x);
+    int32_t *y = malloc(B * sizeof *y);
+    const float mean = 0.2860f, std = 0.3530f;
+    for (size_t s = 0; s < steps; s++) {
+      double l;
+      ASSERT_EQ(trn_images_batch(&d, &ord, B, &mean, &std, x, y), 0);
+      trn_model_zero_grad(m);
+      ASSERT_EQ(trn_model_train_batch(m, x, y, B, &l), 0);
+      ASSERT_EQ(trn_model_step(m, o, 1.0f / (float)B), 0);
+      if (s >= steps - 20)
+        last[dev] += l / (double)B / 20;
+    }
+    if (dev) {
+      double loss;
+      ASSERT_EQ(trn_model_evaluate(m, &d, &mean, &std, &loss, &acc), 0);
+      printf("learning: cnn on cuda:0, %zu batches of %zu: accuracy %.3f, "
+             "loss %.4f\n",
+             steps, B, acc, loss);
+    }
+    free(x);
+    free(y);
+    trn_order_free(&ord);
+    trn_optim_free(o);
+    trn_model_free(m);
+  }
+  printf("learning: mean loss of the last 20 batches: cpu %.4f cuda %.4f\n",
+         last[0], last[1]);
+  ASSERT(acc > 0.75);
+  ASSERT(fabs(last[0] - last[1]) <= 0.05 * last[0]);
+  trn_images_free(&d);
+}
+
+int main(void) {
+  char err[256];
+  trn_model *m;
+  int n = 0;
+  if (!trn_cuda_built() || trn_device_count_cuda(&n) || n == 0) {
+    printf("skip: no CUDA device (or no CUDA backend in this build)\n");
+    return TEST_SKIP;
+  }
+  trn_model_config cfg;
+  trn_model_config_default(&cfg);
+  cfg.max_batch = 64;
+  compare("mlp 784-256-10", &cfg, 64);
+  cfg.name = "cnn";
+  compare("cnn (dropout 0.5)", &cfg, 48);
+  cfg.batchnorm = true;
+  cfg.dropout = 0;
+  compare("cnn with batch norm", &cfg, 32);
+  cfg.batchnorm = false;
+  cfg.dropout = 0.5f;
+  cfg.precision = TRN_TF32;
+  compare("cnn, TF32 on the tensor cores", &cfg, 48);
+  cfg.precision = 7;
+  ASSERT_EQ(trn_model_new(&cfg, &m, err, sizeof err), -EINVAL);
+  printf("%s\n", err);
+  /* Models the CUDA backend does not run yet say so. */
+  for (int i = 0; i < 2; i++) {
+    trn_model_config_default(&cfg);
+    cfg.name = i ? "resnet" : "gpt";
+    cfg.device = TRN_DEV_CUDA;
+    ASSERT_EQ(trn_model_new(&cfg, &m, err, sizeof err), -ENOTSUP);
+    printf("%s\n", err);
+    ASSERT(strstr(err, "not on CUDA") != NULL);
+  }
+  optim_steps();
+  learns();
+  return 0;
+}

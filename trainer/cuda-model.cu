@@ -1,0 +1,1029 @@
+/* cuda-model.cu: model.c's layer list (mlp, cnn) on a CUDA device, and
+ * optimizer steps there.
+ *
+ * The device holds its own copy of the flat parameter, gradient and buffer
+ * arrays, every layer's output, and the gradient flowing down; model.c
+ * keeps the host copies the rest of the program sees in step
+ * (trn__gpu_put, trn__gpu_get).  Matrix products go to cuBLAS, the
+ * convolutions, their bias gradients and batch norm to cuDNN, the rest to
+ * the small kernels below.  By default the arithmetic is plain fp32:
+ * cuBLAS's default math and cuDNN's FMA math, which never round to TF32
+ * on the tensor cores (with tf32 both may).  Only deterministic
+ * convolution algorithms, chosen by cuDNN's heuristics rather than by
+ * timing, so a pass gives the same bits every time and in every process
+ * on the same GPU model and cuDNN, within rounding of the CPU backend
+ * (tests/test-trainer-cuda-model.c measures how close).  Dropout draws
+ * the CPU's masks bit for bit (the same counter-based generator), so a
+ * run moves between backends without changing its masks; the optimizer
+ * kernels repeat optim.c's operations in its order.
+ *
+ * Every call is checked: CUDA, cuBLAS and cuDNN errors are logged with the
+ * call and file:line and return -EIO; an allocation the device cannot
+ * satisfy returns -ENOMEM with the sizes in the caller's message.
+ */
+#include "trainer-int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+/* ---- checking ------------------------------------------------------------ */
+
+static int cuda_fail(cudaError_t e, const char *call, const char *file,
+                     int line) {
+  if (e == cudaSuccess)
+    return 0;
+  (void)cudaGetLastError();
+  trn__log(TRN_LOG_ERROR, "%s:%d: %s: %s (%s)", file, line, call,
+           cudaGetErrorString(e), cudaGetErrorName(e));
+  return -EIO;
+}
+
+static int blas_fail(cublasStatus_t s, const char *call, const char *file,
+                     int line) {
+  if (s == CUBLAS_STATUS_SUCCESS)
+    return 0;
+  trn__log(TRN_LOG_ERROR, "%s:%d: %s: %s (%s)", file, line, call,
+           cublasGetStatusString(s), cublasGetStatusName(s));
+  return -EIO;
+}
+
+static int dnn_fail(cudnnStatus_t s, const char *call, const char *file,
+                    int line) {
+  if (s == CUDNN_STATUS_SUCCESS)
+    return 0;
+  trn__log(TRN_LOG_ERROR, "%s:%d: %s: %s", file, line, call,
+           cudnnGetErrorString(s));
+  return -EIO;
+}
+
+#define CK(call) cuda_fail((call), #call, __FILE__, __LINE__)
+#define BK(call) blas_fail((call), #call, __FILE__, __LINE__)
+#define DK(call) dnn_fail((call), #call, __FILE__, __LINE__)
+/* Returns from the calling function on the first failure. */
+#define TRY(x)                                                                 \
+  do {                                                                         \
+    int try_rc_ = (x);                                                         \
+    if (try_rc_)                                                               \
+      return try_rc_;                                                          \
+  } while (0)
+
+/* ---- kernels --------------------------------------------------------------- */
+
+#define THREADS 256
+
+static unsigned blocks(size_t n) {
+  return (unsigned)((n + THREADS - 1) / THREADS);
+}
+
+/* y[b, c, i] += bias[c] over (B, C, hw), then max(y, 0) with relu. */
+__global__ void k_bias(float *y, const float *bias, size_t n, unsigned C,
+                       size_t hw, bool relu) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n)
+    return;
+  float v = y[i] + bias[(i / hw) % C];
+  y[i] = relu && !(v > 0) ? 0.0f : v;
+}
+
+__global__ void k_relu(const float *x, float *y, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n)
+    y[i] = x[i] > 0 ? x[i] : 0.0f;
+}
+
+/* dx = dy where the output y > 0, else 0; dx may be dy. */
+__global__ void k_relu_bwd(const float *y, const float *dy, float *dx,
+                           size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n)
+    dx[i] = y[i] > 0 ? dy[i] : 0.0f;
+}
+
+/* db[j] += the sum over the batch of dy[i, j], in batch order. */
+__global__ void k_colsum(const float *dy, float *db, size_t B, size_t out) {
+  size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= out)
+    return;
+  float s = 0;
+  for (size_t i = 0; i < B; i++)
+    s += dy[i * out + j];
+  db[j] += s;
+}
+
+/* k x k windows with stride k over planes of h x w; one thread per
+ * output; the first maximum wins, as on the CPU. */
+__global__ void k_pool(const float *x, float *y, uint32_t *arg, size_t n,
+                       unsigned h, unsigned w, unsigned k) {
+  size_t o = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (o >= n)
+    return;
+  unsigned oh = h / k, ow = w / k;
+  size_t plane = o / ((size_t)oh * ow);
+  unsigned r = (unsigned)(o % ((size_t)oh * ow));
+  unsigned oy = r / ow, ox = r % ow;
+  const float *xp = x + plane * h * w;
+  uint32_t best = oy * k * w + ox * k;
+  float mx = xp[best];
+  for (unsigned dy = 0; dy < k; dy++)
+    for (unsigned dx = 0; dx < k; dx++) {
+      uint32_t at = (oy * k + dy) * w + ox * k + dx;
+      if (xp[at] > mx)
+        mx = xp[at], best = at;
+    }
+  y[o] = mx;
+  arg[o] = best;
+}
+
+/* One thread per input pixel: its output's gradient if it was the
+ * maximum, else 0 (pixels past the last whole window get 0). */
+__global__ void k_pool_bwd(const float *dy, const uint32_t *arg, float *dx,
+                           size_t n, unsigned h, unsigned w, unsigned k) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n)
+    return;
+  unsigned oh = h / k, ow = w / k;
+  size_t plane = i / ((size_t)h * w);
+  unsigned r = (unsigned)(i % ((size_t)h * w));
+  unsigned py = r / w, px = r % w;
+  float v = 0;
+  if (py / k < oh && px / k < ow) {
+    size_t o = plane * oh * ow + (size_t)(py / k) * ow + px / k;
+    if (arg[o] == r)
+      v = dy[o];
+  }
+  dx[i] = v;
+}
+
+__device__ static uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* conv.c's trn__dropout_fwd, element i drawn from (base, i) alone. */
+__global__ void k_dropout(const float *x, float *y, float *mask, size_t n,
+                          uint64_t base, uint64_t cut, float keep) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n)
+    return;
+  uint64_t r = mix(base + 0x9e3779b97f4a7c15ull * (i + 1)) >> 32;
+  float m = r < cut ? 0.0f : keep;
+  mask[i] = m;
+  y[i] = x[i] * m;
+}
+
+__global__ void k_mul(const float *a, const float *b, float *y, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n)
+    y[i] = a[i] * b[i];
+}
+
+/* layers.c's trn__softmax_ce, one thread per sample: its loss (double)
+ * and hit, and with dl the gradient softmax - onehot. */
+__global__ void k_softmax_ce(const float *z0, const int32_t *labels, float *dl,
+                             double *loss, uint8_t *hit, size_t B, size_t C) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= B)
+    return;
+  const float *z = z0 + i * C;
+  size_t arg = 0;
+  float mx = z[0];
+  for (size_t j = 1; j < C; j++)
+    if (z[j] > mx)
+      mx = z[j], arg = j;
+  double sum = 0;
+  for (size_t j = 0; j < C; j++)
+    sum += exp((double)z[j] - mx);
+  double lse = mx + log(sum);
+  size_t t = (size_t)labels[i];
+  loss[i] = lse - z[t];
+  hit[i] = arg == t;
+  if (dl)
+    for (size_t j = 0; j < C; j++)
+      dl[i * C + j] = (float)(exp((double)z[j] - lse) - (j == t ? 1.0 : 0.0));
+}
+
+/* ---- the device copy --------------------------------------------------------- */
+
+/* A convolution's cuDNN descriptors and chosen algorithms. */
+typedef struct gconv {
+  cudnnTensorDescriptor_t x, y, b;
+  cudnnFilterDescriptor_t w;
+  cudnnConvolutionDescriptor_t cv;
+  cudnnConvolutionFwdAlgo_t fwd;
+  cudnnConvolutionBwdDataAlgo_t bwd_data;
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+} gconv;
+
+/* Batch norm's: x and y (B, c, hw, 1), its parameters (1, c, 1, 1). */
+typedef struct gbn {
+  cudnnTensorDescriptor_t x, p;
+  float *mean, *ivar; /* (c) the batch's, saved for backward */
+} gbn;
+
+struct trn__gpu {
+  int index;
+  bool tf32; /* TF32 on the tensor cores allowed */
+  cudaStream_t st;
+  cublasHandle_t blas;
+  cudnnHandle_t dnn;
+  trn__layer l[TRN__LAYERS_MAX];
+  size_t nl, nparams, nbuffers, max_batch, in, classes, widest;
+  float *params, *grads, *buffers; /* (nparams), (nparams), (nbuffers) */
+  float *x;                        /* (max_batch, in) */
+  int32_t *y;                      /* (max_batch) */
+  float *act[TRN__LAYERS_MAX];     /* (max_batch, out) each layer's output */
+  float *mask[TRN__LAYERS_MAX];    /* dropout */
+  uint32_t *arg[TRN__LAYERS_MAX];  /* max-pool */
+  gconv conv[TRN__LAYERS_MAX];
+  gbn bn[TRN__LAYERS_MAX];
+  float *d0, *d1; /* (max_batch, widest) the gradient flowing down */
+  double *loss;   /* (max_batch) each sample's */
+  uint8_t *hit;   /* (max_batch) */
+  double *h_loss; /* pinned host copies of the two */
+  uint8_t *h_hit;
+  void *ws; /* the convolutions' workspace */
+  size_t ws_bytes, bytes;
+  /* TRN_CUDA_PROFILE=1 in the environment: each layer's time, forward
+   * and backward, from events around it, logged when the model is freed.
+   * fev[i] is recorded before forward layer i (fev[nl] after the last),
+   * bev[i] after backward layer i (bev[nl] before the first). */
+  bool prof;
+  cudaEvent_t fev[TRN__LAYERS_MAX + 1], bev[TRN__LAYERS_MAX + 1];
+  double fwd_ms[TRN__LAYERS_MAX], bwd_ms[TRN__LAYERS_MAX];
+  size_t passes, train_passes;
+  double *lamb_part; /* LAMB: each block's sums, (2 blocks(nparams) + 2) */
+  float *lamb_step;  /* LAMB: lr times the tensor's trust ratio */
+};
+
+/* cudaMalloc that counts, and explains a failure in err. */
+static int dalloc(trn__gpu *g, void **p, size_t bytes, const char *what,
+                  char *err, size_t err_len) {
+  if (bytes == 0)
+    bytes = 1;
+  cudaError_t e = cudaMalloc(p, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    size_t fr = 0, tot = 0;
+    (void)cudaMemGetInfo(&fr, &tot);
+    return trn__fail(err, err_len, -ENOMEM,
+                     "cuda:%d: out of memory: %.1f MiB asked for %s with "
+                     "%.1f MiB held; %.1f of %.1f MiB free",
+                     g->index, bytes / 1048576.0, what, g->bytes / 1048576.0,
+                     fr / 1048576.0, tot / 1048576.0);
+  }
+  if (CK(e))
+    return trn__fail(err, err_len, -EIO,
+                     "cuda:%d: cudaMalloc of %zu bytes "
+                     "for %s failed (see the log)",
+                     g->index, bytes, what);
+  g->bytes += bytes;
+  return 0;
+}
+
+#define DALLOC(p, n, what)                                                     \
+  TRY(dalloc(g, (void **)&(p), (n) * sizeof *(p), what, err, err_len))
+
+static int set4d(cudnnTensorDescriptor_t d, size_t n, unsigned c, unsigned h,
+                 unsigned w) {
+  return DK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                       (int)n, (int)c, (int)h, (int)w));
+}
+
+/* The first deterministic algorithm of perf (n results, the heuristics'
+ * best first) that computes in fp32 (with tf32: may round inputs to TF32
+ * on the tensor cores; never to fp16) and needs at most WS_MAX bytes: its
+ * index, or -1. */
+#define WS_MAX ((size_t)1 << 30)
+template <typename P> static int pick(const P *perf, int n, bool tf32) {
+  for (int i = 0; i < n; i++)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS &&
+        perf[i].determinism == CUDNN_DETERMINISTIC &&
+        (tf32 || perf[i].mathType != CUDNN_TENSOR_OP_MATH) &&
+        perf[i].mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION &&
+        perf[i].memory <= WS_MAX)
+      return i;
+  return -1;
+}
+
+/* Descriptors for convolution i at max_batch, and its three algorithms:
+ * the first that pick() takes from cuDNN's heuristics.  Not timed
+ * (cudnnFind*): timings vary from one process to the next, so two
+ * processes could choose differently and compute different bits, and a
+ * run restored from a checkpoint would not repeat its losses.  *ws grows to
+ * the most any of them needs. */
+static int conv_setup(trn__gpu *g, size_t i, size_t *ws, char *err,
+                      size_t err_len) {
+  const trn__conv *cv = &g->l[i].cv;
+  gconv *c = &g->conv[i];
+  size_t B = g->max_batch;
+  TRY(DK(cudnnCreateTensorDescriptor(&c->x)));
+  TRY(DK(cudnnCreateTensorDescriptor(&c->y)));
+  TRY(DK(cudnnCreateTensorDescriptor(&c->b)));
+  TRY(DK(cudnnCreateFilterDescriptor(&c->w)));
+  TRY(DK(cudnnCreateConvolutionDescriptor(&c->cv)));
+  unsigned stride = cv->stride ? cv->stride : 1;
+  TRY(set4d(c->x, B, cv->c, cv->h, cv->w));
+  TRY(set4d(c->y, B, cv->oc, cv->oh, cv->ow));
+  TRY(set4d(c->b, 1, cv->oc, 1, 1));
+  TRY(DK(cudnnSetFilter4dDescriptor(c->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                    (int)cv->oc, (int)cv->c, (int)cv->k,
+                                    (int)cv->k)));
+  TRY(DK(cudnnSetConvolution2dDescriptor(
+      c->cv, (int)cv->pad, (int)cv->pad, (int)stride, (int)stride, 1, 1,
+      CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT)));
+  /* FMA: never TF32.  DEFAULT: TF32 where cuDNN finds it faster (what
+   * PyTorch's allow_tf32 sets). */
+  TRY(DK(cudnnSetConvolutionMathType(c->cv, g->tf32 ? CUDNN_DEFAULT_MATH
+                                                    : CUDNN_FMA_MATH)));
+  enum { N = 16 };
+  int n = 0, k;
+  cudnnConvolutionFwdAlgoPerf_t pf[N];
+  TRY(DK(cudnnGetConvolutionForwardAlgorithm_v7(g->dnn, c->x, c->w, c->cv, c->y,
+                                                N, &n, pf)));
+  if ((k = pick(pf, n, g->tf32)) < 0)
+    return trn__fail(err, err_len, -EIO,
+                     "cuda:%d: no deterministic "
+                     "forward algorithm for convolution %zu",
+                     g->index, i);
+  c->fwd = pf[k].algo;
+  *ws = pf[k].memory > *ws ? pf[k].memory : *ws;
+  cudnnConvolutionBwdFilterAlgoPerf_t pw[N];
+  TRY(DK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+      g->dnn, c->x, c->y, c->cv, c->w, N, &n, pw)));
+  if ((k = pick(pw, n, g->tf32)) < 0)
+    return trn__fail(err, err_len, -EIO,
+                     "cuda:%d: no deterministic "
+                     "filter-gradient algorithm for convolution %zu",
+                     g->index, i);
+  c->bwd_filter = pw[k].algo;
+  *ws = pw[k].memory > *ws ? pw[k].memory : *ws;
+  if (i > 0) { /* the first layer's input needs no gradient */
+    cudnnConvolutionBwdDataAlgoPerf_t pd[N];
+    TRY(DK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        g->dnn, c->w, c->y, c->cv, c->x, N, &n, pd)));
+    if ((k = pick(pd, n, g->tf32)) < 0)
+      return trn__fail(err, err_len, -EIO,
+                       "cuda:%d: no deterministic "
+                       "data-gradient algorithm for convolution %zu",
+                       g->index, i);
+    c->bwd_data = pd[k].algo;
+    *ws = pd[k].memory > *ws ? pd[k].memory : *ws;
+  }
+  if (g->prof)
+    trn__log(TRN_LOG_INFO,
+             "cuda:%d profile: conv %zu algorithms: forward "
+             "%d, filter gradient %d, data gradient %d",
+             g->index, i, (int)c->fwd, (int)c->bwd_filter,
+             i > 0 ? (int)c->bwd_data : -1);
+  return 0;
+}
+
+static int gpu_build(trn__gpu *g, char *err, size_t err_len) {
+  size_t B = g->max_batch;
+  TRY(CK(cudaSetDevice(g->index)));
+  TRY(CK(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking)));
+  TRY(BK(cublasCreate(&g->blas)));
+  TRY(BK(cublasSetStream(g->blas, g->st)));
+  /* Plain fp32 (CUBLAS_DEFAULT_MATH never uses TF32 for sgemm), or TF32
+   * on the tensor cores. */
+  TRY(BK(cublasSetMathMode(g->blas, g->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                            : CUBLAS_DEFAULT_MATH)));
+  TRY(DK(cudnnCreate(&g->dnn)));
+  TRY(DK(cudnnSetStream(g->dnn, g->st)));
+  const char *prof = getenv("TRN_CUDA_PROFILE");
+  if (prof && strcmp(prof, "1") == 0) {
+    for (size_t i = 0; i <= g->nl; i++) {
+      TRY(CK(cudaEventCreate(&g->fev[i])));
+      TRY(CK(cudaEventCreate(&g->bev[i])));
+    }
+    g->prof = true;
+  }
+  DALLOC(g->params, g->nparams, "the parameters");
+  DALLOC(g->grads, g->nparams, "the gradients");
+  DALLOC(g->buffers, g->nbuffers, "the buffers");
+  DALLOC(g->x, B * g->in, "the input batch");
+  DALLOC(g->y, B, "the labels");
+  DALLOC(g->loss, B, "the losses");
+  DALLOC(g->hit, B, "the hits");
+  TRY(CK(cudaMallocHost((void **)&g->h_loss, B * sizeof *g->h_loss)));
+  TRY(CK(cudaMallocHost((void **)&g->h_hit, B * sizeof *g->h_hit)));
+  TRY(CK(cudaMemsetAsync(g->grads, 0, g->nparams * sizeof(float), g->st)));
+  g->widest = g->in;
+  for (size_t i = 0; i < g->nl; i++) {
+    const trn__layer *L = &g->l[i];
+    g->widest = L->out > g->widest ? L->out : g->widest;
+    DALLOC(g->act[i], B * L->out, "the activations");
+    if (L->kind == TRN__L_DROPOUT)
+      DALLOC(g->mask[i], B * L->out, "the dropout masks");
+    if (L->kind == TRN__L_POOL)
+      DALLOC(g->arg[i], B * L->out, "the pooling indices");
+    if (L->kind == TRN__L_BN) {
+      gbn *b = &g->bn[i];
+      TRY(DK(cudnnCreateTensorDescriptor(&b->x)));
+      TRY(DK(cudnnCreateTensorDescriptor(&b->p)));
+      TRY(set4d(b->p, 1, L->bn.c, 1, 1));
+      DALLOC(b->mean, L->bn.c, "batch norm's statistics");
+      DALLOC(b->ivar, L->bn.c, "batch norm's statistics");
+    }
+  }
+  DALLOC(g->d0, B * g->widest, "the gradients flowing down");
+  DALLOC(g->d1, B * g->widest, "the gradients flowing down");
+  size_t ws = 0;
+  for (size_t i = 0; i < g->nl; i++)
+    if (g->l[i].kind == TRN__L_CONV)
+      TRY(conv_setup(g, i, &ws, err, err_len));
+  g->ws_bytes = ws;
+  TRY(dalloc(g, &g->ws, ws, "the convolutions' workspace", err, err_len));
+  return CK(cudaStreamSynchronize(g->st));
+}
+
+int trn__gpu_new(int index, const trn__layer *l, size_t nl, size_t nparams,
+                 size_t nbuffers, size_t max_batch, bool tf32, trn__gpu **out,
+                 char *err, size_t err_len) {
+  *out = NULL;
+  if (nl == 0 || nl > TRN__LAYERS_MAX)
+    return trn__fail(err, err_len, -EINVAL, "cuda: %zu layers", nl);
+  trn__gpu *g = (trn__gpu *)calloc(1, sizeof *g);
+  if (!g)
+    return trn__fail(err, err_len, -ENOMEM, "out of memory");
+  g->index = index;
+  g->tf32 = tf32;
+  memcpy(g->l, l, nl * sizeof *l);
+  g->nl = nl;
+  g->nparams = nparams;
+  g->nbuffers = nbuffers;
+  g->max_batch = max_batch;
+  g->in = l[0].in;
+  g->classes = l[nl - 1].out;
+  if (err_len)
+    err[0] = '\0';
+  int rc = gpu_build(g, err, err_len);
+  if (rc) {
+    if (err_len && !err[0])
+      trn__fail(err, err_len, rc,
+                "cuda:%d: setting up the model failed "
+                "(see the log)",
+                index);
+    trn__gpu_free(g);
+    return rc;
+  }
+  *out = g;
+  return 0;
+}
+
+/* Logs the profile: each layer's mean milliseconds per pass. */
+static void profile_log(const trn__gpu *g) {
+  static const char *const kinds[] = {"linear",   "relu",    "conv",
+                                      "max-pool", "dropout", "batch norm"};
+  if (!g->passes)
+    return;
+  double f = 0, b = 0;
+  for (size_t i = 0; i < g->nl; i++)
+    f += g->fwd_ms[i], b += g->bwd_ms[i];
+  trn__log(TRN_LOG_INFO,
+           "cuda:%d profile: %zu passes (%zu training): "
+           "forward %.3f ms, backward %.3f ms a pass",
+           g->index, g->passes, g->train_passes, f / g->passes,
+           g->train_passes ? b / g->train_passes : 0.0);
+  for (size_t i = 0; i < g->nl; i++)
+    trn__log(TRN_LOG_INFO,
+             "cuda:%d profile: layer %zu %-10s forward %.3f "
+             "ms, backward %.3f ms",
+             g->index, i, kinds[g->l[i].kind], g->fwd_ms[i] / g->passes,
+             g->train_passes ? g->bwd_ms[i] / g->train_passes : 0.0);
+}
+
+void trn__gpu_free(trn__gpu *g) {
+  if (!g)
+    return;
+  (void)cudaSetDevice(g->index);
+  if (g->st)
+    (void)cudaStreamSynchronize(g->st);
+  if (g->prof) {
+    profile_log(g);
+    for (size_t i = 0; i <= g->nl; i++) {
+      (void)cudaEventDestroy(g->fev[i]);
+      (void)cudaEventDestroy(g->bev[i]);
+    }
+  }
+  void *bufs[] = {g->params, g->grads, g->buffers,   g->x,
+                  g->y,      g->loss,  g->hit,       g->d0,
+                  g->d1,     g->ws,    g->lamb_part, g->lamb_step};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+    (void)cudaFree(bufs[i]);
+  (void)cudaFreeHost(g->h_loss);
+  (void)cudaFreeHost(g->h_hit);
+  for (size_t i = 0; i < g->nl; i++) {
+    (void)cudaFree(g->act[i]);
+    (void)cudaFree(g->mask[i]);
+    (void)cudaFree(g->arg[i]);
+    gconv *c = &g->conv[i];
+    if (c->x)
+      (void)cudnnDestroyTensorDescriptor(c->x);
+    if (c->y)
+      (void)cudnnDestroyTensorDescriptor(c->y);
+    if (c->b)
+      (void)cudnnDestroyTensorDescriptor(c->b);
+    if (c->w)
+      (void)cudnnDestroyFilterDescriptor(c->w);
+    if (c->cv)
+      (void)cudnnDestroyConvolutionDescriptor(c->cv);
+    gbn *b = &g->bn[i];
+    if (b->x)
+      (void)cudnnDestroyTensorDescriptor(b->x);
+    if (b->p)
+      (void)cudnnDestroyTensorDescriptor(b->p);
+    (void)cudaFree(b->mean);
+    (void)cudaFree(b->ivar);
+  }
+  if (g->dnn)
+    (void)cudnnDestroy(g->dnn);
+  if (g->blas)
+    (void)cublasDestroy(g->blas);
+  if (g->st)
+    (void)cudaStreamDestroy(g->st);
+  (void)cudaGetLastError();
+  free(g);
+}
+
+size_t trn__gpu_bytes(const trn__gpu *g) { return g->bytes; }
+
+static float *array(trn__gpu *g, int which, size_t *n) {
+  switch (which) {
+  case TRN__GPU_PARAMS: *n = g->nparams; return g->params;
+  case TRN__GPU_GRADS: *n = g->nparams; return g->grads;
+  default: *n = g->nbuffers; return g->buffers;
+  }
+}
+
+int trn__gpu_put(trn__gpu *g, int which, const float *src) {
+  size_t n;
+  float *d = array(g, which, &n);
+  if (n == 0)
+    return 0;
+  TRY(CK(cudaSetDevice(g->index)));
+  /* From pageable memory the copy is done when the call returns. */
+  TRY(CK(
+      cudaMemcpyAsync(d, src, n * sizeof *d, cudaMemcpyHostToDevice, g->st)));
+  return CK(cudaStreamSynchronize(g->st));
+}
+
+int trn__gpu_get(trn__gpu *g, int which, float *dst) {
+  size_t n;
+  float *d = array(g, which, &n);
+  if (n == 0)
+    return 0;
+  TRY(CK(cudaSetDevice(g->index)));
+  TRY(CK(
+      cudaMemcpyAsync(dst, d, n * sizeof *d, cudaMemcpyDeviceToHost, g->st)));
+  return CK(cudaStreamSynchronize(g->st));
+}
+
+int trn__gpu_zero_grads(trn__gpu *g) {
+  TRY(CK(cudaSetDevice(g->index)));
+  return CK(cudaMemsetAsync(g->grads, 0, g->nparams * sizeof(float), g->st));
+}
+
+/* The workspace a call at batch B needs for convolution i's algorithms
+ * (cuDNN may want more for a batch other than max_batch): grows it
+ * when short. */
+static int conv_ws(trn__gpu *g, size_t i, bool train) {
+  gconv *c = &g->conv[i];
+  size_t need = 0, s = 0;
+  TRY(DK(cudnnGetConvolutionForwardWorkspaceSize(g->dnn, c->x, c->w, c->cv,
+                                                 c->y, c->fwd, &s)));
+  need = s > need ? s : need;
+  if (train) {
+    TRY(DK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+        g->dnn, c->x, c->y, c->cv, c->w, c->bwd_filter, &s)));
+    need = s > need ? s : need;
+    if (i > 0) {
+      TRY(DK(cudnnGetConvolutionBackwardDataWorkspaceSize(
+          g->dnn, c->w, c->y, c->cv, c->x, c->bwd_data, &s)));
+      need = s > need ? s : need;
+    }
+  }
+  if (need <= g->ws_bytes)
+    return 0;
+  TRY(CK(cudaStreamSynchronize(g->st)));
+  (void)cudaFree(g->ws);
+  g->bytes -= g->ws_bytes ? g->ws_bytes : 1;
+  g->ws = NULL;
+  g->ws_bytes = 0;
+  char err[160];
+  int rc =
+      dalloc(g, &g->ws, need, "the convolutions' workspace", err, sizeof err);
+  if (rc) {
+    trn__log(TRN_LOG_ERROR, "%s", err);
+    return rc;
+  }
+  g->ws_bytes = need;
+  return 0;
+}
+
+static int forward(trn__gpu *g, size_t B, bool train, uint64_t seed,
+                   uint64_t *calls) {
+  const float one = 1.0f, zero = 0.0f;
+  const float *in = g->x;
+  for (size_t i = 0; i < g->nl; i++) {
+    const trn__layer *L = &g->l[i];
+    float *y = g->act[i];
+    const float *w = g->params + L->w_off, *b = g->params + L->b_off;
+    size_t n = B * L->out;
+    if (g->prof)
+      TRY(CK(cudaEventRecord(g->fev[i], g->st)));
+    switch (L->kind) {
+    case TRN__L_LINEAR:
+      /* Row-major y (B, out) = x (B, in) W^T: column-major, y^T = W x^T
+       * with W^T stored (in, out) column-major. */
+      TRY(BK(cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)L->out, (int)B,
+                         (int)L->in, &one, w, (int)L->in, in, (int)L->in, &zero,
+                         y, (int)L->out)));
+      k_bias<<<blocks(n), THREADS, 0, g->st>>>(y, b, n, (unsigned)L->out, 1,
+                                               false);
+      break;
+    case TRN__L_RELU: k_relu<<<blocks(n), THREADS, 0, g->st>>>(in, y, n); break;
+    case TRN__L_CONV: {
+      gconv *c = &g->conv[i];
+      const trn__conv *cv = &L->cv;
+      TRY(set4d(c->x, B, cv->c, cv->h, cv->w));
+      TRY(set4d(c->y, B, cv->oc, cv->oh, cv->ow));
+      TRY(conv_ws(g, i, train));
+      TRY(DK(cudnnConvolutionForward(g->dnn, &one, c->x, in, c->w, w, c->cv,
+                                     c->fwd, g->ws, g->ws_bytes, &zero, c->y,
+                                     y)));
+      if (L->bias)
+        k_bias<<<blocks(n), THREADS, 0, g->st>>>(
+            y, b, n, cv->oc, (size_t)cv->oh * cv->ow, cv->relu);
+      else if (cv->relu)
+        k_relu<<<blocks(n), THREADS, 0, g->st>>>(y, y, n);
+      break;
+    }
+    case TRN__L_POOL:
+      k_pool<<<blocks(n), THREADS, 0, g->st>>>(in, y, g->arg[i], n, L->h, L->w,
+                                               L->k);
+      break;
+    case TRN__L_DROPOUT:
+      if (train) {
+        uint64_t call = (*calls)++;
+        /* conv.c's mix, on the host, for the call's base. */
+        uint64_t z = call + 0x64726f70ull, base;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        base = seed ^ (z ^ (z >> 31));
+        base = (base ^ (base >> 30)) * 0xbf58476d1ce4e5b9ull;
+        base = (base ^ (base >> 27)) * 0x94d049bb133111ebull;
+        base ^= base >> 31;
+        uint64_t cut = (uint64_t)((double)L->p * 4294967296.0);
+        k_dropout<<<blocks(n), THREADS, 0, g->st>>>(in, y, g->mask[i], n, base,
+                                                    cut, 1.0f / (1.0f - L->p));
+      } else {
+        TRY(CK(cudaMemcpyAsync(y, in, n * sizeof *y, cudaMemcpyDeviceToDevice,
+                               g->st)));
+      }
+      break;
+    case TRN__L_BN: {
+      gbn *bn = &g->bn[i];
+      float *rm = g->buffers + L->buf_off, *rv = rm + L->bn.c;
+      TRY(set4d(bn->x, B, L->bn.c, (unsigned)L->bn.hw, 1));
+      if (train)
+        TRY(DK(cudnnBatchNormalizationForwardTraining(
+            g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, bn->x, in, bn->x, y,
+            bn->p, w, b, (double)L->bn.momentum, rm, rv, (double)L->bn.eps,
+            bn->mean, bn->ivar)));
+      else
+        TRY(DK(cudnnBatchNormalizationForwardInference(
+            g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, bn->x, in, bn->x, y,
+            bn->p, w, b, rm, rv, (double)L->bn.eps)));
+      break;
+    }
+    }
+    TRY(CK(cudaGetLastError())); /* a kernel that failed to launch */
+    in = y;
+  }
+  if (g->prof)
+    TRY(CK(cudaEventRecord(g->fev[g->nl], g->st)));
+  return 0;
+}
+
+/* Backward from the logits' gradient in d0, as model.c's CPU pass. */
+static int backward(trn__gpu *g, size_t B) {
+  const float one = 1.0f, zero = 0.0f;
+  float *d = g->d0, *dn = g->d1;
+  if (g->prof)
+    TRY(CK(cudaEventRecord(g->bev[g->nl], g->st)));
+  for (size_t i = g->nl; i-- > 0;) {
+    const trn__layer *L = &g->l[i];
+    const float *in = i ? g->act[i - 1] : g->x;
+    const float *w = g->params + L->w_off;
+    float *dw = g->grads + L->w_off, *db = g->grads + L->b_off;
+    float *dx = i ? dn : NULL;
+    size_t n = B * L->out, nin = B * L->in;
+    switch (L->kind) {
+    case TRN__L_LINEAR:
+      /* dW (out, in) += dy^T x: column-major dW^T (in, out) = x^T dy. */
+      TRY(BK(cublasSgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)L->in,
+                         (int)L->out, (int)B, &one, in, (int)L->in, d,
+                         (int)L->out, &one, dw, (int)L->in)));
+      k_colsum<<<blocks(L->out), THREADS, 0, g->st>>>(d, db, B, L->out);
+      /* dx (B, in) = dy W: column-major dx^T = W^T dy^T. */
+      if (dx)
+        TRY(BK(cublasSgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)L->in,
+                           (int)B, (int)L->out, &one, w, (int)L->in, d,
+                           (int)L->out, &zero, dx, (int)L->in)));
+      break;
+    case TRN__L_CONV: {
+      gconv *c = &g->conv[i];
+      const trn__conv *cv = &L->cv;
+      TRY(set4d(c->x, B, cv->c, cv->h, cv->w));
+      TRY(set4d(c->y, B, cv->oc, cv->oh, cv->ow));
+      TRY(conv_ws(g, i, true));
+      if (cv->relu) /* through the fused relu, in place */
+        k_relu_bwd<<<blocks(n), THREADS, 0, g->st>>>(g->act[i], d, d, n);
+      if (L->bias)
+        TRY(DK(cudnnConvolutionBackwardBias(g->dnn, &one, c->y, d, &one, c->b,
+                                            db)));
+      TRY(DK(cudnnConvolutionBackwardFilter(g->dnn, &one, c->x, in, c->y, d,
+                                            c->cv, c->bwd_filter, g->ws,
+                                            g->ws_bytes, &one, c->w, dw)));
+      if (dx)
+        TRY(DK(cudnnConvolutionBackwardData(g->dnn, &one, c->w, w, c->y, d,
+                                            c->cv, c->bwd_data, g->ws,
+                                            g->ws_bytes, &zero, c->x, dx)));
+      break;
+    }
+    case TRN__L_RELU:
+      if (dx)
+        k_relu_bwd<<<blocks(n), THREADS, 0, g->st>>>(g->act[i], d, dx, n);
+      break;
+    case TRN__L_POOL:
+      if (dx)
+        k_pool_bwd<<<blocks(nin), THREADS, 0, g->st>>>(d, g->arg[i], dx, nin,
+                                                       L->h, L->w, L->k);
+      break;
+    case TRN__L_DROPOUT:
+      if (dx)
+        k_mul<<<blocks(n), THREADS, 0, g->st>>>(g->mask[i], d, dx, n);
+      break;
+    case TRN__L_BN: {
+      gbn *bn = &g->bn[i];
+      TRY(set4d(bn->x, B, L->bn.c, (unsigned)L->bn.hw, 1));
+      /* cuDNN always writes dx; the first layer's goes to spare room. */
+      TRY(DK(cudnnBatchNormalizationBackward(
+          g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &one, bn->x, in,
+          bn->x, d, bn->x, dx ? dx : dn, bn->p, w, dw, db, (double)L->bn.eps,
+          bn->mean, bn->ivar)));
+      break;
+    }
+    }
+    TRY(CK(cudaGetLastError()));
+    if (g->prof)
+      TRY(CK(cudaEventRecord(g->bev[i], g->st)));
+    float *t = d;
+    d = dn;
+    dn = t;
+  }
+  return 0;
+}
+
+int trn__gpu_pass(trn__gpu *g, const float *x, const int32_t *y, size_t B,
+                  bool train, uint64_t seed, uint64_t *dropout_calls,
+                  float *logits, double *loss, size_t *correct) {
+  TRY(CK(cudaSetDevice(g->index)));
+  TRY(CK(cudaMemcpyAsync(g->x, x, B * g->in * sizeof *x, cudaMemcpyHostToDevice,
+                         g->st)));
+  TRY(CK(
+      cudaMemcpyAsync(g->y, y, B * sizeof *y, cudaMemcpyHostToDevice, g->st)));
+  TRY(forward(g, B, train, seed, dropout_calls));
+  const float *z = g->act[g->nl - 1];
+  k_softmax_ce<<<blocks(B), THREADS, 0, g->st>>>(
+      z, g->y, train ? g->d0 : NULL, g->loss, g->hit, B, g->classes);
+  TRY(CK(cudaGetLastError()));
+  if (train)
+    TRY(backward(g, B));
+  TRY(CK(cudaMemcpyAsync(g->h_loss, g->loss, B * sizeof *g->loss,
+                         cudaMemcpyDeviceToHost, g->st)));
+  TRY(CK(cudaMemcpyAsync(g->h_hit, g->hit, B * sizeof *g->hit,
+                         cudaMemcpyDeviceToHost, g->st)));
+  TRY(CK(cudaMemcpyAsync(logits, z, B * g->classes * sizeof *z,
+                         cudaMemcpyDeviceToHost, g->st)));
+  TRY(CK(cudaStreamSynchronize(g->st)));
+  if (g->prof) {
+    float ms;
+    for (size_t i = 0; i < g->nl; i++) {
+      TRY(CK(cudaEventElapsedTime(&ms, g->fev[i], g->fev[i + 1])));
+      g->fwd_ms[i] += ms;
+      if (train) {
+        TRY(CK(cudaEventElapsedTime(&ms, g->bev[i + 1], g->bev[i])));
+        g->bwd_ms[i] += ms;
+      }
+    }
+    g->passes++;
+    g->train_passes += train;
+  }
+  double total = 0;
+  size_t right = 0;
+  for (size_t i = 0; i < B; i++)
+    total += g->h_loss[i], right += g->h_hit[i];
+  *loss = total;
+  if (correct)
+    *correct = right;
+  return 0;
+}
+
+/* ---- optimizer steps --------------------------------------------------------- */
+
+/* optim.c's sgd_range, element by element (the file is built without
+ * contracting a * b + c into one rounding, as the CPU's C is). */
+__global__ void k_sgd(float *p, const float *g, float *buf, size_t n,
+                      trn__step s) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n)
+    return;
+  float d = g[i] * s.scale;
+  if (s.wd != 0)
+    d = d + s.wd * p[i];
+  if (buf) {
+    buf[i] = s.first ? d : s.momentum * buf[i] + (1 - s.dampening) * d;
+    d = s.nesterov ? d + s.momentum * buf[i] : buf[i];
+  }
+  p[i] = p[i] - s.lr * d;
+}
+
+/* optim.c's adamw_range. */
+__global__ void k_adamw(float *p, const float *g, float *m, float *v, size_t n,
+                        trn__step s) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n)
+    return;
+  float gi = g[i] * s.scale;
+  p[i] = p[i] * s.decay;
+  m[i] = m[i] * s.beta1 + (1 - s.beta1) * gi;
+  v[i] = v[i] * s.beta2 + (1 - s.beta2) * gi * gi;
+  float denom = sqrtf(v[i]) / s.bc2s + s.eps;
+  p[i] = p[i] - s.step * (m[i] / denom);
+}
+
+__device__ static float lamb_u(const float *p, const float *m, const float *v,
+                               size_t i, const trn__step &s) {
+  return (m[i] / s.bc1) / (sqrtf(v[i] / s.bc2) + s.eps) + s.wd * p[i];
+}
+
+/* Sums each thread's (pp, uu) over the block in a fixed tree (the same
+ * bits every time); thread 0 gets the two sums.  Every thread of the
+ * block must call it. */
+__device__ static void block_sums(double pp, double uu, double *psum,
+                                  double *usum) {
+  __shared__ double sp[THREADS], su[THREADS];
+  sp[threadIdx.x] = pp;
+  su[threadIdx.x] = uu;
+  __syncthreads();
+  for (unsigned w = blockDim.x / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) {
+      sp[threadIdx.x] += sp[threadIdx.x + w];
+      su[threadIdx.x] += su[threadIdx.x + w];
+    }
+    __syncthreads();
+  }
+  *psum = sp[0];
+  *usum = su[0];
+}
+
+/* LAMB over [a, b), first half: the moments, and each block's sums of p^2
+ * and u^2 (in double, a fixed tree: the same bits every time) into
+ * part[2 block], part[2 block + 1]. */
+__global__ void k_lamb_moments(const float *p, const float *g, float *m,
+                               float *v, size_t a, size_t b, trn__step s,
+                               double *part) {
+  size_t i = a + (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  double pp = 0, uu = 0;
+  if (i < b) {
+    float gi = g[i] * s.scale;
+    m[i] = m[i] * s.beta1 + (1 - s.beta1) * gi;
+    v[i] = v[i] * s.beta2 + (1 - s.beta2) * gi * gi;
+    float u = lamb_u(p, m, v, i, s);
+    pp = (double)p[i] * p[i];
+    uu = (double)u * u;
+  }
+  double ps, us;
+  block_sums(pp, uu, &ps, &us);
+  if (threadIdx.x == 0) {
+    part[2 * blockIdx.x] = ps;
+    part[2 * blockIdx.x + 1] = us;
+  }
+}
+
+/* The tensor's trust ratio from nb blocks' sums, times lr: one block, a
+ * fixed order. */
+__global__ void k_lamb_trust(const double *part, size_t nb, float lr,
+                             float *step) {
+  double pp = 0, uu = 0, ps, us;
+  for (size_t k = threadIdx.x; k < nb; k += blockDim.x)
+    pp += part[2 * k], uu += part[2 * k + 1];
+  block_sums(pp, uu, &ps, &us);
+  if (threadIdx.x == 0) {
+    float trust = ps > 0 && us > 0 ? (float)(sqrt(ps) / sqrt(us)) : 1.0f;
+    *step = lr * trust;
+  }
+}
+
+__global__ void k_lamb_apply(float *p, const float *m, const float *v, size_t a,
+                             size_t b, trn__step s, const float *step) {
+  size_t i = a + (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < b)
+    p[i] = p[i] - *step * lamb_u(p, m, v, i, s);
+}
+
+int trn__gpu_index(const trn__gpu *g) { return g->index; }
+
+int trn__gpu_step(trn__gpu *g, float *state, const trn__step *s) {
+  size_t n = g->nparams;
+  TRY(CK(cudaSetDevice(g->index)));
+  if (s->kind == TRN_SGD) {
+    k_sgd<<<blocks(n), THREADS, 0, g->st>>>(g->params, g->grads, state, n, *s);
+  } else if (s->kind == TRN_ADAMW) {
+    k_adamw<<<blocks(n), THREADS, 0, g->st>>>(g->params, g->grads, state,
+                                              state + n, n, *s);
+  } else {
+    if (!g->lamb_part) { /* room for the largest tensor's blocks */
+      char err[160];
+      int rc = dalloc(g, (void **)&g->lamb_part,
+                      2 * (blocks(n) + 1) * sizeof(double),
+                      "LAMB's partial norms", err, sizeof err);
+      if (!rc)
+        rc = dalloc(g, (void **)&g->lamb_step, sizeof(float), "LAMB's step",
+                    err, sizeof err);
+      if (rc) {
+        trn__log(TRN_LOG_ERROR, "%s", err);
+        return rc;
+      }
+    }
+    size_t a = 0, one = n;
+    const size_t *ends = s->nends ? s->ends : &one;
+    size_t nt = s->nends ? s->nends : 1;
+    for (size_t t = 0; t < nt; t++) {
+      size_t b = ends[t], nb = blocks(b - a);
+      k_lamb_moments<<<nb, THREADS, 0, g->st>>>(
+          g->params, g->grads, state, state + n, a, b, *s, g->lamb_part);
+      k_lamb_trust<<<1, THREADS, 0, g->st>>>(g->lamb_part, nb, s->lr,
+                                             g->lamb_step);
+      k_lamb_apply<<<nb, THREADS, 0, g->st>>>(g->params, state, state + n, a, b,
+                                              *s, g->lamb_step);
+      a = b;
+    }
+  }
+  TRY(CK(cudaGetLastError()));
+  return CK(cudaStreamSynchronize(g->st));
+}
+
+/* ---- device arrays ------------------------------------------------------------ */
+
+int trn__dbuf_put(trn__dbuf *b, int index, const float *src, size_t n) {
+  TRY(CK(cudaSetDevice(index)));
+  if (b->p && (b->index != index || b->n != n))
+    trn__dbuf_free(b);
+  if (!b->p) {
+    cudaError_t e = cudaMalloc((void **)&b->p, (n ? n : 1) * sizeof(float));
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      b->p = NULL;
+      trn__log(TRN_LOG_ERROR,
+               "cuda:%d: out of memory for %.1f MiB of "
+               "optimizer state",
+               index, n * 4 / 1048576.0);
+      return -ENOMEM;
+    }
+    TRY(CK(e));
+    b->index = index;
+    b->n = n;
+  }
+  /* The default stream: synchronous with the host, and the model's
+   * stream is idle between calls (each call waits for its work). */
+  return n ? CK(cudaMemcpy(b->p, src, n * sizeof(float),
+                           cudaMemcpyHostToDevice))
+           : 0;
+}
+
+int trn__dbuf_get(const trn__dbuf *b, float *dst) {
+  if (!b->p || !b->n)
+    return 0;
+  TRY(CK(cudaSetDevice(b->index)));
+  return CK(
+      cudaMemcpy(dst, b->p, b->n * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+void trn__dbuf_free(trn__dbuf *b) {
+  if (b->p) {
+    (void)cudaSetDevice(b->index);
+    (void)cudaFree(b->p);
+  }
+  b->p = NULL;
+  b->n = 0;
+}
