@@ -5,7 +5,8 @@
  * is:
  *
  *   "BEEDCKPT"  magic, 8 bytes
- *   u32         format version, 1
+ *   u32         format version, 2 (1: the snapshot's header had no
+ *               schema; such files are refused by their version)
  *   u32         run name length, then the run name (1..64 bytes)
  *   u64         epoch: the state after the step that began it
  *   u64         payload length
@@ -30,7 +31,7 @@
 #include <unistd.h>
 
 #define MAGIC "BEEDCKPT"
-#define VERSION 1
+#define VERSION 2
 #define SUM 32
 
 static void le(uint8_t *p, uint64_t v, int n) {

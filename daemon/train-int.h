@@ -47,7 +47,7 @@
 #define DONOR_TTL_S 30         /* and it lives this long */
 #define FETCH_SETTLE_MS 10000 /* after a download, catch up before another
                                  (or twice what the download took) */
-#define STATE_HDR 32               /* four u64: params, state, buffers, steps */
+#define STATE_HDR 64 /* four u64 (params, state, buffers, steps), schema */
 #define DONORS_MAX 16
 #define START_WAIT_MS 3000 /* a first view before training, at most */
 #define METRICS_TTL_S 300  /* a metrics record lives this long */
@@ -266,9 +266,11 @@ void bee__state_pack(bee_train *t, size_t k, uint8_t *dst);
 void bee__state_unpack(bee_train *t, size_t k, const uint8_t *src);
 /* The snapshot's size for this model, bytes. */
 size_t bee__snapshot_size(bee_train *t);
-/* Whether a snapshot of the right size has this bee's shape: parameters,
- * optimizer state, buffers (its header's counts). */
-bool bee__snapshot_shape_ok(bee_train *t, const uint8_t *b);
+/* Why a snapshot's header (STATE_HDR bytes at b) does not fit this bee,
+ * or NULL when it does: its counts of parameters, optimizer state and
+ * buffers, and its schema (the model, the optimizer and the averaging
+ * mode, which same-sized states of AdamW and LAMB tell apart). */
+const char *bee__snapshot_mismatch(bee_train *t, const uint8_t *b);
 /* Worker: the state after the step that began epoch, for donors and
  * checkpoints. */
 void bee__make_snapshot(bee_train *t, uint64_t epoch);

@@ -87,10 +87,28 @@ static void snapshot_counts(bee_train *t, uint64_t c[3]) {
   c[2] = len[3];
 }
 
-bool bee__snapshot_shape_ok(bee_train *t, const uint8_t *b) {
+/* BLAKE2b-256 of what gives the state's arrays their meaning. */
+static void snapshot_schema(bee_train *t, uint8_t out[32]) {
+  char s[128];
+  snprintf(s, sizeof s, "beed snapshot fp32 %s %s %s %zu",
+           bee_averaging_name(t->cfg->averaging),
+           bee_optimizer_name(t->cfg->optimizer), t->cfg->model,
+           trn_model_nparams(t->m));
+  crypto_generichash(out, 32, (const uint8_t *)s, strlen(s), NULL, 0);
+}
+
+const char *bee__snapshot_mismatch(bee_train *t, const uint8_t *b) {
   uint64_t c[3];
+  uint8_t schema[32];
   snapshot_counts(t, c);
-  return get_u64(b) == c[0] && get_u64(b + 8) == c[1] && get_u64(b + 16) == c[2];
+  if (get_u64(b) != c[0] || get_u64(b + 8) != c[1] || get_u64(b + 16) != c[2])
+    return "a state of another shape (another model, optimizer or "
+           "averaging mode)";
+  snapshot_schema(t, schema);
+  if (memcmp(b + 32, schema, sizeof schema) != 0)
+    return "a state for another optimizer or averaging mode (the same "
+           "size, another meaning)";
+  return NULL;
 }
 
 void bee__snap_unref(bee_snap *s) {
@@ -113,6 +131,7 @@ void bee__make_snapshot(bee_train *t, uint64_t epoch) {
   for (int i = 0; i < 3; i++)
     put_u64(b + 8 * i, c[i]);
   put_u64(b + 24, trn_optim_steps(t->o));
+  snapshot_schema(t, b + 32);
   bee__state_pack(t, STATE_PARTS, b + STATE_HDR);
   crypto_generichash(s->sum, sizeof s->sum, b, len, NULL, 0);
   uv_mutex_lock(&t->mu);
@@ -273,6 +292,14 @@ static void fetch_cb(proto_conn *c, int status, int64_t remote_code,
     return;
   }
   memcpy(t->fbuf + t->foffset, m.data.p, m.data.n);
+  /* The header is in the first chunk: a state this bee cannot use is
+   * refused before the rest is fetched. */
+  const char *bad;
+  if (t->foffset == 0 && m.data.n >= STATE_HDR &&
+      (bad = bee__snapshot_mismatch(t, t->fbuf))) {
+    fetch_failed(t, bad);
+    return;
+  }
   t->foffset += m.data.n;
   uint64_t pct = t->foffset * 100 / t->ftotal;
   char id8[9];
@@ -293,8 +320,8 @@ static void fetch_cb(proto_conn *c, int status, int64_t remote_code,
     fetch_failed(t, "the checksum does not match");
     return;
   }
-  if (!bee__snapshot_shape_ok(t, t->fbuf)) {
-    fetch_failed(t, "a state of another shape");
+  if ((bad = bee__snapshot_mismatch(t, t->fbuf))) {
+    fetch_failed(t, bad);
     return;
   }
   uint64_t took = uv_now(t->loop) - t->fstart_ms;

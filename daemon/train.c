@@ -641,9 +641,9 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     uint64_t epoch;
     rc = bee_ckpt_newest(cfg->checkpoint_dir, cfg->run, bee__snapshot_size(t),
                          &blob, &epoch, path, sizeof path, err, sizeof err);
-    if (rc == 0 && !bee__snapshot_shape_ok(t, blob)) {
-      bee_err(COMP, "--resume: %s holds a state of another shape (another "
-                    "optimizer or averaging mode?)", path);
+    const char *bad = rc == 0 ? bee__snapshot_mismatch(t, blob) : NULL;
+    if (bad) {
+      bee_err(COMP, "--resume: %s holds %s", path, bad);
       free(blob);
       return -EINVAL;
     }

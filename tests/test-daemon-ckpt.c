@@ -142,11 +142,16 @@ int main(void) {
             -EBADMSG);
   ASSERT(strstr(err, "not a beed checkpoint"));
   copy[0] = 'B';
-  copy[8] = 2;
+  copy[8] = 1; /* format 1: snapshots without their schema */
   rewrite(p9, copy, n);
   ASSERT_RC(bee_ckpt_read(p9, "run-a", N, &got, &epoch, err, sizeof err),
             -EBADMSG);
-  ASSERT(strstr(err, "version 2"));
+  ASSERT(strstr(err, "format version 1, not 2"));
+  copy[8] = 3;
+  rewrite(p9, copy, n);
+  ASSERT_RC(bee_ckpt_read(p9, "run-a", N, &got, &epoch, err, sizeof err),
+            -EBADMSG);
+  ASSERT(strstr(err, "version 3"));
   rewrite(p9, copy, 3);
   ASSERT(bee_ckpt_read(p9, "run-a", N, &got, &epoch, err, sizeof err) != 0);
   ASSERT_RC(bee_ckpt_read(dir, "run-a", N, &got, &epoch, err, sizeof err),

@@ -7,7 +7,8 @@
 # take another step from them.  The optimizer is part of a round's layout
 # (schema hash), so neither step is averaged in a group of two, and each
 # bee warns once that the other trains with another model, averaging mode
-# or optimizer.  About 15 s.
+# or optimizer.  Then a LAMB bee joining behind an AdamW bee refuses its
+# state (same size, another meaning).  About 30 s.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
 
@@ -28,3 +29,18 @@ w1=$(grep -c "$id0 trains run 'layout' with another model, averaging mode or opt
 grep -q 'averaged in a group of 2' "$work/b0.log" "$work/b1.log" &&
   fail "the AdamW bee and the LAMB bee averaged together"
 echo "layout: an AdamW bee and a LAMB bee of one run were never grouped; each warned once"
+
+# A LAMB bee that joins behind an AdamW bee does not load its state: the
+# two states have the same size, and the snapshot's schema tells them
+# apart on the first chunk.
+for b in b2 b3; do key "$b"; done
+train=(--open --run-id late --target-batch-size 32768 --eval-every 0)
+start b2 $((base + 2)) "${train[@]}" --optimizer adamw
+wait_log b2 'train: epoch 2 done' 90
+start b3 $((base + 3)) "${train[@]}" --optimizer lamb \
+  --join "127.0.0.1:$((base + 2))"
+wait_log b3 'state from [0-9a-f]{8}: a state for another optimizer or averaging mode' 60
+grep -q 'state: loaded epoch' "$work/b3.log" &&
+  fail "the LAMB bee loaded the AdamW bee's state"
+stop_all
+echo "layout: a LAMB bee refused an AdamW bee's state at its first chunk"
