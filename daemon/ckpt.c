@@ -1,8 +1,9 @@
 /* ckpt.c: beed's checkpoint files.
  *
- * A checkpoint is the state snapshot train.c serves to peers (parameters,
- * optimizer state and steps, buffers) behind a header that says what it
- * is:
+ * A checkpoint's payload is train.c's business: the state snapshot it
+ * serves to peers (parameters, optimizer state and steps, buffers) and
+ * what is the bee's own (its data position, its dropout count), behind a
+ * header that says what it is:
  *
  *   "BEEDCKPT"  magic, 8 bytes
  *   u32         format version, 2 (1: the snapshot's header had no

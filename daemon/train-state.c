@@ -132,12 +132,27 @@ void bee__make_snapshot(bee_train *t, uint64_t epoch) {
     put_u64(b + 8 * i, c[i]);
   put_u64(b + 24, trn_optim_steps(t->o));
   snapshot_schema(t, b + 32);
+  /* The data order as of the next batch (the loader's batches made ahead
+   * do not count), for this bee's checkpoints. */
+  trn_order o;
+  memset(s->local, 0, sizeof s->local);
+  if (t->ld && trn_loader_order(t->ld, &o) == 0) {
+    s->local[0] = o.epoch;
+    s->local[1] = o.pos;
+    trn_order_free(&o);
+  }
+  s->local[2] = trn_model_dropout_calls(t->m);
   bee__state_pack(t, STATE_PARTS, b + STATE_HDR);
   crypto_generichash(s->sum, sizeof s->sum, b, len, NULL, 0);
   uv_mutex_lock(&t->mu);
   bee__snap_unref(t->sh.snap); /* downloads under way keep theirs */
   t->sh.snap = s;
   uv_mutex_unlock(&t->mu);
+}
+
+void bee__ckpt_local(const uint8_t *b, uint64_t local[3]) {
+  for (int i = 0; i < 3; i++)
+    local[i] = get_u64(b + 8 * i);
 }
 
 /* Worker: loads a snapshot the loop checked (size, checksum and shape),
@@ -166,10 +181,14 @@ static void ckpt_write_latest(bee_train *t) {
   size_t len = s ? s->len : 0;
   uint64_t epoch = s ? s->epoch : 0;
   uint8_t *copy = s && (!t->sh.ckpt_any || epoch != t->sh.ckpt_written)
-                      ? malloc(len)
+                      ? malloc(len + CKPT_LOCAL)
                       : NULL;
-  if (copy)
+  if (copy) {
     memcpy(copy, s->data, len);
+    for (int i = 0; i < 3; i++)
+      put_u64(copy + len + 8 * i, s->local[i]);
+    len += CKPT_LOCAL;
+  }
   uv_mutex_unlock(&t->mu);
   if (!copy)
     return; /* nothing new since the last one */

@@ -596,14 +596,6 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     bee_err(COMP, "data order: %s", strerror(-rc));
     return rc;
   }
-  /* The batches are made on the loader's thread, a few ahead, while the
-   * model trains (on a GPU the pass would otherwise wait for each). */
-  const float mean = DATA_MEAN, std = DATA_STD;
-  if ((rc = trn_loader_new(&t->tr, &t->ord, cfg->batch_size, &mean, &std,
-                           NULL, 4, &t->ld))) {
-    bee_err(COMP, "data loader: %s", strerror(-rc));
-    return rc;
-  }
   if (uv_mutex_init(&t->mu))
     return -ENOMEM;
   if (uv_cond_init(&t->eval_cv)) {
@@ -639,26 +631,51 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     char path[BEE_PATH_MAX + 96];
     uint8_t *blob;
     uint64_t epoch;
-    rc = bee_ckpt_newest(cfg->checkpoint_dir, cfg->run, bee__snapshot_size(t),
+    size_t snap = bee__snapshot_size(t);
+    rc = bee_ckpt_newest(cfg->checkpoint_dir, cfg->run, snap + CKPT_LOCAL,
                          &blob, &epoch, path, sizeof path, err, sizeof err);
     const char *bad = rc == 0 ? bee__snapshot_mismatch(t, blob) : NULL;
+    uint64_t local[3] = {0, 0, 0};
+    if (rc == 0)
+      bee__ckpt_local(blob + snap, local);
+    if (!bad && rc == 0 && local[1] > t->tr.n)
+      bad = "a data position past the training set's end (another "
+            "dataset?)";
     if (bad) {
       bee_err(COMP, "--resume: %s holds %s", path, bad);
       free(blob);
       return -EINVAL;
     }
     if (rc == 0) {
+      /* The data order and the dropout masks go on where they were. */
+      trn_order_free(&t->ord);
+      if ((rc = trn_order_init(&t->ord, t->tr.n, id->id, PROTO_ID_BYTES,
+                               local[0], local[1]))) {
+        free(blob);
+        return rc;
+      }
+      trn_model_set_dropout_calls(t->m, local[2]);
       t->sh.load = blob;
       t->sh.load_epoch = epoch;
       t->sh.epoch = epoch; /* what the first view compares */
-      bee_info(COMP, "resuming from %s (epoch %llu)", path,
-               (unsigned long long)epoch);
+      bee_info(COMP, "resuming from %s (epoch %llu; data pass %llu at "
+               "%llu of %zu)", path, (unsigned long long)epoch,
+               (unsigned long long)local[0], (unsigned long long)local[1],
+               t->tr.n);
     } else if (rc == -ENOENT) {
       bee_info(COMP, "--resume: %s; starting afresh", err);
     } else {
       bee_err(COMP, "--resume: %s", err);
       return rc;
     }
+  }
+  /* The batches are made on the loader's thread, a few ahead, while the
+   * model trains (on a GPU the pass would otherwise wait for each). */
+  const float mean = DATA_MEAN, std = DATA_STD;
+  if ((rc = trn_loader_new(&t->tr, &t->ord, cfg->batch_size, &mean, &std,
+                           NULL, 4, &t->ld))) {
+    bee_err(COMP, "data loader: %s", strerror(-rc));
+    return rc;
   }
   char how[160];
   if (t->outer)
