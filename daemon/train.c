@@ -547,8 +547,27 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   crypto_generichash(h, sizeof h, (const uint8_t *)cfg->run, strlen(cfg->run),
                      NULL, 0);
   memcpy(&mc.seed, h, sizeof mc.seed);
-  if ((rc = trn_model_new(&mc, &t->m, err, sizeof err)) ||
-      (cfg->eval_every && (rc = trn_model_new(&mc, &t->em, err, sizeof err)))) {
+  /* With auto, a GPU that cannot hold a model (out of memory, a failing
+   * driver) leaves it the CPU: the bee keeps training. */
+  bool fall_back = strcmp(cfg->device, "auto") == 0;
+  rc = trn_model_new(&mc, &t->m, err, sizeof err);
+  if (rc && mc.device == TRN_DEV_CUDA && fall_back) {
+    bee_warn(COMP, "model %s on cuda:%d: %s; training on the CPU",
+             cfg->model, mc.device_index, err);
+    mc.device = TRN_DEV_CPU;
+    rc = trn_model_new(&mc, &t->m, err, sizeof err);
+  }
+  if (rc == 0 && cfg->eval_every) {
+    rc = trn_model_new(&mc, &t->em, err, sizeof err);
+    if (rc && mc.device == TRN_DEV_CUDA && fall_back) {
+      bee_warn(COMP, "the test model on cuda:%d: %s; testing on the CPU",
+               mc.device_index, err);
+      trn_model_config ec = mc;
+      ec.device = TRN_DEV_CPU;
+      rc = trn_model_new(&ec, &t->em, err, sizeof err);
+    }
+  }
+  if (rc) {
     bee_err(COMP, "model %s: %s", cfg->model, err);
     return rc;
   }

@@ -34,7 +34,7 @@
 static const float MEAN = 0.2860f, STD = 0.3530f; /* Fashion-MNIST train */
 
 typedef struct opts {
-  const char *model, *data, *ckpt, *tokens, *val_tokens;
+  const char *model, *data, *ckpt, *tokens, *val_tokens, *device;
   size_t ctx;
   unsigned vocab, layers, heads, embd, depth, width;
   int epochs, threads;
@@ -42,7 +42,7 @@ typedef struct opts {
   int optim, sched;
   float lr, momentum, wd, clip, min_acc;
   uint64_t warmup, seed;
-  bool resume, batchnorm;
+  bool resume, batchnorm, tf32;
 } opts;
 
 static double now_s(void) {
@@ -60,11 +60,12 @@ static void usage(FILE *f) {
           "             [--warmup STEPS] [--clip NORM] [--threads T]\n"
           "             [--seed S] [--data DIR] [--checkpoint FILE]\n"
           "             [--resume] [--min-accuracy PCT]\n"
+          "             [--device auto|cpu|cuda[:N]] [--precision fp32|tf32]\n"
           "             gpt: --tokens FILE --val-tokens FILE [--vocab V]\n"
           "             [--ctx T] [--layers L] [--heads H] [--embd C]\n"
           "             resnet: [--depth 18|20|32|44|56|110] [--width W]\n"
           "  defaults: mlp, 10 epochs, batch 128, sgd with lr 0.05 and\n"
-          "  momentum 0.9, constant rate, 1 thread, seed 1, the data in\n"
+          "  momentum 0.9, constant rate, 1 thread, seed 1, the CPU, the data in\n"
           "  " TRN_FASHION_MNIST_DIR "\n");
 }
 
@@ -111,8 +112,10 @@ static void parse(int argc, char **argv, opts *o) {
       {"ctx", 1, 0, 'x'},      {"layers", 1, 0, 'L'},
       {"heads", 1, 0, 'H'},    {"embd", 1, 0, 'E'},
       {"depth", 1, 0, 'D'},    {"width", 1, 0, 'R'},
+      {"device", 1, 0, 'G'},   {"precision", 1, 0, 'P'},
       {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
-  *o = (opts){.model = "mlp", .data = TRN_FASHION_MNIST_DIR, .epochs = 10,
+  *o = (opts){.model = "mlp", .data = TRN_FASHION_MNIST_DIR, .device = "cpu",
+              .epochs = 10,
               .threads = 1, .batch = 128, .optim = TRN_SGD, .lr = 0.05f,
               .momentum = 0.9f, .seed = 1, .vocab = 256, .ctx = 64,
               .layers = 4, .heads = 4, .embd = 128, .depth = 20,
@@ -150,6 +153,14 @@ static void parse(int argc, char **argv, opts *o) {
     case 'W': o->warmup = (uint64_t)num("warmup", optarg, 0, 1e9); break;
     case 'c': o->clip = (float)num("clip", optarg, 0, 1e9); break;
     case 't': o->threads = (int)num("threads", optarg, 1, 256); break;
+    case 'G': o->device = optarg; break;
+    case 'P':
+      if (strcmp(optarg, "fp32") != 0 && strcmp(optarg, "tf32") != 0) {
+        fprintf(stderr, "train: --precision %s: fp32 or tf32\n", optarg);
+        exit(2);
+      }
+      o->tf32 = optarg[0] == 't';
+      break;
     case 'S': o->seed = (uint64_t)num("seed", optarg, 0, 1e15); break;
     case 'd': o->data = optarg; break;
     case 'k': o->ckpt = optarg; break;
@@ -313,6 +324,14 @@ int main(int argc, char **argv) {
   mc.vocab = o.vocab, mc.ctx = (unsigned)o.ctx, mc.layers = o.layers;
   mc.heads = o.heads, mc.embd = o.embd;
   mc.depth = o.depth, mc.width = o.width; /* resnet, on the images */
+  mc.precision = o.tf32 ? TRN_TF32 : TRN_FP32;
+  trn_device dev;
+  if ((rc = trn_device_open(o.device, &dev, err, sizeof err))) {
+    fprintf(stderr, "train: --device %s: %s\n", o.device, err);
+    return 2;
+  }
+  fprintf(stderr, "train: %s\n", err);
+  mc.device = dev.kind, mc.device_index = dev.index;
   trn_model *m;
   if ((rc = trn_model_new(&mc, &m, err, sizeof err))) {
     fprintf(stderr, "train: %s\n", err);
@@ -377,9 +396,8 @@ int main(int argc, char **argv) {
       if (!rc && o.clip > 0)
         trn_grad_clip(trn_model_grads(m), trn_model_nparams(m), scale,
                       o.clip);
-      if (!rc)
-        rc = trn_optim_step(opt, trn_model_params(m), trn_model_grads(m),
-                            scale);
+      if (!rc) /* on the model's device */
+        rc = trn_model_step(m, opt, scale);
       if (rc) {
         fprintf(stderr, "train: epoch %llu, step %zu: %s\n",
                 (unsigned long long)e + 1, s, strerror(-rc));
