@@ -169,6 +169,13 @@ static void take_progress(mon *m, const mon_record *r, uint64_t now_ms) {
   mon_peer *p = peer_find(m, r->id, now_ms);
   if (!p)
     return;
+  if (p->has_progress && x.epoch > p->progress.epoch + 1) {
+    char txt[80];
+    snprintf(txt, sizeof txt, "loaded the state: epoch %llu to %llu",
+             (unsigned long long)p->progress.epoch,
+             (unsigned long long)x.epoch);
+    event(m, now_ms, MON_EV_STATE, p->id, x.epoch, txt);
+  }
   p->progress = x;
   p->has_progress = true;
   p->seen_ms = now_ms;
@@ -186,6 +193,21 @@ static void take_metrics(mon *m, const mon_record *r, uint64_t now_ms) {
   mon_peer *p = peer_of(m, r->id);
   if (!p || strcmp(x.run, m->cfg.run) != 0)
     return;
+  /* A new step's round, as its peer saw it (only between two records of
+   * the peer: the first one may be of any age). */
+  if (p->has_metrics && x.step != p->metrics.step) {
+    char txt[80] = "";
+    if (x.group_size < 2 && m->npeers > 1)
+      snprintf(txt, sizeof txt, "stepped alone at epoch %llu (no group)",
+               (unsigned long long)x.step);
+    else if (x.group_size >= 2 && x.has_by_all && x.by_all < 0.995)
+      snprintf(txt, sizeof txt,
+               "epoch %llu: the group of %llu averaged %.0f%% by all",
+               (unsigned long long)x.step, (unsigned long long)x.group_size,
+               100 * x.by_all);
+    if (txt[0])
+      event(m, now_ms, MON_EV_ROUND, p->id, x.step, txt);
+  }
   p->metrics = x;
   p->has_metrics = true;
   p->seen_ms = now_ms;

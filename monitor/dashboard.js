@@ -61,8 +61,14 @@ function renderRows(snap) {
     return (x === y ? 0 : x === null ? 1 : y === null ? -1 : x < y ? -1 : 1) * sortDir;
   });
   const tb = $("rows"); tb.textContent = "";
+  const epoch = snap.now ? snap.now.epoch : null;
+  let behind = 0;
   for (const p of rows) {
     const tr = document.createElement("tr"), age = (now - p.seen_ms) / 1000;
+    /* More than one epoch behind the swarm: it will reload the state. */
+    if (epoch !== null && p.mode !== "aux" && p.epoch + 1 < epoch) {
+      tr.className = "behind"; behind++;
+    }
     const cells = [p.id.slice(0, 8), p.label, p.addr || "–", p.mode, p.epoch, fmt(p.samples_per_second, 0),
       fmt(p.loss, 4), fmt(p.round_s, 2), p.group ?? "–", age < 1.5 ? "now" : dur(age) + " ago"];
     cells.forEach((v, i) => {
@@ -73,6 +79,7 @@ function renderRows(snap) {
     });
     tb.appendChild(tr);
   }
+  $("peer-note").textContent = rows.length + (behind ? ", " + behind + " behind the swarm" : "");
 }
 
 function render(snap) {
@@ -102,6 +109,7 @@ function render(snap) {
   for (const e of snap.events.slice().reverse()) {
     const d = document.createElement("div");
     d.textContent = new Date(e.t).toLocaleTimeString() + "  " + e.text;
+    d.className = "ev-" + e.type; /* join, leave, epoch, state, round, bad */
     ev.appendChild(d);
   }
   drawCharts();

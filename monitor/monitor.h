@@ -58,13 +58,26 @@ typedef struct mon_peer {
   uint64_t donor_epoch, slots;
 } mon_peer;
 
-enum { MON_EV_JOIN = 1, MON_EV_LEAVE, MON_EV_EPOCH, MON_EV_BAD };
+/* STATE: a peer's epoch jumped by more than one between two of its
+ * records (it loaded the state from a donor); ROUND: a peer's metrics of
+ * a new step say its round failed (it stepped alone while others were in
+ * the run, or a member dropped out and part of the tensor was not
+ * averaged by all). */
+enum {
+  MON_EV_JOIN = 1,
+  MON_EV_LEAVE,
+  MON_EV_EPOCH,
+  MON_EV_BAD,
+  MON_EV_STATE,
+  MON_EV_ROUND
+};
 
 typedef struct mon_event {
   uint64_t time_ms;
   int type;                   /* MON_EV_* */
-  uint8_t id[PROTO_ID_BYTES]; /* JOIN, LEAVE, BAD: whose */
-  uint64_t epoch;             /* EPOCH: the swarm's new epoch */
+  uint8_t id[PROTO_ID_BYTES]; /* JOIN, LEAVE, BAD, STATE, ROUND: whose */
+  uint64_t epoch;             /* EPOCH: the swarm's new epoch; STATE: the
+                                 one loaded; ROUND: the step's */
   char text[96];              /* a line for people */
 } mon_event;
 

@@ -142,6 +142,8 @@ static const char *event_name(int type) {
   case MON_EV_JOIN: return "join";
   case MON_EV_LEAVE: return "leave";
   case MON_EV_EPOCH: return "epoch";
+  case MON_EV_STATE: return "state";
+  case MON_EV_ROUND: return "round";
   default: return "bad";
   }
 }

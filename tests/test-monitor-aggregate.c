@@ -317,7 +317,66 @@ static void test_loss_weights(void) {
   mon_free(m);
 }
 
+/* A newcomer that loads the state, a round a member left, and a bee
+ * that stepped alone: one event each, at the step they happened, and
+ * none for steps that went well or for the first record of a peer. */
+static void test_round_events(void) {
+  mon_config cfg = {.run = "r"};
+  mon *m;
+  ASSERT_OK(mon_new(&cfg, &m));
+  rec p[2], x[2];
+  mon_record pr[2], mr[2];
+  uint64_t t = NOW;
+  /* Scrape 1: peer 1 at epoch 9 (its first metrics said it stepped alone
+   * long ago: not an event), peer 2 just started at epoch 0. */
+  progress(&p[0], 1, "r", 9, 10, 100, t, PROTO_MODE_NODE, "", false);
+  progress(&p[1], 2, "r", 0, 10, 100, t, PROTO_MODE_NODE, "", false);
+  metrics(&x[0], 1, 8, 1.0, 1, 1, 1, 1, 1, 1, 1, t);
+  for (int i = 0; i < 2; i++)
+    pr[i] = view(&p[i]), mr[i] = view(&x[i]);
+  mon_scrape(m, t, pr, 2, mr, 1);
+  ASSERT_EQ(events_of(m, MON_EV_STATE), 0);
+  ASSERT_EQ(events_of(m, MON_EV_ROUND), 0);
+  /* Scrape 2: peer 2 jumped to epoch 9 (it loaded the state); peer 1's
+   * step 9 was averaged by a group of 2 in full. */
+  t += 1000;
+  progress(&p[0], 1, "r", 10, 10, 100, t, PROTO_MODE_NODE, "", false);
+  progress(&p[1], 2, "r", 9, 10, 100, t, PROTO_MODE_NODE, "", false);
+  g_by_all = 1;
+  metrics(&x[0], 1, 9, 1.0, 1, 1, 2, 1, 1, 1, 1, t);
+  for (int i = 0; i < 2; i++)
+    pr[i] = view(&p[i]), mr[i] = view(&x[i]);
+  mon_scrape(m, t, pr, 2, mr, 1);
+  ASSERT(has_event(m, MON_EV_STATE, "02000000 loaded the state: epoch 0 to 9"));
+  ASSERT_EQ(events_of(m, MON_EV_ROUND), 0);
+  /* Scrape 3: peer 1's step 10 lost a member (60% averaged by all), the
+   * same record again a scrape later (one event), then step 11 alone. */
+  g_by_all = 0.6;
+  metrics(&x[0], 1, 10, 1.0, 1, 1, 2, 1, 1, 1, 1, t);
+  mr[0] = view(&x[0]);
+  mon_scrape(m, t + 1000, pr, 2, mr, 1);
+  mon_scrape(m, t + 2000, pr, 2, mr, 1);
+  ASSERT(has_event(m, MON_EV_ROUND,
+                   "01000000 epoch 10: the group of 2 averaged 60% by all"));
+  g_by_all = 0;
+  metrics(&x[0], 1, 11, 1.0, 1, 1, 1, 1, 1, 1, 1, t);
+  mr[0] = view(&x[0]);
+  mon_scrape(m, t + 3000, pr, 2, mr, 1);
+  g_by_all = -1;
+  ASSERT(has_event(m, MON_EV_ROUND,
+                   "01000000 stepped alone at epoch 11 (no group)"));
+  ASSERT_EQ(events_of(m, MON_EV_ROUND), 2);
+  ASSERT_EQ(events_of(m, MON_EV_STATE), 1);
+  mon_buf b = {0};
+  ASSERT_OK(mon_snapshot_json(m, &b));
+  ASSERT(strstr(b.p, "\"type\":\"state\"") != NULL);
+  ASSERT(strstr(b.p, "\"type\":\"round\"") != NULL);
+  mon_buf_free(&b);
+  mon_free(m);
+}
+
 int main(void) {
+  test_round_events();
   test_loss_weights();
   test_donors();
   test_scrapes();
