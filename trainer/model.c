@@ -333,8 +333,8 @@ static int new_on_cuda(trn_model *m, char *err, size_t errlen) {
     return trn__fail(err, errlen, rc ? rc : -ENODEV, "cuda:%d: %s", i,
                      rc || n == 0 ? why : "no such device");
   rc = trn__gpu_new(m->cfg.device_index, m->l, m->nl, m->nparams,
-                        m->nbuffers, B, m->cfg.precision == TRN_TF32,
-                        &m->gpu, err, errlen);
+                    m->nbuffers, B, m->cfg.precision == TRN_TF32, &m->gpu,
+                    err, errlen);
   if (rc)
     return rc;
   m->act_bytes = trn__gpu_bytes(m->gpu);
@@ -489,8 +489,9 @@ size_t trn_model_activation_bytes(const trn_model *m) {
 }
 /* ---- a model on CUDA: keeping the host's arrays and the device's in step */
 
-/* Fetches the device's array which (gradients or buffers) when a pass
- * changed it; a failure is remembered in gpu_rc (and logged there). */
+/* Fetches the device's array which (TRN__GPU_*) when the device changed
+ * it (a pass: gradients, buffers; a step: parameters); a failure is
+ * remembered in gpu_rc and logged. */
 static void gpu_fetch(trn_model *m, int which) {
   static const char *const names[] = {
       [TRN__GPU_PARAMS] = "parameters", [TRN__GPU_GRADS] = "gradients",
