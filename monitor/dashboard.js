@@ -24,23 +24,31 @@ function chart(id, series) {
   g.scale(dpr, dpr); g.clearRect(0, 0, w, h);
   if (history.length < 2) return;
   const t0 = history[0].t, t1 = history[history.length - 1].t || t0 + 1;
-  const pad = 34;
+  const pad = 34, padR = series.length > 1 ? 36 : 0; /* right: a 2nd scale */
+  /* Over half a day a clock time alone is ambiguous: the date too. */
+  const when = (t) => t1 - t0 > 12 * 3600e3
+    ? new Date(t).toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" })
+    : new Date(t).toLocaleTimeString();
   g.font = "11px system-ui"; g.fillStyle = "#6b7385"; g.strokeStyle = "#e3e6ec";
   series.forEach((s, k) => {
     const ys = history.map((p) => p[s.key]).filter((v) => v !== null && isFinite(v));
     if (!ys.length) return;
     let lo = Math.min(0, ...ys), hi = Math.max(...ys); if (hi <= lo) hi = lo + 1;
     if (k === 0) {
-      g.beginPath(); g.moveTo(pad, 4); g.lineTo(pad, h - 16); g.lineTo(w, h - 16); g.stroke();
+      g.beginPath(); g.moveTo(pad, 4); g.lineTo(pad, h - 16); g.lineTo(w - padR, h - 16); g.stroke();
       g.fillText(fmt(hi), 0, 12); g.fillText(fmt(lo), 0, h - 18);
-      g.fillText(new Date(t0).toLocaleTimeString(), pad, h - 2);
-      const r = new Date(t1).toLocaleTimeString(); g.fillText(r, w - g.measureText(r).width, h - 2);
+      g.fillText(when(t0), pad, h - 2);
+      const r = when(t1); g.fillText(r, w - padR - g.measureText(r).width, h - 2);
+    } else { /* each series has its own scale: this one's at the right, in its color */
+      g.fillStyle = s.color;
+      g.fillText(fmt(hi), w - padR + 4, 12); g.fillText(fmt(lo), w - padR + 4, h - 18);
+      g.fillStyle = "#6b7385";
     }
     g.strokeStyle = s.color; g.lineWidth = 1.5; g.beginPath();
     let started = false;
     for (const p of history) {
       const v = p[s.key]; if (v === null || !isFinite(v)) { started = false; continue; }
-      const x = pad + (w - pad) * (p.t - t0) / (t1 - t0), y = 4 + (h - 20) * (1 - (v - lo) / (hi - lo));
+      const x = pad + (w - pad - padR) * (p.t - t0) / (t1 - t0), y = 4 + (h - 20) * (1 - (v - lo) / (hi - lo));
       if (started) g.lineTo(x, y); else { g.moveTo(x, y); started = true; }
     }
     g.stroke(); g.strokeStyle = "#e3e6ec";
