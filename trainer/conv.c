@@ -452,12 +452,18 @@ static uint64_t mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+void trn__dropout_draw(float p, uint64_t seed, uint64_t call, uint64_t *base,
+                       uint64_t *cut) {
+  *base = mix(seed ^ mix(call + 0x64726f70ull));
+  /* 2^-32 steps: p is compared with 32 random bits per element. */
+  *cut = (uint64_t)((double)p * 4294967296.0);
+}
+
 void trn__dropout_fwd(const float *x, float *y, float *mask, size_t n,
                       float p, uint64_t seed, uint64_t call) {
   float keep = 1.0f / (1.0f - p);
-  uint64_t base = mix(seed ^ mix(call + 0x64726f70ull));
-  /* 2^-32 steps: p is compared with 32 random bits per element. */
-  uint64_t cut = (uint64_t)((double)p * 4294967296.0);
+  uint64_t base, cut;
+  trn__dropout_draw(p, seed, call, &base, &cut);
   for (size_t i = 0; i < n; i++) {
     uint64_t r = mix(base + 0x9e3779b97f4a7c15ull * (i + 1)) >> 32;
     mask[i] = r < cut ? 0.0f : keep;

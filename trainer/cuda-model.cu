@@ -32,39 +32,11 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
-/* ---- checking ------------------------------------------------------------ */
+/* ---- checking (cuda.cu's checks: logged with call, file:line; -EIO) ---- */
 
-static int cuda_fail(cudaError_t e, const char *call, const char *file,
-                     int line) {
-  if (e == cudaSuccess)
-    return 0;
-  (void)cudaGetLastError();
-  trn__log(TRN_LOG_ERROR, "%s:%d: %s: %s (%s)", file, line, call,
-           cudaGetErrorString(e), cudaGetErrorName(e));
-  return -EIO;
-}
-
-static int blas_fail(cublasStatus_t s, const char *call, const char *file,
-                     int line) {
-  if (s == CUBLAS_STATUS_SUCCESS)
-    return 0;
-  trn__log(TRN_LOG_ERROR, "%s:%d: %s: %s (%s)", file, line, call,
-           cublasGetStatusString(s), cublasGetStatusName(s));
-  return -EIO;
-}
-
-static int dnn_fail(cudnnStatus_t s, const char *call, const char *file,
-                    int line) {
-  if (s == CUDNN_STATUS_SUCCESS)
-    return 0;
-  trn__log(TRN_LOG_ERROR, "%s:%d: %s: %s", file, line, call,
-           cudnnGetErrorString(s));
-  return -EIO;
-}
-
-#define CK(call) cuda_fail((call), #call, __FILE__, __LINE__)
-#define BK(call) blas_fail((call), #call, __FILE__, __LINE__)
-#define DK(call) dnn_fail((call), #call, __FILE__, __LINE__)
+#define CK(call) trn__cuda_check((call), #call, __FILE__, __LINE__)
+#define BK(call) trn__blas_check((call), #call, __FILE__, __LINE__)
+#define DK(call) trn__dnn_check((call), #call, __FILE__, __LINE__)
 /* Returns from the calling function on the first failure. */
 #define TRY(x)                                                                 \
   do {                                                                         \
@@ -672,16 +644,8 @@ static int forward(trn__gpu *g, size_t B, bool train, uint64_t seed,
       break;
     case TRN__L_DROPOUT:
       if (train) {
-        uint64_t call = (*calls)++;
-        /* conv.c's mix, on the host, for the call's base. */
-        uint64_t z = call + 0x64726f70ull, base;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        base = seed ^ (z ^ (z >> 31));
-        base = (base ^ (base >> 30)) * 0xbf58476d1ce4e5b9ull;
-        base = (base ^ (base >> 27)) * 0x94d049bb133111ebull;
-        base ^= base >> 31;
-        uint64_t cut = (uint64_t)((double)L->p * 4294967296.0);
+        uint64_t base, cut; /* the CPU's draw (conv.c) */
+        trn__dropout_draw(L->p, seed, (*calls)++, &base, &cut);
         k_dropout<<<blocks(n), THREADS, 0, g->st>>>(in, y, g->mask[i], n, base,
                                                     cut, 1.0f / (1.0f - L->p));
       } else {

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -25,8 +26,8 @@ static_assert(CUDNN_MAJOR >= 9, "the trainer needs cuDNN 9 or later");
  * -EIO.  Clears the runtime's last-error slot so that a later, unrelated
  * cudaGetLastError does not report this failure again (sticky errors, which
  * poison the context, stay regardless). */
-static int check(cudaError_t err, const char *call, const char *file,
-                 int line) {
+int trn__cuda_check(cudaError_t err, const char *call, const char *file,
+                    int line) {
   if (err == cudaSuccess)
     return 0;
   (void)cudaGetLastError();
@@ -35,7 +36,25 @@ static int check(cudaError_t err, const char *call, const char *file,
   return -EIO;
 }
 
-#define CUDA_CHECK(call) check((call), #call, __FILE__, __LINE__)
+int trn__blas_check(cublasStatus_t s, const char *call, const char *file,
+                    int line) {
+  if (s == CUBLAS_STATUS_SUCCESS)
+    return 0;
+  trn__log(TRN_LOG_ERROR, "%s:%d: %s: %s (%s)", file, line, call,
+           cublasGetStatusString(s), cublasGetStatusName(s));
+  return -EIO;
+}
+
+int trn__dnn_check(cudnnStatus_t s, const char *call, const char *file,
+                   int line) {
+  if (s == CUDNN_STATUS_SUCCESS)
+    return 0;
+  trn__log(TRN_LOG_ERROR, "%s:%d: %s: %s", file, line, call,
+           cudnnGetErrorString(s));
+  return -EIO;
+}
+
+#define CUDA_CHECK(call) trn__cuda_check((call), #call, __FILE__, __LINE__)
 
 /* Writes a CUDA version number (1000 * major + 10 * minor) as "13.0". */
 static void version_str(char *buf, size_t len, int v) {
@@ -80,7 +99,8 @@ int trn__cuda_count(int *n, char *why, size_t why_len) {
       explain_none(err, why, why_len);
     return 0;
   }
-  int rc = check(err, "cudaGetDeviceCount(&count)", __FILE__, __LINE__);
+  int rc = trn__cuda_check(err, "cudaGetDeviceCount(&count)", __FILE__,
+                           __LINE__);
   if (rc) {
     if (why_len > 0)
       snprintf(why, why_len, "cudaGetDeviceCount failed: %s (%s)",

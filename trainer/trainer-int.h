@@ -10,6 +10,12 @@
 
 #include "trainer.h"
 
+#ifdef __CUDACC__ /* the .cu files: the types of the checks below */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -45,6 +51,17 @@ int trn__cuda_bind(int index);
 
 /* Returns cudnnGetVersion(), or 0 without CUDA. */
 size_t trn__cudnn_version(void);
+
+#ifdef __CUDACC__
+/* cuda.cu: 0 for success, else the call with file:line and the library's
+ * message logged, and -EIO (cuda.cu's and cuda-model.cu's every call). */
+int trn__cuda_check(cudaError_t err, const char *call, const char *file,
+                    int line);
+int trn__blas_check(cublasStatus_t s, const char *call, const char *file,
+                    int line);
+int trn__dnn_check(cudnnStatus_t s, const char *call, const char *file,
+                   int line);
+#endif
 
 /* ---- pool.c: the CPU backend's worker threads ------------------------------ */
 
@@ -204,6 +221,10 @@ void trn__maxpool_fwd(const float *x, float *y, uint32_t *arg, size_t B,
 void trn__maxpool_bwd(const float *dy, const uint32_t *arg, float *dx,
                       size_t B, unsigned c, unsigned h, unsigned w,
                       unsigned k);
+/* A dropout call's generator: element i is zeroed when mix(base + golden
+ * (i + 1)) >> 32 < cut (conv.c's mix); cuda-model.cu draws the same. */
+void trn__dropout_draw(float p, uint64_t seed, uint64_t call, uint64_t *base,
+                       uint64_t *cut);
 /* y = x mask, mask 0 with probability p else 1 / (1 - p), drawn from
  * (seed, call) alone. */
 void trn__dropout_fwd(const float *x, float *y, float *mask, size_t n,
