@@ -313,6 +313,8 @@ typedef struct avg_member_info {
                           infinity, wrong codec or length) */
   uint32_t clipped;    /* its contributions scaled down or dropped by the
                           clip rule */
+  double weight;       /* the weight its parts to our span carried (ours:
+                          our own); 0 when none came */
 } avg_member_info;
 
 typedef struct avg_span_info {
@@ -616,6 +618,23 @@ void avg_node_request_default(avg_node_request *req);
  * while another averaging runs or after close; avg_match_new's codes. */
 int avg_node_average(avg_node *n, const avg_node_request *req, avg_node_cb cb,
                      void *arg);
+/* The matchmaking alone, ahead of the buffer: cb gets the group
+ * (r->group, borrowed for the call; r->summary NULL) or why none formed,
+ * and the caller runs the round with avg_node_round once its buffer is
+ * ready (req.round is not used here).  The members may begin the round
+ * at different times: round messages for a group we have not begun yet
+ * are kept (within bounds, 30 s), also while another round runs.  Errors
+ * as avg_node_average. */
+int avg_node_match(avg_node *n, const avg_node_request *req, avg_node_cb cb,
+                   void *arg);
+/* Leaves the group g (one avg_node_match gave, whose round we will not
+ * run): its members get ABORT with why, and drop us at once instead of at
+ * their timeouts, also those that begin its round later. */
+void avg_node_leave(avg_node *n, const avg_group *g, const char *why);
+/* Ends the averaging under way, matchmaking or round, with its callback
+ * run now with BEE_ECANCELED (a round's members see us leave); the node
+ * stays open.  Nothing under way, or NULL: nothing happens. */
+void avg_node_cancel(avg_node *n);
 /* The round alone, for a group formed elsewhere (the same group id,
  * member list and order at every member; g->self is us): no matchmaking.
  * g is copied.  Errors as avg_node_average, and BEE_ERANGE for a group

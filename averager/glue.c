@@ -39,12 +39,13 @@
 
 typedef struct qmsg {
   struct qmsg *next;
+  bool round; /* a round message (avg_node_leave's ABORT) */
   size_t len;
   uint8_t buf[];
 } qmsg;
 
 /* A connection being dialled, and the matchmaking messages waiting for
- * it.  Round messages do not wait here: the round holds them
+ * it.  The round's messages do not wait here: the round holds them
  * (BEE_EQUEUE) until avg_round_drain. */
 typedef struct dial {
   struct dial *next;
@@ -97,6 +98,7 @@ struct avg_node {
   avg_node_cb cb;
   void *arg;
   avg_match *m;
+  bool match_only; /* avg_node_match: the group is the callback's */
   avg_round *r;
   avg_group group; /* members point into ours below */
   proto_group_member *members;
@@ -179,7 +181,8 @@ static void dialled(proto_host *h, proto_conn *c, int status, void *arg) {
     }
     if (status == 0)
       for (qmsg *q = d->head; q; q = q->next)
-        proto_conn_oneway(c, METHOD_MATCH, q->buf, q->len);
+        proto_conn_oneway(c, q->round ? METHOD_ROUND : METHOD_MATCH, q->buf,
+                          q->len);
     size_t k = n->r ? member_index(n, d->id) : SIZE_MAX;
     if (k != SIZE_MAX) {
       if (status != 0) {
@@ -221,19 +224,22 @@ static dial *dial_get(avg_node *n, const uint8_t *id, const char *addr,
   return d;
 }
 
-static int match_send(void *ctx, const uint8_t id[PROTO_ID_BYTES],
-                      const char *addr, const uint8_t *msg, size_t len) {
-  avg_node *n = ctx;
+/* Sends msg to id over a connection we have, or one dialled at addr
+ * (NULL: none). */
+static int send_to(avg_node *n, const uint8_t id[PROTO_ID_BYTES],
+                   const char *addr, const uint8_t *msg, size_t len,
+                   bool round) {
   proto_conn *c = proto_host_find(n->cfg.host, id);
   int rc;
   if (c)
-    return proto_conn_oneway(c, METHOD_MATCH, msg, len);
+    return proto_conn_oneway(c, round ? METHOD_ROUND : METHOD_MATCH, msg, len);
   if (!addr)
     return -ENOTCONN;
   qmsg *q = malloc(sizeof *q + len);
   if (!q)
     return -ENOMEM;
   q->next = NULL;
+  q->round = round;
   q->len = len;
   memcpy(q->buf, msg, len);
   dial *d = dial_get(n, id, addr, &rc);
@@ -244,6 +250,11 @@ static int match_send(void *ctx, const uint8_t id[PROTO_ID_BYTES],
   *d->tail = q;
   d->tail = &q->next;
   return 0;
+}
+
+static int match_send(void *ctx, const uint8_t id[PROTO_ID_BYTES],
+                      const char *addr, const uint8_t *msg, size_t len) {
+  return send_to(ctx, id, addr, msg, len, false);
 }
 
 /* ---- the matchmaking core's io ----------------------------------------- */
@@ -266,7 +277,7 @@ static void match_random(void *ctx, void *buf, size_t len) {
 /* ---- the round --------------------------------------------------------- */
 
 static size_t member_index(const avg_node *n, const uint8_t *id) {
-  for (size_t i = 0; i < n->group.nmembers; i++)
+  for (size_t i = 0; n->members && i < n->group.nmembers; i++)
     if (memcmp(n->members[i].id, id, PROTO_ID_BYTES) == 0)
       return i;
   return SIZE_MAX;
@@ -437,10 +448,11 @@ static const char *round_name(void *ctx, size_t member) {
   return buf;
 }
 
-static void finish(avg_node *n, int status, const avg_round_summary *s) {
+/* The averaging is over: its callback, with the group g (NULL: none). */
+static void finish_group(avg_node *n, int status, const avg_round_summary *s,
+                         const avg_group *g) {
   avg__meter_end(&n->meter, uv_now(n->cfg.loop));
-  avg_node_result res = {
-      .status = status, .group = n->members ? &n->group : NULL, .summary = s};
+  avg_node_result res = {.status = status, .group = g, .summary = s};
   if (n->m)
     avg_match_stats_get(n->m, &n->mstats);
   res.match = n->mstats;
@@ -449,6 +461,10 @@ static void finish(avg_node *n, int status, const avg_round_summary *s) {
   n->cb = NULL;
   if (cb)
     cb(n, &res, n->arg);
+}
+
+static void finish(avg_node *n, int status, const avg_round_summary *s) {
+  finish_group(n, status, s, n->members ? &n->group : NULL);
 }
 
 static void group_free(avg_node *n) {
@@ -468,25 +484,51 @@ static void on_round(avg_round *r, const avg_round_summary *s, void *arg) {
   avg_node *n = arg;
   (void)r;
   n->r = NULL; /* freed below; the core defers it while inside */
-  finish(n, s->status, s);
+  /* The group is the callback's to read, and the callback may start the
+   * next round, which brings its own. */
+  avg_group g = n->group;
+  proto_group_member *members = n->members;
+  avg_mode *modes = n->modes;
+  double *bandwidth = n->bandwidth;
+  bool *unreachable = n->unreachable;
+  unsigned *want = n->want;
+  n->members = NULL;
+  n->modes = NULL;
+  n->bandwidth = NULL;
+  n->unreachable = NULL;
+  n->want = NULL;
+  finish_group(n, s->status, s, members ? &g : NULL);
   avg_round_free(r);
-  group_free(n);
+  free(members);
+  free(modes);
+  free(bandwidth);
+  free(unreachable);
+  free(want);
+}
+
+/* Whether msg, a round message, names a group other than the round
+ * under way's: it is for a round its sender began before ours (a group
+ * formed ahead, avg_node_match) and is kept for it.  One that does not
+ * decode goes to the round, which says so. */
+static bool other_group(const avg_node *n, const uint8_t *msg, size_t len) {
+  proto_avg_msg m;
+  return proto_avg_decode(msg, len, &m) == 0 &&
+         memcmp(m.group, n->group.id, sizeof m.group) != 0;
 }
 
 /* Hands the kept round messages of our group to the round. */
 static void replay_early(avg_node *n) {
   early **pp = &n->early, *e;
-  while ((e = *pp)) {
+  while (n->r && (e = *pp)) { /* a message may end the round */
     size_t k = member_index(n, e->from);
-    if (k == SIZE_MAX) {
+    if (k == SIZE_MAX || other_group(n, e->buf, e->len)) {
       pp = &e->next;
       continue;
     }
     *pp = e->next;
     n->nearly--;
     n->early_bytes -= e->len;
-    if (n->r)
-      avg_round_handle(n->r, k, e->buf, e->len);
+    avg_round_handle(n->r, k, e->buf, e->len);
     free(e);
   }
 }
@@ -622,6 +664,19 @@ static int start_round(avg_node *n, const avg_group *g, bool replay_now) {
 static void on_match(avg_match *m, int status, const avg_group *g, void *arg) {
   avg_node *n = arg;
   avg_match_stats_get(m, &n->mstats);
+  if (n->match_only) { /* the caller runs the round when it is ready */
+    avg__meter_end(&n->meter, uv_now(n->cfg.loop));
+    avg_node_result res = {.status = status,
+                           .group = status == 0 ? g : NULL,
+                           .match = n->mstats};
+    n->busy = false;
+    n->match_only = false;
+    avg_node_cb cb = n->cb;
+    n->cb = NULL;
+    if (cb)
+      cb(n, &res, n->arg);
+    return;
+  }
   if (status == 0)
     status = start_round(n, g, true);
   if (status != 0)
@@ -713,7 +768,7 @@ static void on_round_msg(proto_conn *c, proto_bytes method, proto_bytes p,
   avg__meter_add(&n->meter, uv_now(n->cfg.loop), p.n);
   if (n->r) {
     size_t k = member_index(n, from);
-    if (k != SIZE_MAX) {
+    if (k != SIZE_MAX && !other_group(n, p.p, p.n)) {
       avg_round_handle(n->r, k, p.p, p.n);
       arm(n);
       return;
@@ -818,8 +873,9 @@ static int end_op(avg_node *n, int rc) {
   return 0;
 }
 
-int avg_node_average(avg_node *n, const avg_node_request *req, avg_node_cb cb,
-                     void *arg) {
+/* The matchmaking for req, then the round unless match_only. */
+static int match(avg_node *n, const avg_node_request *req, bool match_only,
+                 avg_node_cb cb, void *arg) {
   if (n->closing || n->busy)
     return BEE_ERANGE;
   n->req = *req;
@@ -837,7 +893,34 @@ int avg_node_average(avg_node *n, const avg_node_request *req, avg_node_cb cb,
   if (rc)
     return rc;
   begin_op(n, cb, arg);
+  n->match_only = match_only;
   return end_op(n, avg_match_start(n->m, on_match, n));
+}
+
+int avg_node_average(avg_node *n, const avg_node_request *req, avg_node_cb cb,
+                     void *arg) {
+  return match(n, req, false, cb, arg);
+}
+
+int avg_node_match(avg_node *n, const avg_node_request *req, avg_node_cb cb,
+                   void *arg) {
+  return match(n, req, true, cb, arg);
+}
+
+void avg_node_cancel(avg_node *n) {
+  if (!n || n->closing || !n->busy)
+    return;
+  if (n->r) { /* on_round finishes it, with BEE_ECANCELED */
+    avg_round_free(n->r);
+    return;
+  }
+  avg_match *m = n->m; /* tells its leader or followers it left */
+  n->m = NULL;
+  n->match_only = false;
+  avg_match_free(m);
+  if (n->busy)
+    finish(n, BEE_ECANCELED, NULL);
+  arm(n);
 }
 
 int avg_node_round(avg_node *n, const avg_group *g, const avg_node_request *req,
@@ -851,6 +934,28 @@ int avg_node_round(avg_node *n, const avg_group *g, const avg_node_request *req,
   n->m = NULL;
   begin_op(n, cb, arg);
   return end_op(n, start_round(n, g, false));
+}
+
+void avg_node_leave(avg_node *n, const avg_group *g, const char *why) {
+  if (!n || n->closing || !g || g->nmembers > AVG_GROUP_MAX ||
+      g->self >= g->nmembers)
+    return;
+  uint8_t buf[PROTO_AVG_HDR_MAX + PROTO_TEXT_MAX];
+  size_t len, wlen = why ? strlen(why) : 0;
+  proto_avg_msg m = {.type = PROTO_T_AVG_ABORT,
+                     .sender = (uint32_t)g->self,
+                     .code = BEE_ECANCELED,
+                     .text = {(const uint8_t *)why,
+                              wlen > PROTO_TEXT_MAX ? PROTO_TEXT_MAX : wlen}};
+  memcpy(m.group, g->id, sizeof m.group);
+  if (proto_avg_encode(&m, buf, sizeof buf, &len))
+    return;
+  for (size_t k = 0; k < g->nmembers; k++)
+    if (k != g->self && g->members[k].mode != PROTO_MODE_CLIENT)
+      send_to(n, g->members[k].id, g->members[k].addr, buf, len, true);
+    else if (k != g->self) /* a CLIENT dials us; without a connection it is
+                              gone */
+      send_to(n, g->members[k].id, NULL, buf, len, true);
 }
 
 double avg_node_bandwidth_mbit(const avg_node *n) {

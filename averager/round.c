@@ -95,6 +95,7 @@ typedef struct mem {
   int dropped;
   uint64_t dropped_ms;
   uint32_t refused, clipped;
+  double weight; /* the weight its last part to our span carried */
   bool warned; /* its first refusal or clip was logged */
   /* Its span as we receive it (ours: as we reduce it). */
   int span;
@@ -826,6 +827,8 @@ static int on_part(avg_round *r, size_t from, const proto_avg_msg *m) {
   slot *sl = &s->slots[k % r->Wo];
   s->last_part_ms = now(r);
   sl->state = SLOT_NONE;
+  if (m->has_data)
+    s->weight = m->weight;
   if (!m->has_data || m->weight == 0)
     return 0;
   size_t want = avg_encoded_size(r->cfg.codec, part_len(r, r->self, k));
@@ -970,7 +973,10 @@ static void complete(avg_round *r) {
     r->info[j] = (avg_member_info){.dropped = d->dropped,
                                    .dropped_ms = d->dropped_ms,
                                    .refused = d->refused,
-                                   .clipped = d->clipped};
+                                   .clipped = d->clipped,
+                                   .weight = j == r->self
+                                                 ? (double)own_weight(r)
+                                                 : d->weight};
   }
   avg_round_summary s = {
       .status = r->ended ? r->status : 0,

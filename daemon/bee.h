@@ -106,6 +106,8 @@ typedef struct bee_config {
   unsigned min_peers;           /* training waits for this many in the run */
   unsigned max_state_uploads;   /* state downloads served at once */
   bool delay_averaging;         /* the round runs behind the next epoch */
+  bool no_match_ahead;          /* matchmaking once the target is reached,
+                                   not --matchmaking-time ahead of it */
   char label[PROTO_LABEL_MAX + 1];
   unsigned threads;
   char device[32];              /* trainer device spec: auto, cpu, cuda:N */

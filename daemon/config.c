@@ -32,6 +32,7 @@ enum opt_id {
   O_LOG_LEVEL,
   O_MAX_CONNS,
   O_NO_LISTEN,
+  O_NO_MATCH_AHEAD,
   O_CLIENT,
   O_STATUS_INTERVAL,
   O_REVOCATION_INTERVAL,
@@ -116,6 +117,7 @@ static const struct opt {
     {"min-peers", O_MIN_PEERS, K_VALUE, true},
     {"max-state-uploads", O_MAX_STATE_UPLOADS, K_VALUE, true},
     {"delay-averaging", O_DELAY_AVERAGING, K_BOOL, true},
+    {"no-match-ahead", O_NO_MATCH_AHEAD, K_BOOL, true},
     {"label", O_LABEL, K_VALUE, true},
     {"threads", O_THREADS, K_VALUE, true},
     {"device", O_DEVICE, K_VALUE, true},
@@ -586,6 +588,7 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
     return 0;
   case O_OPEN:
   case O_NO_LISTEN:
+  case O_NO_MATCH_AHEAD:
   case O_DELAY_AVERAGING:
   case O_RESUME:
   case O_CLIENT: {
@@ -605,6 +608,8 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
       cfg->delay_averaging = b;
     else if (o->id == O_CLIENT)
       cfg->client = b;
+    else if (o->id == O_NO_MATCH_AHEAD)
+      cfg->no_match_ahead = b;
     else
       cfg->no_listen = b;
     return 0;
@@ -953,7 +958,10 @@ void bee_config_usage(FILE *f) {
       "  --average-state-every N  average parameters and optimizer state too,\n"
       "                           every N epochs; 0 = never (default 0)\n"
       "  --matchmaking-time SECS  the longest a round waits for the peers it\n"
-      "                           expects (default %g)\n"
+      "                           expects (default %g); the group forms this\n"
+      "                           long before the swarm's estimated end of the\n"
+      "                           epoch, while the last batches are computed\n"
+      "  --no-match-ahead         form the group only once the target is reached\n"
       "  --delay-averaging        average an epoch's gradients while the next\n"
       "                           is computed (its step a round late)\n"
       "  --min-peers N            start training once N bees (this one too)\n"

@@ -57,6 +57,8 @@
 #define DATA_MEAN 0.2860f
 #define DATA_STD 0.3530f
 
+enum { AHEAD_NONE, AHEAD_MATCHING, AHEAD_HELD, AHEAD_FAILED };
+
 /* The first half of an epoch step, for the second (train.c). */
 struct pend {
   bool active;     /* --delay-averaging: a round runs for it */
@@ -108,6 +110,7 @@ typedef struct shared {
     size_t group;         /* members of the round */
     double by_all;        /* share of the tensor every member averaged */
     bool delayed;         /* the round ran behind the next epoch's work */
+    bool ahead;           /* its group formed ahead (bee__match_ahead) */
     uint8_t hash[8];      /* of the parameters after the step */
     /* for the metrics record */
     double compute_s, averaging_s;
@@ -137,6 +140,7 @@ typedef struct shared {
   int avg_status;
   size_t avg_group;
   double avg_by_all;
+  bool avg_ahead;       /* the group had formed ahead */
   uint64_t avg_bytes_sent, avg_bytes_recv, avg_batch;
   double avg_done_s;    /* when the round ended, mono_s() */
   uint64_t steps_head, steps_tail; /* written, logged; head - tail <= ring */
@@ -188,6 +192,17 @@ struct bee_train {
   proto_host *host;
   avg_node *avg;
   bool averaging; /* a round is under way */
+  bool round_ahead; /* and its group formed ahead */
+  /* The group for the coming epoch's round, formed ahead: from
+   * --matchmaking-time before the swarm's estimated end of the epoch, while
+   * the worker computes its last batches (bee__match_ahead). */
+  struct ahead {
+    int state; /* AHEAD_* */
+    uint64_t epoch;
+    double t0; /* the matchmaking began, mono_s() */
+    avg_group g;
+    proto_group_member gm[AVG_GROUP_MAX];
+  } ahead;
   char addr[PROTO_ADDR_MAX];
   uint8_t schema[PROTO_SCHEMA_HASH_BYTES];       /* gradient rounds */
   uint8_t state_schema[PROTO_SCHEMA_HASH_BYTES]; /* state rounds */
@@ -230,7 +245,7 @@ struct bee_train {
   bool have_view;
   bool short_warned; /* epochs too short to share: said once */
   uint64_t metrics_exp; /* the last metrics record's expiration */
-  char last_step[160];  /* the last epoch line's gist, for beectl status */
+  char last_step[224];  /* the last epoch line's gist, for beectl status */
   bool halted;          /* the threads are stopped */
   void (*leave_done)(void *arg); /* leaving: called once the last record
                                     is stored or LEAVE_MS passed */
@@ -307,6 +322,8 @@ void bee__match_declare(void *ctx, const proto_match *info,
 void bee__match_fetch(void *ctx, avg_node *node, const proto_match *info);
 /* Starts the round the worker waits for, if it asked and none runs. */
 void bee__start_round(bee_train *t);
+void bee__match_ahead(bee_train *t);
+void bee__ahead_drop(bee_train *t, const char *why);
 /* One epoch's metrics record. */
 void bee__publish_metrics(bee_train *t, const struct step_report *r);
 /* The loop's tick: counters, publication, the view, rounds, status. */

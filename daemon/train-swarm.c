@@ -290,19 +290,24 @@ void bee__match_fetch(void *ctx, avg_node *node, const proto_match *info) {
     free(f);
 }
 
-/* The worker's round is over, one way or another: wake it. */
+/* The worker's round is over, one way or another: wake it.  The group's
+ * samples are the weights its members gave the round (those declared in
+ * the matchmaking, when it formed ahead, were estimates). */
 static void round_over(bee_train *t, int status, size_t group,
                        double by_all, const avg_node_result *r) {
   t->averaging = false;
   uint64_t batch = 0;
   for (size_t i = 0; r && r->group && i < r->group->nmembers; i++)
-    batch += (uint64_t)r->group->members[i].weight;
+    batch += r->summary && i < r->summary->nmembers
+                 ? (uint64_t)r->summary->members[i].weight
+                 : (uint64_t)r->group->members[i].weight;
   uv_mutex_lock(&t->mu);
   t->sh.avg_req = false;
   t->sh.avg_done = true;
   t->sh.avg_status = status;
   t->sh.avg_group = group;
   t->sh.avg_by_all = by_all;
+  t->sh.avg_ahead = t->round_ahead && status == 0;
   t->sh.avg_batch = batch;
   t->sh.avg_bytes_sent = r && r->summary ? r->summary->bytes_sent : 0;
   t->sh.avg_bytes_recv = r && r->summary ? r->summary->bytes_recv : 0;
@@ -325,7 +330,7 @@ static void round_cb(avg_node *n, const avg_node_result *r, void *arg) {
      * samples (weight 0) or an AUX member contributes nothing anyway. */
     size_t k = 0;
     for (size_t i = 0; r->group && i < r->group->nmembers; i++)
-      k += r->group->members[i].weight > 0 &&
+      k += r->summary->members[i].weight > 0 &&
            r->group->members[i].mode != PROTO_MODE_AUX;
     if (k > r->summary->nmembers)
       k = r->summary->nmembers;
@@ -336,9 +341,134 @@ static void round_cb(avg_node *n, const avg_node_result *r, void *arg) {
   round_over(t, status, group, by_all, r);
 }
 
-/* Starts the round the worker asked for, expecting the peers at its epoch
- * and one behind by the last view (bee_round_candidates); alone, there is
- * nothing to average. */
+/* A request for the round of `round` (an epoch, or STATE_ROUND + epoch
+ * with state) expecting `peers` members, this bee's weight w: begin as
+ * soon as every peer expected has joined, at the latest
+ * --matchmaking-time from now with whoever has. */
+static void fill_request(bee_train *t, avg_node_request *req, uint64_t round,
+                         bool state, size_t peers, double w, float *buf,
+                         size_t nbuf) {
+  avg_node_request_default(req);
+  avg_match_config *mc = &req->match;
+  snprintf(mc->info.run, sizeof mc->info.run, "%s", t->cfg->run);
+  mc->info.round = round;
+  snprintf(mc->info.addr, sizeof mc->info.addr, "%s", t->addr);
+  memcpy(mc->info.schema_hash, state ? t->state_schema : t->schema,
+         sizeof t->schema);
+  mc->info.mode = t->cfg->client ? PROTO_MODE_CLIENT : PROTO_MODE_NODE;
+  mc->info.bandwidth_mbit = 1000;
+  mc->info.weight = w;
+  unsigned mm = (unsigned)(t->cfg->matchmaking_s * 1000);
+  mc->target_size = peers > 16 ? 16 : peers;
+  mc->min_size = 2;
+  mc->matchmaking_ms = mm;
+  mc->fetch_interval_ms = 100;
+  mc->deadline_ms = mm + MATCH_GRACE_MS;
+  req->round.x = buf;
+  req->round.n = nbuf;
+  req->round.weight = w;
+  req->round.deadline_ms = ROUND_DEADLINE_MS;
+}
+
+/* The group formed ahead is no more use: the epoch moved on (a state
+ * loaded), a state round comes first, or the bee leaves.  Its members are
+ * told, and drop us from its round at once. */
+void bee__ahead_drop(bee_train *t, const char *why) {
+  if (t->ahead.state == AHEAD_HELD) {
+    bee_info(COMP, "leaving the group formed for epoch %llu: %s",
+             (unsigned long long)t->ahead.epoch, why);
+    avg_node_leave(t->avg, &t->ahead.g, why);
+  }
+  if (t->ahead.state == AHEAD_MATCHING) {
+    t->ahead.state = AHEAD_NONE;
+    avg_node_cancel(t->avg); /* its callback finds AHEAD_NONE */
+  }
+  t->ahead.state = AHEAD_NONE;
+}
+
+static void ahead_cb(avg_node *n, const avg_node_result *r, void *arg) {
+  (void)n;
+  bee_train *t = arg;
+  if (t->stopped || t->ahead.state != AHEAD_MATCHING)
+    return; /* cancelled */
+  if (r->status == 0) {
+    t->ahead.state = AHEAD_HELD;
+    t->ahead.g = *r->group;
+    memcpy(t->ahead.gm, r->group->members,
+           r->group->nmembers * sizeof *t->ahead.gm);
+    t->ahead.g.members = t->ahead.gm;
+    bee_debug(COMP, "epoch %llu: a group of %zu formed ahead in %.2f s",
+              (unsigned long long)t->ahead.epoch, r->group->nmembers,
+              mono_s() - t->ahead.t0);
+  } else {
+    t->ahead.state = AHEAD_FAILED; /* matched again once the target is in */
+    bee_debug(COMP, "epoch %llu: no group formed ahead: %s",
+              (unsigned long long)t->ahead.epoch, bee_strerror(r->status));
+  }
+  bee__start_round(t); /* the worker may be waiting */
+}
+
+/* Matchmaking ahead (unless --no-match-ahead): once the swarm is expected
+ * to reach the target within --matchmaking-time, by the last view and the
+ * rates since, the group for the epoch's round forms while the worker
+ * computes its last batches; the round begins as soon as the worker hands
+ * its buffer over (bee__start_round).  DiLoCo: when this bee's inner steps
+ * end within that time.  Only once the worker trains at the epoch (a
+ * state round at its start comes first), one averaging at a time. */
+void bee__match_ahead(bee_train *t) {
+  if (t->cfg->no_match_ahead || !t->avg || t->averaging || t->stopped ||
+      t->ahead.state == AHEAD_MATCHING)
+    return;
+  double rate = bee_rate_get(&t->rate);
+  uv_mutex_lock(&t->mu);
+  uint64_t epoch = t->sh.epoch, samples = t->sh.samples;
+  /* A round asked for and not over, or this epoch's over already (the
+   * worker is about to step). */
+  bool asked = (t->sh.avg_req && !t->sh.avg_done) ||
+               (t->sh.avg_done && !t->sh.avg_state && t->sh.avg_epoch == epoch);
+  double age = mono_s() - t->sh.view_s;
+  age = age < 0 ? 0 : age > BEE_PROGRESS_TTL_S ? BEE_PROGRESS_TTL_S : age;
+  double others = (double)t->sh.others + t->sh.others_rate * age;
+  double others_rate = t->sh.others_rate;
+  uv_mutex_unlock(&t->mu);
+  if (t->ahead.state != AHEAD_NONE && t->ahead.epoch != epoch)
+    bee__ahead_drop(t, "the epoch moved on");
+  if (asked || samples == 0 || t->ahead.state != AHEAD_NONE ||
+      t->cand_epoch != epoch || t->candidates < 2 || !(rate > 0))
+    return;
+  double eta;
+  if (t->outer) {
+    double want =
+        (double)bee_config_inner_steps(t->cfg) * (double)t->cfg->batch_size;
+    eta = (want - (double)samples) / rate;
+  } else {
+    double left = (double)t->cfg->target_batch_size - (double)samples - others;
+    eta = left / (rate + others_rate);
+  }
+  if (eta > t->cfg->matchmaking_s)
+    return;
+  /* The weight we declare is a guess (what we will have by then); the
+   * round weighs by the samples the worker hands it. */
+  double w = (double)samples + (eta > 0 ? rate * eta : 0);
+  avg_node_request req;
+  fill_request(t, &req, epoch, false, t->candidates, w, NULL, 0);
+  int rc = avg_node_match(t->avg, &req, ahead_cb, t);
+  if (rc) {
+    bee_debug(COMP, "epoch %llu: no matchmaking ahead: %s",
+              (unsigned long long)epoch, bee_strerror(rc));
+    t->ahead.state = AHEAD_FAILED;
+    t->ahead.epoch = epoch;
+    return;
+  }
+  t->ahead.state = AHEAD_MATCHING;
+  t->ahead.epoch = epoch;
+  t->ahead.t0 = mono_s();
+}
+
+/* Starts the round the worker asked for: with the group formed ahead for
+ * its epoch, once the matchmaking under way for it ends; else a
+ * matchmaking now, expecting the peers at its epoch and one behind by the
+ * last view (bee_round_candidates); alone, there is nothing to average. */
 void bee__start_round(bee_train *t) {
   uv_mutex_lock(&t->mu);
   bool want = t->sh.avg_req && !t->sh.avg_done;
@@ -350,6 +480,27 @@ void bee__start_round(bee_train *t) {
   uv_mutex_unlock(&t->mu);
   if (!want || t->averaging || t->stopped)
     return;
+  bool ours = !state && t->ahead.epoch == epoch;
+  if (t->ahead.state == AHEAD_MATCHING && ours)
+    return; /* its callback comes back here */
+  if (t->ahead.state == AHEAD_HELD && ours) {
+    avg_node_request req;
+    fill_request(t, &req, epoch, false, t->ahead.g.nmembers, weight, buf,
+                 nbuf);
+    t->ahead.state = AHEAD_NONE;
+    int rc = avg_node_round(t->avg, &t->ahead.g, &req, round_cb, t);
+    if (rc) {
+      bee_warn(COMP, "epoch %llu: cannot start the averaging: %s",
+               (unsigned long long)epoch, bee_strerror(rc));
+      round_over(t, rc, 1, 0, NULL);
+      return;
+    }
+    t->averaging = t->round_ahead = true;
+    return;
+  }
+  if (t->ahead.state != AHEAD_NONE)
+    bee__ahead_drop(t, state ? "a state round comes first"
+                                  : "the round is for another epoch");
   /* The candidates were counted at the worker's epoch: with
    * --delay-averaging it is already one past the round's (and counts the
    * peers at both). */
@@ -357,33 +508,14 @@ void bee__start_round(bee_train *t) {
   if (t->cand_epoch != at)
     return; /* no view at this epoch yet (a state just loaded): next tick */
   size_t peers = t->candidates;
+  t->round_ahead = false;
   if (!t->avg || peers < 2) {
     round_over(t, -ENOENT, 1, 0, NULL);
     return;
   }
   avg_node_request req;
-  avg_node_request_default(&req);
-  avg_match_config *mc = &req.match;
-  snprintf(mc->info.run, sizeof mc->info.run, "%s", t->cfg->run);
-  mc->info.round = state ? STATE_ROUND + epoch : epoch;
-  snprintf(mc->info.addr, sizeof mc->info.addr, "%s", t->addr);
-  memcpy(mc->info.schema_hash, state ? t->state_schema : t->schema,
-         sizeof t->schema);
-  mc->info.mode = t->cfg->client ? PROTO_MODE_CLIENT : PROTO_MODE_NODE;
-  mc->info.bandwidth_mbit = 1000;
-  mc->info.weight = weight;
-  /* Begin as soon as every peer at the epoch has joined; at the latest
-   * --matchmaking-time from now with whoever has. */
-  unsigned mm = (unsigned)(t->cfg->matchmaking_s * 1000);
-  mc->target_size = peers > 16 ? 16 : peers;
-  mc->min_size = 2;
-  mc->matchmaking_ms = mm;
-  mc->fetch_interval_ms = 100;
-  mc->deadline_ms = mm + MATCH_GRACE_MS;
-  req.round.x = buf; /* the worker waits meanwhile */
-  req.round.n = nbuf;
-  req.round.weight = weight;
-  req.round.deadline_ms = ROUND_DEADLINE_MS;
+  fill_request(t, &req, state ? STATE_ROUND + epoch : epoch, state, peers,
+               weight, buf, nbuf); /* the worker waits meanwhile */
   int rc = avg_node_average(t->avg, &req, round_cb, t);
   if (rc) {
     bee_warn(COMP, "epoch %llu: cannot start %s averaging: %s",
@@ -393,6 +525,7 @@ void bee__start_round(bee_train *t) {
     return;
   }
   t->averaging = true;
+  t->round_ahead = false;
 }
 
 void bee_train_drain(bee_train *t, proto_conn *c) {
@@ -481,6 +614,7 @@ void bee__tick(uv_timer_t *h) {
       update_view(t, NULL);
   }
   bee__start_round(t);
+  bee__match_ahead(t);
   unsigned every = t->cfg->status_interval_s;
   if (every && t->have_view && now - t->status_ms >= every * 1000ull) {
     t->status_ms = now;

@@ -54,6 +54,7 @@ typedef struct avg_out {
   size_t group;
   double by_all;
   uint64_t sent, recv, batch;
+  bool ahead;
 } avg_out;
 
 /* Sends buf to the loop for the epoch's round (or a state round) without
@@ -81,7 +82,8 @@ static int round_result(bee_train *t, bool wait, avg_out *out) {
   int rc = t->sh.stop ? 1 : !t->sh.avg_done ? 2 : 0;
   *out = (avg_out){t->sh.avg_status,     t->sh.avg_group,
                    t->sh.avg_by_all,     t->sh.avg_bytes_sent,
-                   t->sh.avg_bytes_recv, t->sh.avg_batch};
+                   t->sh.avg_bytes_recv, t->sh.avg_batch,
+                   t->sh.avg_ahead};
   uv_mutex_unlock(&t->mu);
   return rc;
 }
@@ -164,6 +166,7 @@ static int finish_step(bee_train *t, const struct pend *s, float *g,
       .group = a->group,
       .by_all = a->by_all,
       .delayed = t->dgrad != NULL,
+      .ahead = a->ahead,
       .compute_s = s->compute_s,
       .averaging_s = s->round_s,
       .bytes_sent = a->sent,
@@ -460,14 +463,15 @@ static void async_cb(uv_async_t *h) {
   uv_mutex_unlock(&t->mu);
   for (uint64_t i = s.steps_tail; i != s.steps_head; i++) {
     const struct step_report *r = &s.steps[i % STEP_RING];
-    char how[96], hash[17];
+    char how[128], hash[17];
     if (r->avg_status == 0)
       snprintf(how, sizeof how,
                "averaged in a group of %zu (%.1f%% by all) in %.2f s, %.2f "
-               "MiB sent%s",
+               "MiB sent%s%s",
                r->group, 100 * r->by_all, r->averaging_s,
                (double)r->bytes_sent / (1 << 20),
-               r->delayed ? " (behind the next epoch)" : "");
+               r->delayed ? " (behind the next epoch)" : "",
+               r->ahead ? ", group formed ahead" : "");
     else if (r->avg_status == -ENOENT)
       snprintf(how, sizeof how, "alone at its epoch: local %s",
                t->outer ? "change" : "gradients");
@@ -810,6 +814,8 @@ static void halt_threads(bee_train *t) {
   if (t->halted)
     return;
   t->halted = true;
+  if (t->avg && t->ahead.state != AHEAD_NONE)
+    bee__ahead_drop(t, "the bee stops");
   if (t->started) {
     uv_mutex_lock(&t->mu);
     t->sh.stop = t->sh.eval_stop = true;

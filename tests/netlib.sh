@@ -13,6 +13,8 @@ cleanup() {
   local n
   for n in "${!pid[@]}"; do kill -9 "${pid[$n]}" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  # BEE_TEST_KEEP=DIR: the logs are copied there, passed or failed.
+  if [ -n "${BEE_TEST_KEEP:-}" ]; then cp "$work"/*.log "$BEE_TEST_KEEP"/ 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT

@@ -36,6 +36,11 @@ typedef struct member {
   size_t by_k[NMAX + 1];
   uint64_t bytes_sent, payload_sent;
   uint64_t ms;
+  double weights[NMAX]; /* each member's weight, as the round saw it */
+  /* avg_node_match: the group that formed */
+  bool matched;
+  avg_group g;
+  proto_group_member gm[NMAX];
 } member;
 
 static member mem[NMAX];
@@ -167,6 +172,8 @@ static void on_done(avg_node *n, const avg_node_result *r, void *arg) {
     m->bytes_sent = r->summary->bytes_sent;
     m->payload_sent = r->summary->payload_sent;
     m->ms = r->summary->ms;
+    for (size_t k = 0; k < r->summary->nmembers && k < NMAX; k++)
+      m->weights[k] = r->summary->members[k].weight;
   }
 }
 
@@ -347,6 +354,237 @@ static void run_fixed(void) {
   members_free();
 }
 
+/* The matchmaking alone (avg_node_match), then each member's round when
+ * its buffer is "ready": member 0 at once, the others 60 and 150 ms
+ * later, so members 1 and 2 get parts before they begin.  The declared
+ * weights are guesses (1 each); the round weighs by what the members
+ * give it, and each member's summary says so. */
+static void on_matched(avg_node *n, const avg_node_result *r, void *arg) {
+  member *m = arg;
+  (void)n;
+  ASSERT(!m->matched);
+  ASSERT_RC(r->status, 0);
+  ASSERT(r->group && !r->summary);
+  m->matched = true;
+  m->g = *r->group;
+  memcpy(m->gm, r->group->members, r->group->nmembers * sizeof *m->gm);
+  m->g.members = m->gm;
+}
+
+static bool all_matched(void *arg) {
+  (void)arg;
+  for (int i = 0; i < nmem; i++)
+    if (!mem[i].matched)
+      return false;
+  return true;
+}
+
+static size_t ahead_n;
+static uint64_t ahead_timeout_ms; /* the round's timeouts; 0: defaults */
+static uv_timer_t ahead_timer[3];
+static void ahead_go(uv_timer_t *t) {
+  member *m = t->data;
+  avg_node_request req;
+  request(m, (int)(m - mem), ahead_n, 0, &req);
+  if (ahead_timeout_ms) {
+    req.round.sender_timeout_ms = ahead_timeout_ms;
+    req.round.reducer_timeout_ms = ahead_timeout_ms;
+    req.round.deadline_ms = ahead_timeout_ms + 10000;
+  }
+  ASSERT_RC(avg_node_round(m->node, &m->g, &req, on_done, m), 0);
+}
+
+static void run_ahead(void) {
+  const int N = 3;
+  const size_t n = ahead_n = 300007;
+  members_new(N, n, false);
+  for (int i = 0; i < N; i++) {
+    avg_node_request req;
+    request(&mem[i], i, n, 7, &req);
+    req.match.info.weight = 1; /* a guess made before the buffer */
+    ASSERT_RC(avg_node_match(mem[i].node, &req, on_matched, &mem[i]), 0);
+    ASSERT_RC(avg_node_average(mem[i].node, &req, on_done, &mem[i]),
+              BEE_ERANGE); /* one at a time */
+  }
+  ASSERT(test_run_until(loop, all_matched, NULL, 20000));
+  for (int i = 0; i < N; i++) {
+    ASSERT_UEQ(mem[i].g.nmembers, (uint64_t)N);
+    ASSERT(memcmp(mem[i].g.id, mem[0].g.id, sizeof mem[0].g.id) == 0);
+    ASSERT(!mem[i].done); /* no round yet */
+  }
+  const uint64_t at[3] = {0, 60, 150};
+  for (int i = 0; i < N; i++) {
+    ASSERT_RC(uv_timer_init(loop, &ahead_timer[i]), 0);
+    ahead_timer[i].data = &mem[i];
+    ASSERT_RC(uv_timer_start(&ahead_timer[i], ahead_go, at[i], 0), 0);
+  }
+  ASSERT(test_run_until(loop, all_done, NULL, 30000));
+  double wsum = 0;
+  for (int i = 0; i < N; i++)
+    wsum += mem[i].weight;
+  double worst = 0;
+  for (int i = 0; i < N; i++) {
+    ASSERT_RC(mem[i].status, 0);
+    ASSERT_UEQ(mem[i].by_k[N], n);
+    ASSERT(memcmp(mem[i].x, mem[0].x, n * sizeof *mem[0].x) == 0);
+    for (int k = 0; k < N; k++) { /* by the round's member order */
+      size_t who = 0;
+      while (memcmp(mem[who].tn.id.id, mem[i].gm[k].id, PROTO_ID_BYTES))
+        who++;
+      ASSERT(mem[i].weights[k] == mem[who].weight);
+    }
+  }
+  for (size_t j = 0; j < n; j++) {
+    double ref = 0, mag = 0;
+    for (int i = 0; i < N; i++) {
+      ref += mem[i].weight * mem[i].x0[j];
+      mag += mem[i].weight * fabs(mem[i].x0[j]);
+    }
+    double err = fabs(mem[0].x[j] - ref / wsum) / (mag / wsum + 1e-30);
+    worst = err > worst ? err : worst;
+  }
+  ASSERT(worst <= (N + 2) * 0x1p-23);
+  printf("a group matched ahead, rounds begun 0, 60 and 150 ms after: the "
+         "weighted mean by the rounds' weights (error %.2g), same bits\n",
+         worst);
+  for (int i = 0; i < N; i++)
+    uv_close((uv_handle_t *)&ahead_timer[i], NULL);
+  members_free();
+}
+
+/* A member that leaves a group formed ahead (avg_node_leave) instead of
+ * running its round: the two others, who begin 50 ms later, drop it at
+ * once (their timeouts are 20 s; the run is bounded at 10 s): its span
+ * stays local, the rest is averaged by both. */
+static void run_leave(void) {
+  const int N = 3;
+  const size_t n = ahead_n = 100003;
+  ahead_timeout_ms = 20000;
+  members_new(N, n, false);
+  for (int i = 0; i < N; i++) {
+    avg_node_request req;
+    request(&mem[i], i, n, 8, &req);
+    ASSERT_RC(avg_node_match(mem[i].node, &req, on_matched, &mem[i]), 0);
+  }
+  ASSERT(test_run_until(loop, all_matched, NULL, 20000));
+  avg_node_leave(mem[2].node, &mem[2].g, "the epoch moved on");
+  mem[2].done = true; /* it runs no round */
+  for (int i = 0; i < 2; i++) {
+    ASSERT_RC(uv_timer_init(loop, &ahead_timer[i]), 0);
+    ahead_timer[i].data = &mem[i];
+    ASSERT_RC(uv_timer_start(&ahead_timer[i], ahead_go, 50, 0), 0);
+  }
+  ASSERT(test_run_until(loop, all_done, NULL, 10000));
+  for (int i = 0; i < 2; i++) {
+    ASSERT_RC(mem[i].status, 0);
+    ASSERT_GT(mem[i].by_k[0], 0); /* member 2's span */
+    ASSERT_UEQ(mem[i].by_k[0] + mem[i].by_k[2], n);
+  }
+  /* Where both averaged they agree; member 2's span kept each its own. */
+  size_t same = 0, own = 0;
+  for (size_t j = 0; j < n; j++) {
+    same += memcmp(&mem[0].x[j], &mem[1].x[j], sizeof(float)) == 0;
+    own += memcmp(&mem[0].x[j], &mem[0].x0[j], sizeof(float)) == 0;
+  }
+  ASSERT_GE(same, mem[0].by_k[2]);
+  ASSERT_GE(own, mem[0].by_k[0]);
+  printf("a member that left its group formed ahead: the others dropped it at "
+         "once (%" PRIu64 " ms), %zu of %zu floats averaged by both\n",
+         mem[0].ms, mem[0].by_k[2], n);
+  for (int i = 0; i < 2; i++)
+    uv_close((uv_handle_t *)&ahead_timer[i], NULL);
+  ahead_timeout_ms = 0;
+  members_free();
+}
+
+/* Member 0 is in a round of group A with member 2, which never comes;
+ * member 2 and member 1 begin group B's round meanwhile and send member 0
+ * their parts.  Member 0 keeps them until A ends (member 2 dropped at the
+ * sender timeout), then begins B: B averages everything over all three. */
+static avg_group grp_b;
+static proto_group_member list_b[3];
+static size_t other_n;
+static void other_next(avg_node *n, const avg_node_result *r, void *arg) {
+  member *m = arg;
+  ASSERT_RC(r->status, 0);
+  ASSERT(r->summary && r->summary->members[1].dropped == AVG_DROP_SENDER_TIMEOUT);
+  avg_node_request req;
+  request(m, 0, other_n, 0, &req);
+  grp_b.self = 0;
+  ASSERT_RC(avg_node_round(n, &grp_b, &req, on_done, m), 0);
+}
+
+static void run_other_group(void) {
+  const int N = 3;
+  const size_t n = other_n = 100003;
+  members_new(N, n, false);
+  memset(list_b, 0, sizeof list_b);
+  for (int i = 0; i < N; i++) {
+    memcpy(list_b[i].id, mem[i].tn.id.id, PROTO_ID_BYTES);
+    snprintf(list_b[i].addr, sizeof list_b[i].addr, "127.0.0.1:%d",
+             mem[i].port);
+    list_b[i].mode = PROTO_MODE_NODE;
+    list_b[i].bandwidth_mbit = 100;
+    list_b[i].weight = mem[i].weight;
+  }
+  grp_b = (avg_group){.nmembers = 3, .members = list_b};
+  memset(grp_b.id, 0xbb, sizeof grp_b.id);
+  memcpy(grp_b.leader, list_b[0].id, PROTO_ID_BYTES);
+  proto_group_member list_a[2] = {list_b[0], list_b[2]};
+  avg_group grp_a = {.nmembers = 2, .self = 0, .members = list_a};
+  memset(grp_a.id, 0xaa, sizeof grp_a.id);
+  memcpy(grp_a.leader, list_a[0].id, PROTO_ID_BYTES);
+  avg_node_request req;
+  request(&mem[0], 0, n, 0, &req);
+  req.round.sender_timeout_ms = 800;
+  req.round.reducer_timeout_ms = 1000;
+  req.round.deadline_ms = 1500;
+  float *a = malloc(n * sizeof *a); /* A's buffer: member 0's stays put */
+  ASSERT(a);
+  memcpy(a, mem[0].x, n * sizeof *a);
+  req.round.x = a;
+  ASSERT_RC(avg_node_round(mem[0].node, &grp_a, &req, other_next, &mem[0]),
+            0);
+  for (int i = 1; i < N; i++) {
+    request(&mem[i], i, n, 0, &req);
+    grp_b.self = (size_t)i;
+    ASSERT_RC(avg_node_round(mem[i].node, &grp_b, &req, on_done, &mem[i]), 0);
+  }
+  ASSERT(test_run_until(loop, all_done, NULL, 30000));
+  for (int i = 0; i < N; i++) {
+    ASSERT_RC(mem[i].status, 0);
+    ASSERT_UEQ(mem[i].by_k[N], n);
+    ASSERT(memcmp(mem[i].x, mem[0].x, n * sizeof *mem[0].x) == 0);
+  }
+  printf("parts for a group not begun yet, sent while another round ran: "
+         "kept, and that round averaged over all 3\n");
+  free(a);
+  members_free();
+}
+
+/* avg_node_cancel: a matchmaking alone is ended at once (callback with
+ * BEE_ECANCELED), and the node takes the next averaging. */
+static void run_cancel(void) {
+  members_new(1, 16, false);
+  avg_node_request req;
+  request(&mem[0], 0, 16, 9, &req);
+  req.match.min_size = 2;
+  req.match.target_size = 2;
+  ASSERT_RC(avg_node_match(mem[0].node, &req, on_done, &mem[0]), 0);
+  avg_node_cancel(mem[0].node);
+  ASSERT(mem[0].done);
+  ASSERT_RC(mem[0].status, BEE_ECANCELED);
+  avg_node_cancel(mem[0].node); /* nothing under way */
+  avg_node_cancel(NULL);
+  mem[0].done = false;
+  ASSERT_RC(avg_node_average(mem[0].node, &req, on_done, &mem[0]), 0);
+  avg_node_cancel(mem[0].node);
+  ASSERT(mem[0].done);
+  ASSERT_RC(mem[0].status, BEE_ECANCELED);
+  printf("cancel: a matchmaking ends at once, the node takes the next\n");
+  members_free();
+}
+
 /* One member's host dies once the round is under way: when the first
  * round message reaches it (others are sending to it and wait for its
  * results), it stops. */
@@ -514,6 +752,10 @@ int main(void) {
   run_case(16, 100000, false, 5, 0);
   run_case(4, 2000003, false, 6, 4);
   run_fixed();
+  run_ahead();
+  run_leave();
+  run_other_group();
+  run_cancel();
   run_kill(4, 1u << 20, false);
   /* Failing rounds in a loop: no leak (ASan's leak check at exit) and
    * no growth of the peak RSS after a warm-up. */

@@ -200,8 +200,10 @@ static void test_training_flags(void) {
   ASSERT(c.matchmaking_s == 7.5);
   ASSERT_EQ(c.min_peers, 1);
   ASSERT(!c.delay_averaging);
-  ASSERT_OK(parse(&c, "--open", "--delay-averaging", NULL));
+  ASSERT(!c.no_match_ahead);
+  ASSERT_OK(parse(&c, "--open", "--delay-averaging", "--no-match-ahead", NULL));
   ASSERT(c.delay_averaging);
+  ASSERT(c.no_match_ahead);
   ASSERT_RC(parse(&c, "--open", "--delay-averaging", "--averaging", "diloco",
                   NULL),
             BEE_ECONFIG);
