@@ -108,6 +108,10 @@ typedef struct bee_config {
   bool delay_averaging;         /* the round runs behind the next epoch */
   bool no_match_ahead;          /* matchmaking once the target is reached,
                                    not --matchmaking-time ahead of it */
+  int compression;              /* avg_codec of the gradient (DiLoCo: the
+                                   change) rounds; AVG_NONE by default */
+  bool error_feedback;          /* carry each round's coding error into the
+                                   next (lossy compression only) */
   char label[PROTO_LABEL_MAX + 1];
   unsigned threads;
   char device[32];              /* trainer device spec: auto, cpu, cuda:N */

@@ -6,6 +6,7 @@
  * parse is pure: it fills a bee_config and an error line and leaves
  * printing and exiting to main().
  */
+#include "averager.h"
 #include "bee.h"
 
 #include <arpa/inet.h>
@@ -33,6 +34,8 @@ enum opt_id {
   O_MAX_CONNS,
   O_NO_LISTEN,
   O_NO_MATCH_AHEAD,
+  O_COMPRESSION,
+  O_ERROR_FEEDBACK,
   O_CLIENT,
   O_STATUS_INTERVAL,
   O_REVOCATION_INTERVAL,
@@ -118,6 +121,8 @@ static const struct opt {
     {"max-state-uploads", O_MAX_STATE_UPLOADS, K_VALUE, true},
     {"delay-averaging", O_DELAY_AVERAGING, K_BOOL, true},
     {"no-match-ahead", O_NO_MATCH_AHEAD, K_BOOL, true},
+    {"compression", O_COMPRESSION, K_VALUE, true},
+    {"error-feedback", O_ERROR_FEEDBACK, K_BOOL, true},
     {"label", O_LABEL, K_VALUE, true},
     {"threads", O_THREADS, K_VALUE, true},
     {"device", O_DEVICE, K_VALUE, true},
@@ -166,6 +171,7 @@ void bee_config_init(bee_config *cfg) {
   cfg->target_batch_size = BEE_DEFAULT_TARGET_BATCH;
   cfg->optimizer = BEE_OPT_SGD;
   cfg->averaging = BEE_AVG_GRADIENTS;
+  cfg->compression = AVG_NONE;
   cfg->outer_momentum = -1;
   cfg->matchmaking_s = BEE_DEFAULT_MATCHMAKING_S;
   cfg->min_peers = 1;
@@ -562,6 +568,16 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
                        v);
     snprintf(cfg->device, sizeof cfg->device, "%s", v);
     return 0;
+  case O_COMPRESSION: {
+    avg_codec c;
+    if (avg_codec_parse(v, &c))
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad compression '%.80s' (want none, fp16, bf16, u8 "
+                       "or b8)",
+                       v);
+    cfg->compression = (int)c;
+    return 0;
+  }
   case O_PRECISION:
     if (strcmp(v, "fp32") != 0 && strcmp(v, "tf32") != 0)
       return bee_failf(msg, cap, BEE_ECONFIG,
@@ -589,6 +605,7 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
   case O_OPEN:
   case O_NO_LISTEN:
   case O_NO_MATCH_AHEAD:
+  case O_ERROR_FEEDBACK:
   case O_DELAY_AVERAGING:
   case O_RESUME:
   case O_CLIENT: {
@@ -610,6 +627,8 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
       cfg->client = b;
     else if (o->id == O_NO_MATCH_AHEAD)
       cfg->no_match_ahead = b;
+    else if (o->id == O_ERROR_FEEDBACK)
+      cfg->error_feedback = b;
     else
       cfg->no_listen = b;
     return 0;
@@ -825,6 +844,10 @@ int bee_config_check(const bee_config *cfg, char *err, size_t errlen) {
     return bee_failf(err, errlen, BEE_ECONFIG,
                      "--delay-averaging is for gradient averaging; DiLoCo "
                      "already computes while rounds are rare");
+  if (cfg->error_feedback && cfg->compression == AVG_NONE)
+    return bee_failf(err, errlen, BEE_ECONFIG,
+                     "--error-feedback is for a lossy --compression (fp16, "
+                     "bf16, u8 or b8)");
   if (cfg->resume && !cfg->checkpoint_dir[0])
     return bee_failf(err, errlen, BEE_ECONFIG,
                 "--resume needs --checkpoint-dir to resume from");
@@ -962,6 +985,11 @@ void bee_config_usage(FILE *f) {
       "                           long before the swarm's estimated end of the\n"
       "                           epoch, while the last batches are computed\n"
       "  --no-match-ahead         form the group only once the target is reached\n"
+      "  --compression C          none, fp16, bf16, u8 or b8 (8 bits with a\n"
+      "                           scale per 4096): how gradients (DiLoCo: the\n"
+      "                           change) travel in rounds (default none)\n"
+      "  --error-feedback         with lossy compression, carry each round's\n"
+      "                           coding error into the next\n"
       "  --delay-averaging        average an epoch's gradients while the next\n"
       "                           is computed (its step a round late)\n"
       "  --min-peers N            start training once N bees (this one too)\n"

@@ -182,6 +182,7 @@ struct bee_train {
   trn_optim *outer; /* DiLoCo's outer step (Nesterov SGD); else NULL */
   float *anchor;    /* DiLoCo: the parameters of the last outer step */
   float *dgrad;     /* --delay-averaging: the gradients in the round */
+  float *residual;  /* --error-feedback: what the rounds' coding lost */
   struct pend delayed;
   float *sbuf;      /* state averaging: parameters and optimizer states */
   size_t sn;

@@ -243,8 +243,8 @@ static void other_layout(bee_train *t, const uint8_t id[PROTO_ID_BYTES]) {
   char id8[9];
   bee_id8(id, id8);
   bee_warn(COMP,
-           "%s trains run '%s' with another model, averaging mode or "
-           "optimizer: it is never in a group with this bee",
+           "%s trains run '%s' with another model, averaging mode, "
+           "optimizer or compression: it is never in a group with this bee",
            id8, t->cfg->run);
 }
 
@@ -367,6 +367,10 @@ static void fill_request(bee_train *t, avg_node_request *req, uint64_t round,
   req->round.x = buf;
   req->round.n = nbuf;
   req->round.weight = w;
+  if (!state) { /* the state travels whole */
+    req->round.codec = (avg_codec)t->cfg->compression;
+    req->round.residual = t->residual;
+  }
   req->round.deadline_ms = ROUND_DEADLINE_MS;
 }
 

@@ -369,6 +369,8 @@ static void worker(void *arg) {
       }
       bee__load_snapshot(t, load, load_epoch);
       free(load);
+      if (t->residual) /* the coding error of a path no longer ours */
+        memset(t->residual, 0, trn_model_nparams(t->m) * sizeof *t->residual);
       bee__make_snapshot(t, load_epoch);
       continue;
     }
@@ -607,6 +609,8 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   if (cfg->delay_averaging &&
       !(t->dgrad = malloc(np * sizeof *t->dgrad)))
     return -ENOMEM;
+  if (cfg->error_feedback && !(t->residual = calloc(np, sizeof *t->residual)))
+    return -ENOMEM;
   if (cfg->average_state_every) {
     float *part[STATE_PARTS];
     size_t len[STATE_PARTS];
@@ -718,6 +722,11 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
            cfg->data, cfg->batch_size, how,
            bee_optimizer_name(cfg->optimizer), bee_config_lr(cfg),
            cfg->threads, cfg->threads == 1 ? "" : "s");
+  if (cfg->compression != AVG_NONE)
+    bee_info(COMP, "rounds send %s %s%s",
+             t->outer ? "the change as" : "gradients as",
+             avg_codec_name((avg_codec)cfg->compression),
+             cfg->error_feedback ? ", with error feedback" : "");
   if (cfg->average_state_every)
     bee_info(COMP, "state averaging: every %u epochs",
              cfg->average_state_every);
@@ -750,13 +759,17 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
     snprintf(lh, sizeof lh, "127.0.0.1");
   snprintf(t->addr, sizeof t->addr, strchr(lh, ':') ? "[%s]:%u" : "%s:%u",
            lh, port ? port : 1);
-  /* Only bees whose gradients have the same layout average together, and
-   * that step them with the same optimizer (an AdamW bee and a LAMB bee
-   * averaging would each take another step from the same gradients). */
+  /* Only bees whose gradients have the same layout and encoding average
+   * together, and that step them with the same optimizer (an AdamW bee
+   * and a LAMB bee averaging would each take another step from the same
+   * gradients). */
   char schema[96];
-  snprintf(schema, sizeof schema, "beed %s fp32 %s %s %zu",
-           t->outer ? "diloco" : "grads", bee_optimizer_name(t->cfg->optimizer),
-           t->cfg->model, trn_model_nparams(t->m));
+  avg_codec codec = (avg_codec)t->cfg->compression;
+  snprintf(schema, sizeof schema, "beed %s %s %s %s %zu",
+           t->outer ? "diloco" : "grads",
+           codec == AVG_NONE ? "fp32" : avg_codec_name(codec),
+           bee_optimizer_name(t->cfg->optimizer), t->cfg->model,
+           trn_model_nparams(t->m));
   crypto_generichash(t->schema, sizeof t->schema, (const uint8_t *)schema,
                      strlen(schema), NULL, 0);
   /* State rounds: the optimizer and the mode decide the layout. */
@@ -927,6 +940,7 @@ void bee_train_free(bee_train *t) {
   trn_optim_free(t->outer);
   free(t->anchor);
   free(t->dgrad);
+  free(t->residual);
   free(t->sbuf);
   trn_model_free(t->m);
   trn_model_free(t->em);

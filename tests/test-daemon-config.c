@@ -4,6 +4,7 @@
  * flag or FILE:LINE named in the message, CRLF files and the line-length
  * bound.  Config files are written to a fresh temporary directory.
  */
+#include "averager.h"
 #include "bee.h"
 #include "test.h"
 
@@ -204,6 +205,21 @@ static void test_training_flags(void) {
   ASSERT_OK(parse(&c, "--open", "--delay-averaging", "--no-match-ahead", NULL));
   ASSERT(c.delay_averaging);
   ASSERT(c.no_match_ahead);
+  ASSERT_EQ(c.compression, AVG_NONE);
+  ASSERT(!c.error_feedback);
+  ASSERT_OK(parse(&c, "--open", "--compression", "b8", "--error-feedback",
+                  NULL));
+  ASSERT_EQ(c.compression, AVG_B8);
+  ASSERT(c.error_feedback);
+  ASSERT_OK(parse(&c, "--open", "--compression", "fp16", NULL));
+  ASSERT_EQ(c.compression, AVG_FP16);
+  expect_flag_error("--compression", "int8");
+  ASSERT_ERR("bad compression 'int8' (want none, fp16, bf16, u8 or b8)");
+  ASSERT_RC(parse(&c, "--open", "--error-feedback", NULL), BEE_ECONFIG);
+  ASSERT_ERR("--error-feedback is for a lossy --compression");
+  ASSERT_RC(parse(&c, "--open", "--compression", "none", "--error-feedback",
+                  NULL),
+            BEE_ECONFIG);
   ASSERT_RC(parse(&c, "--open", "--delay-averaging", "--averaging", "diloco",
                   NULL),
             BEE_ECONFIG);

@@ -6,8 +6,8 @@
 # so the same gradient layout): averaging their gradients would have each
 # take another step from them.  The optimizer is part of a round's layout
 # (schema hash), so neither step is averaged in a group of two, and each
-# bee warns once that the other trains with another model, averaging mode
-# or optimizer.  Then a LAMB bee joining behind an AdamW bee refuses its
+# bee warns once that the other trains with another model, averaging mode,
+# optimizer or compression.  Then a LAMB bee joining behind an AdamW bee refuses its
 # state (same size, another meaning).  About 30 s.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
@@ -22,8 +22,8 @@ for b in b0 b1; do wait_log "$b" 'train: epoch 3 done' 90; done
 stop_all
 id0=$(sed -nE 's/.*peer id ([0-9a-f]{8}).*/\1/p' "$work/b0.log" | head -n 1)
 id1=$(sed -nE 's/.*peer id ([0-9a-f]{8}).*/\1/p' "$work/b1.log" | head -n 1)
-w0=$(grep -c "$id1 trains run 'layout' with another model, averaging mode or optimizer" "$work/b0.log" || true)
-w1=$(grep -c "$id0 trains run 'layout' with another model, averaging mode or optimizer" "$work/b1.log" || true)
+w0=$(grep -c "$id1 trains run 'layout' with another model, averaging mode, optimizer or compression" "$work/b0.log" || true)
+w1=$(grep -c "$id0 trains run 'layout' with another model, averaging mode, optimizer or compression" "$work/b1.log" || true)
 [ "$w0" = 1 ] || fail "b0 warned $w0 times about b1, want once"
 [ "$w1" = 1 ] || fail "b1 warned $w1 times about b0, want once"
 grep -q 'averaged in a group of 2' "$work/b0.log" "$work/b1.log" &&
