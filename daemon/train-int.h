@@ -52,6 +52,7 @@
 #define START_WAIT_MS 3000 /* a first view before training, at most */
 #define METRICS_TTL_S 300  /* a metrics record lives this long */
 #define LEAVE_MS 2000      /* leaving: the last record's store, at most */
+#define RESYNC_MS 2000     /* diverged: the peers' metrics, read this often */
 
 /* Fashion-MNIST's training-set mean and deviation, as tools/train uses. */
 #define DATA_MEAN 0.2860f
@@ -111,6 +112,7 @@ typedef struct shared {
     double by_all;        /* share of the tensor every member averaged */
     bool delayed;         /* the round ran behind the next epoch's work */
     bool ahead;           /* its group formed ahead (bee__match_ahead) */
+    bool diverged;        /* the parameters have left the swarm's */
     uint8_t hash[8];      /* of the parameters after the step */
     /* for the metrics record */
     double compute_s, averaging_s;
@@ -141,6 +143,10 @@ typedef struct shared {
   size_t avg_group;
   double avg_by_all;
   bool avg_ahead;       /* the group had formed ahead */
+  /* worker -> loop: this bee stepped without a round its peers averaged
+   * (from diverged_epoch on) and has not loaded their state since */
+  bool diverged;
+  uint64_t diverged_epoch;
   uint64_t avg_bytes_sent, avg_bytes_recv, avg_batch;
   double avg_done_s;    /* when the round ended, mono_s() */
   uint64_t steps_head, steps_tail; /* written, logged; head - tail <= ring */
@@ -259,6 +265,8 @@ struct bee_train {
   uint64_t donor_epoch, donor_slots, donor_ms, donor_exp;
   uint64_t status_ms;
   uint64_t wait_logged_ms; /* --min-peers: the last "waiting" line */
+  bool resync_busy;        /* bee__resync's read of the metrics */
+  uint64_t resync_ms;      /* and when it was asked */
 };
 
 /* Clocks: monotonic seconds, wall-clock unix milliseconds. */
@@ -325,6 +333,7 @@ void bee__match_fetch(void *ctx, avg_node *node, const proto_match *info);
 void bee__start_round(bee_train *t);
 void bee__match_ahead(bee_train *t);
 void bee__ahead_drop(bee_train *t, const char *why);
+void bee__resync(bee_train *t);
 /* One epoch's metrics record. */
 void bee__publish_metrics(bee_train *t, const struct step_report *r);
 /* The loop's tick: counters, publication, the view, rounds, status. */

@@ -98,9 +98,11 @@ static void update_view(bee_train *t, const dht_value *v) {
     cand = t->candidates;
   t->candidates = cand;
   t->cand_epoch = epoch;
-  /* Donors: the others at the swarm's epoch that serve (not clients). */
-  t->ndonors = 0;
-  for (size_t i = 0; i + 1 < n && t->ndonors < DONORS_MAX; i++)
+  /* Donors: the others at the swarm's epoch that serve (not clients);
+   * kept as they are while a download goes through them. */
+  if (!t->fetching)
+    t->ndonors = 0;
+  for (size_t i = 0; !t->fetching && i + 1 < n && t->ndonors < DONORS_MAX; i++)
     if (strcmp(all[i].run, t->cfg->run) == 0 && !all[i].leaving &&
         all[i].epoch == t->view.epoch && all[i].mode != PROTO_MODE_CLIENT)
       memcpy(t->donors[t->ndonors++], ids[i], PROTO_ID_BYTES);
@@ -619,6 +621,7 @@ void bee__tick(uv_timer_t *h) {
   }
   bee__start_round(t);
   bee__match_ahead(t);
+  bee__resync(t);
   unsigned every = t->cfg->status_interval_s;
   if (every && t->have_view && now - t->status_ms >= every * 1000ull) {
     t->status_ms = now;
@@ -655,7 +658,8 @@ void bee__publish_metrics(bee_train *t, const struct step_report *r) {
                      .batch_avg = r->batch_avg,
                      .time_ms = wall_ms(),
                      .has_by_all = true,
-                     .by_all = r->avg_status == 0 ? r->by_all : 0};
+                     .by_all = r->avg_status == 0 ? r->by_all : 0,
+                     .diverged = r->diverged};
   snprintf(m.run, sizeof m.run, "%s", t->cfg->run);
   uint8_t buf[PROTO_RECORD_MAX];
   size_t len;
@@ -667,4 +671,68 @@ void bee__publish_metrics(bee_train *t, const struct step_report *r) {
   if (dht_put(t->dht, t->mkey, (proto_bytes){t->sub, sizeof t->sub},
               (proto_bytes){buf, len}, exp, metrics_put_cb, NULL) == 0)
     t->metrics_exp = exp;
+}
+
+/* ---- back in line (loop thread) ----------------------------------------- */
+
+/* The peers' metrics: those at the swarm's epoch (the donors) that
+ * averaged a round at or after the one this bee missed, all of it in a
+ * group, and have not left their swarm's parameters themselves serve the
+ * state this bee should hold; it downloads it from them.  Two bees that
+ * both missed never load each other's. */
+static void resync_cb(dht_node *n, int status, const dht_value *v,
+                      const dht_stats *st, void *arg) {
+  (void)n, (void)st;
+  bee_train *t = arg;
+  t->resync_busy = false;
+  if (t->stopped || status || !v || t->fetching)
+    return;
+  uv_mutex_lock(&t->mu);
+  bool diverged = t->sh.diverged && !t->sh.load;
+  uint64_t from = t->sh.diverged_epoch;
+  uv_mutex_unlock(&t->mu);
+  if (!diverged)
+    return;
+  uint8_t good[DONORS_MAX][PROTO_ID_BYTES];
+  size_t k = 0;
+  for (size_t i = 0; i < v->n && k < DONORS_MAX; i++) {
+    const proto_dht_record *r = &v->records[i];
+    proto_metrics m;
+    uint8_t id[PROTO_ID_BYTES];
+    if (r->subkey.n != sizeof t->sub ||
+        memcmp(r->subkey.p, t->sub, sizeof t->sub) == 0 ||
+        proto_metrics_decode(r->value.p, r->value.n, &m) ||
+        strcmp(m.run, t->cfg->run) != 0 || m.step < from ||
+        m.group_size < 2 || !m.has_by_all || m.by_all < 1.0 || m.diverged)
+      continue;
+    proto_peer_id(r->subkey.p + 1, id);
+    for (size_t j = 0; j < t->ndonors; j++)
+      if (memcmp(t->donors[j], id, PROTO_ID_BYTES) == 0)
+        memcpy(good[k++], id, PROTO_ID_BYTES);
+  }
+  if (k == 0)
+    return; /* none yet: asked again in RESYNC_MS */
+  bee_info(COMP,
+           "epoch %llu was stepped here without the round its peers "
+           "averaged: loading their state (%zu of them at the swarm's "
+           "epoch)",
+           (unsigned long long)from, k);
+  memcpy(t->donors, good, k * sizeof good[0]);
+  t->ndonors = k;
+  bee__start_fetch(t);
+}
+
+void bee__resync(bee_train *t) {
+  uint64_t now = uv_now(t->loop);
+  if (!t->dht || t->fetching || t->resync_busy || now < t->fretry_ms ||
+      now - t->resync_ms < RESYNC_MS)
+    return;
+  uv_mutex_lock(&t->mu);
+  bool diverged = t->sh.diverged && t->sh.go && !t->sh.load;
+  uv_mutex_unlock(&t->mu);
+  if (!diverged)
+    return;
+  t->resync_ms = now;
+  if (dht_get(t->dht, t->mkey, true, resync_cb, t) == 0)
+    t->resync_busy = true;
 }

@@ -180,6 +180,19 @@ static int finish_step(bee_train *t, const struct pend *s, float *g,
     return 1;
   if (rep.state_round)
     rep.averaging_s += mono_s() - state0;
+  /* A step without the round the peers at the epoch averaged leaves the
+   * swarm's parameters until their state is loaded (the loop looks for a
+   * peer that averaged it: bee__resync); a full state round brings them
+   * back too. */
+  uv_mutex_lock(&t->mu);
+  if (a->status != 0 && t->sh.view.peers > 1 && !t->sh.diverged) {
+    t->sh.diverged = true;
+    t->sh.diverged_epoch = epoch;
+  }
+  if (rep.state_round && rep.state_status == 0 && rep.state_by_all >= 1.0)
+    t->sh.diverged = false;
+  rep.diverged = t->sh.diverged;
+  uv_mutex_unlock(&t->mu);
   crypto_generichash(rep.hash, sizeof rep.hash, (const uint8_t *)p,
                      np * sizeof(float), NULL, 0);
   uv_mutex_lock(&t->mu);
@@ -356,6 +369,7 @@ static void worker(void *arg) {
     if (load) { /* the loop never sees the old epoch once it is taken */
       t->sh.epoch = load_epoch;
       t->sh.samples = 0;
+      t->sh.diverged = false; /* the swarm's state from now on */
     }
     uv_mutex_unlock(&t->mu);
     if (load) {

@@ -515,6 +515,11 @@ typedef struct proto_metrics {
   double by_all;               /* the share of the tensor the whole group
                                   averaged in the epoch's round, [0, 1] (0:
                                   not averaged) */
+  bool diverged;               /* an optional sixteenth field, after
+                                  by_all: this peer's parameters left its
+                                  swarm's (it stepped without a round its
+                                  peers averaged) and it has not loaded
+                                  theirs since; written only when true */
 } proto_metrics;
 
 typedef struct proto_match {

@@ -355,7 +355,8 @@ static int metrics_check(const proto_metrics *m, size_t *run_n) {
       !f64_ok(m->compute_s, F_NONNEG) || !f64_ok(m->averaging_s, F_NONNEG) ||
       m->group_size > PROTO_GROUP_MAX || !f64_ok(m->grad_sq_local, F_NONNEG) ||
       !f64_ok(m->grad_sq_avg, F_NONNEG) ||
-      (m->has_by_all && !(m->by_all >= 0 && m->by_all <= 1)))
+      (m->has_by_all && !(m->by_all >= 0 && m->by_all <= 1)) ||
+      (m->diverged && !m->has_by_all))
     return BEE_ERANGE;
   return 0;
 }
@@ -368,7 +369,8 @@ int proto_metrics_encode(const proto_metrics *m, uint8_t *buf, size_t cap,
   if (rc)
     return rc;
   proto__wr_init(&w, buf, cap);
-  wr_head(&w, PROTO_REC_METRICS, m->has_by_all ? 1 : 0);
+  wr_head(&w, PROTO_REC_METRICS,
+          (m->has_by_all ? 1u : 0u) + (m->diverged ? 1u : 0u));
   proto__wr_str(&w, m->run, run_n);
   proto__wr_uint(&w, m->step);
   if (m->has_loss)
@@ -388,6 +390,8 @@ int proto_metrics_encode(const proto_metrics *m, uint8_t *buf, size_t cap,
   proto__wr_uint(&w, m->time_ms);
   if (m->has_by_all) /* a fifteenth field, written when known */
     proto__wr_f64(&w, m->by_all);
+  if (m->diverged) /* a sixteenth, written only when true */
+    proto__wr_bool(&w, true);
   return wr_done(&w, len);
 }
 
@@ -423,6 +427,15 @@ int proto_metrics_decode(const uint8_t *buf, size_t len, proto_metrics *out) {
     } else if (rc != BEE_ETYPE) {
       goto fail;
     }
+  }
+  /* After by_all, a sixteenth field that is a bool says whether the
+   * peer's parameters left its swarm's. */
+  if (extra && out->has_by_all) {
+    rc = proto__rd_bool(&r, &out->diverged);
+    if (rc == 0)
+      extra--;
+    else if (rc != BEE_ETYPE)
+      goto fail;
   }
   if ((rc = rd_tail(&r, extra)) == 0)
     return 0;

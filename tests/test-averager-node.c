@@ -507,7 +507,8 @@ static size_t other_n;
 static void other_next(avg_node *n, const avg_node_result *r, void *arg) {
   member *m = arg;
   ASSERT_RC(r->status, 0);
-  ASSERT(r->summary && r->summary->members[1].dropped == AVG_DROP_SENDER_TIMEOUT);
+  ASSERT(r->summary &&
+         r->summary->members[1].dropped == AVG_DROP_SENDER_TIMEOUT);
   avg_node_request req;
   request(m, 0, other_n, 0, &req);
   grp_b.self = 0;

@@ -1028,6 +1028,38 @@ static void test_by_all(void) {
   ASSERT(!d.has_by_all && d.step == 4);
 }
 
+/* bee.metrics's optional sixteenth field, after by_all: a bool that says
+ * the peer's parameters left its swarm's; written only when true, refused
+ * without by_all; another type there is a later version's field. */
+static void test_diverged(void) {
+  proto_metrics m = {.step = 9, .time_ms = 5, .has_by_all = true, .by_all = 0},
+                d;
+  snprintf(m.run, sizeof m.run, "run");
+  uint8_t a[PROTO_RECORD_MAX], b[PROTO_RECORD_MAX];
+  size_t an, bn;
+  ASSERT_OK(proto_metrics_encode(&m, a, sizeof a, &an));
+  m.diverged = true;
+  ASSERT_OK(proto_metrics_encode(&m, b, sizeof b, &bn));
+  ASSERT_UEQ(bn, an + 1);
+  ASSERT_EQ(b[2], a[2] + 1);
+  ASSERT_EQ(b[an], 0xc3);
+  ASSERT_OK(proto_metrics_decode(b, bn, &d));
+  ASSERT(d.diverged && d.has_by_all && d.by_all == 0 && d.step == 9);
+  ASSERT_OK(proto_metrics_decode(a, an, &d));
+  ASSERT(!d.diverged);
+  b[an] = 0xc2; /* false written out: read as false */
+  ASSERT_OK(proto_metrics_decode(b, bn, &d));
+  ASSERT(!d.diverged && d.has_by_all);
+  b[an] = 0xa1; /* a later field of another type: skipped */
+  b[bn] = 'x';
+  ASSERT_OK(proto_metrics_decode(b, bn + 1, &d));
+  ASSERT(!d.diverged && d.has_by_all);
+  b[an] = 0xc1; /* never used: malformed */
+  ASSERT_RC(proto_metrics_decode(b, bn, &d), BEE_EMALFORMED);
+  m.has_by_all = false; /* positional: by_all comes first */
+  ASSERT_RC(proto_metrics_encode(&m, b, sizeof b, &bn), BEE_ERANGE);
+}
+
 int main(void) {
   if (sodium_init() < 0)
     FAIL("sodium_init");
@@ -1042,6 +1074,7 @@ int main(void) {
   test_check();
   test_leaving();
   test_by_all();
+  test_diverged();
   printf("typed records: all checks passed\n");
   return 0;
 }

@@ -1,0 +1,73 @@
+#!/bin/bash
+# test-net-resync.sh: a bee that missed a round its peers averaged loads
+# their state and steps in line again.
+#
+# Three bees train mlp (gradient averaging, epochs of several seconds).
+# Once all three have finished epoch K (K >= 1), b2 is paused (SIGSTOP,
+# as a VM the host stalls) until b0 has finished epoch K + 1, which b0
+# and b1 average as a pair.  Resumed, b2 finds the swarm past its epoch,
+# steps K + 1 with its own gradients (its round finds nobody), and so
+# holds parameters the swarm never had.  Its metrics record says so
+# (diverged); it reads its peers' and loads the state from one that
+# averaged that round in full and is not diverged, and from then on steps
+# in a group of three with b0's parameters.  b0 and b1, never diverged,
+# never load anything.
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
+
+for b in b0 b1 b2; do key "$b"; done
+# An epoch must outlast b2's failed round after the pause (--matchmaking-
+# time + 2 s), or b2 would be two epochs behind and load the state for
+# that reason instead.
+train=(--open --run-id resync --target-batch-size 1310720 --eval-every 0
+  --matchmaking-time 1 --min-peers 3)
+start b0 "$base" "${train[@]}"
+wait_log b0 'listening on' 10
+for i in 1 2; do
+  start "b$i" $((base + i)) "${train[@]}" --join "127.0.0.1:$base"
+done
+
+done_line() { # LOG EPOCH: the epoch's step line, from "training loss" on
+  sed -nE "s/.*train: epoch $2 done: [0-9]+ local samples, (.*)/\1/p" \
+    "$work/$1.log" | head -n 1
+}
+hash_of() { local l; l=$(done_line "$1" "$2"); echo "${l##*parameters }"; }
+
+# K: the first epoch from 1 on that all three finished.
+for b in b0 b1 b2; do wait_log "$b" 'train: epoch 1 done' 120; done
+K=$(sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/b2.log" | tail -n 1)
+kill -STOP "${pid[b2]}"
+wait_log b0 "train: epoch $((K + 1)) done" 120
+kill -CONT "${pid[b2]}"
+
+# b0 and b1 averaged K + 1 as a pair, with the same parameters after it.
+for b in b0 b1; do
+  [[ $(done_line "$b" $((K + 1))) == *"averaged in a group of 2 (100.0% by all)"* ]] ||
+    fail "$b, epoch $((K + 1)): '$(done_line "$b" $((K + 1)))'"
+done
+[ "$(hash_of b0 $((K + 1)))" = "$(hash_of b1 $((K + 1)))" ] ||
+  fail "b0 and b1 differ after epoch $((K + 1))"
+
+# b2 stepped K + 1 alone, then loaded the state of a peer at the swarm's
+# epoch.
+wait_log b2 "train: epoch $((K + 1)) done" 60
+[[ $(done_line b2 $((K + 1))) == *"not averaged"* ||
+  $(done_line b2 $((K + 1))) == *"alone at its epoch"* ]] ||
+  fail "b2, epoch $((K + 1)): '$(done_line b2 $((K + 1)))'"
+wait_log b2 "train: epoch $((K + 1)) was stepped here without the round its peers averaged: loading their state" 30
+wait_log b2 'train: state: loaded epoch [0-9]+ from' 30
+E=$(sed -nE 's/.*train: state: loaded epoch ([0-9]+) from.*/\1/p' \
+  "$work/b2.log" | tail -n 1)
+[ "$E" -ge $((K + 2)) ] || fail "b2 loaded epoch $E, not past $((K + 1))"
+# In line again: its next step is b0's, in a group of three.
+for b in b0 b2; do wait_log "$b" "train: epoch $E done" 90; done
+[[ $(done_line b2 "$E") == *"averaged in a group of 3 (100.0% by all)"* ]] ||
+  fail "b2, epoch $E: '$(done_line b2 "$E")'"
+[ "$(hash_of b2 "$E")" = "$(hash_of b0 "$E")" ] ||
+  fail "b2 and b0 differ after epoch $E"
+for b in b0 b1; do
+  grep -q 'train: state: loaded epoch' "$work/$b.log" &&
+    fail "$b loaded a state it did not need"
+done
+stop_all
+echo "resync: b2 paused over epoch $((K + 1)), stepped it alone, loaded epoch $E from a peer that averaged it, and stepped epoch $E in line (parameters $(hash_of b0 "$E"))"
