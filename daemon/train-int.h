@@ -253,6 +253,7 @@ struct bee_train {
   bool short_warned; /* epochs too short to share: said once */
   uint64_t metrics_exp; /* the last metrics record's expiration */
   char last_step[224];  /* the last epoch line's gist, for beectl status */
+  bool out_of_line;     /* and whether its parameters left the swarm's */
   bool halted;          /* the threads are stopped */
   void (*leave_done)(void *arg); /* leaving: called once the last record
                                     is stored or LEAVE_MS passed */

@@ -458,11 +458,15 @@ size_t bee_train_report(const bee_train *t, char *buf, size_t cap) {
       "run %s\nmodel %s\nswarm-epoch %llu\nswarm-samples %llu\n"
       "target %u\nswarm-samples-per-second %.0f\neta-seconds %.1f\n"
       "peers %zu\npeers-at-epoch %zu\nsamples-per-second %.0f\n"
-      "last-step %s\n",
+      "compression %s\nlast-step %s\nout-of-line %s\n",
       t->cfg->run, t->cfg->model, (unsigned long long)w->epoch,
       (unsigned long long)w->samples, t->cfg->target_batch_size,
       w->samples_per_second, w->eta_s, w->peers, w->peers_at_epoch,
-      bee_rate_get(&t->rate), t->last_step[0] ? t->last_step : "none yet");
+      bee_rate_get(&t->rate), avg_codec_name((avg_codec)t->cfg->compression),
+      t->last_step[0] ? t->last_step : "none yet",
+      t->out_of_line ? "yes (stepped without its peers' round; loading "
+                       "their state when one has it)"
+                     : "no");
   return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
 }
 
@@ -508,6 +512,7 @@ static void async_cb(uv_async_t *h) {
              "parameters %s",
              (unsigned long long)r->epoch, (unsigned long long)r->samples,
              r->loss, how, st, hash);
+    t->out_of_line = r->diverged;
     snprintf(t->last_step, sizeof t->last_step,
              "epoch %llu, %llu local samples, loss %.4f, %s",
              (unsigned long long)r->epoch, (unsigned long long)r->samples,

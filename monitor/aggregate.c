@@ -208,6 +208,20 @@ static void take_metrics(mon *m, const mon_record *r, uint64_t now_ms) {
     if (txt[0])
       event(m, now_ms, MON_EV_ROUND, p->id, x.step, txt);
   }
+  /* Its parameters left the swarm's, or came back (a state loaded, or a
+   * full state round): said when it changes, the first record too. */
+  if (x.diverged != (p->has_metrics && p->metrics.diverged)) {
+    char txt[96];
+    if (x.diverged)
+      snprintf(txt, sizeof txt,
+               "out of line from epoch %llu: stepped without its peers' "
+               "round",
+               (unsigned long long)x.step);
+    else
+      snprintf(txt, sizeof txt, "back in line at epoch %llu",
+               (unsigned long long)x.step);
+    event(m, now_ms, MON_EV_ROUND, p->id, x.step, txt);
+  }
   p->metrics = x;
   p->has_metrics = true;
   p->seen_ms = now_ms;

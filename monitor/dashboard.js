@@ -70,12 +70,15 @@ function renderRows(snap) {
   });
   const tb = $("rows"); tb.textContent = "";
   const epoch = snap.now ? snap.now.epoch : null;
-  let behind = 0;
+  let behind = 0, apart = 0;
   for (const p of rows) {
     const tr = document.createElement("tr"), age = (now - p.seen_ms) / 1000;
-    /* More than one epoch behind the swarm: it will reload the state. */
+    /* More than one epoch behind the swarm, or its parameters apart from
+     * the swarm's: it will reload the state. */
     if (epoch !== null && p.mode !== "aux" && p.epoch + 1 < epoch) {
       tr.className = "behind"; behind++;
+    } else if (p.diverged) {
+      tr.className = "behind"; tr.title = "out of line: stepped without its peers' round"; apart++;
     }
     const cells = [p.id.slice(0, 8), p.label, p.addr || "–", p.mode, p.epoch, fmt(p.samples_per_second, 0),
       fmt(p.loss, 4), fmt(p.round_s, 2), p.group ?? "–", age < 1.5 ? "now" : dur(age) + " ago"];
@@ -87,7 +90,8 @@ function renderRows(snap) {
     });
     tb.appendChild(tr);
   }
-  $("peer-note").textContent = rows.length + (behind ? ", " + behind + " behind the swarm" : "");
+  $("peer-note").textContent = rows.length + (behind ? ", " + behind + " behind the swarm" : "") +
+    (apart ? ", " + apart + " out of line" : "");
 }
 
 function render(snap) {

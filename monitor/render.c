@@ -126,14 +126,16 @@ static void peer_json(mon_buf *b, const mon_peer *p) {
     num(b, "averaged", x->has_by_all ? x->by_all : NAN, true);
     mon_buf_printf(b,
                    "\"group\":%llu,\"bytes_sent\":%llu,"
-                   "\"bytes_received\":%llu}",
+                   "\"bytes_received\":%llu,\"diverged\":%s}",
                    (unsigned long long)x->group_size,
                    (unsigned long long)x->bytes_sent,
-                   (unsigned long long)x->bytes_received);
+                   (unsigned long long)x->bytes_received,
+                   x->diverged ? "true" : "false");
   } else { /* the same keys, unknown yet */
     mon_buf_printf(b, "\"step\":null,\"loss\":null,\"compute_s\":null,"
                       "\"round_s\":null,\"averaged\":null,\"group\":null,"
-                      "\"bytes_sent\":null,\"bytes_received\":null}");
+                      "\"bytes_sent\":null,\"bytes_received\":null,"
+                      "\"diverged\":null}");
   }
 }
 

@@ -41,6 +41,8 @@ out=$(ctl status --control ctl.sock) || fail "beectl status failed: $out"
 grep -q '^peer-id [0-9a-f]\{40\}$' <<<"$out" || fail "status: no peer-id: $out"
 grep -q '^run ctl-run$' <<<"$out" || fail "status: no run: $out"
 grep -q '^samples-per-second ' <<<"$out" || fail "status: no rate: $out"
+grep -q '^compression none$' <<<"$out" || fail "status: no compression: $out"
+grep -q '^out-of-line no$' <<<"$out" || fail "status: no out-of-line: $out"
 
 # Bad clients.
 reply=$(python3 - "$tmp/ctl.sock" <<'PY'

@@ -39,6 +39,7 @@ static void progress(rec *r, int who, const char *run, uint64_t epoch,
 
 /* The by_all field metrics() writes; < 0: none. */
 static double g_by_all = -1;
+static bool g_diverged; /* the next metrics record says diverged */
 
 static void metrics(rec *r, int who, uint64_t step, double loss, double comp,
                     double avg, uint64_t group, double gl, uint64_t bl,
@@ -60,7 +61,8 @@ static void metrics(rec *r, int who, uint64_t step, double loss, double comp,
                      .batch_avg = ba,
                      .time_ms = t,
                      .has_by_all = g_by_all >= 0,
-                     .by_all = g_by_all >= 0 ? g_by_all : 0};
+                     .by_all = g_by_all >= 0 ? g_by_all : 0,
+                     .diverged = g_diverged && g_by_all >= 0};
   snprintf(x.run, sizeof x.run, "r");
   ASSERT_OK(proto_metrics_encode(&x, r->buf, sizeof r->buf, &r->n));
 }
@@ -367,8 +369,32 @@ static void test_round_events(void) {
                    "01000000 stepped alone at epoch 11 (no group)"));
   ASSERT_EQ(events_of(m, MON_EV_ROUND), 2);
   ASSERT_EQ(events_of(m, MON_EV_STATE), 1);
+  /* Scrape 4: peer 1's step 12 says its parameters left the swarm's (one
+   * event, the same record again adds none); the JSON says so. */
+  g_by_all = 0;
+  g_diverged = true;
+  metrics(&x[0], 1, 12, 1.0, 1, 1, 1, 1, 1, 1, 1, t);
+  mr[0] = view(&x[0]);
+  mon_scrape(m, t + 4000, pr, 2, mr, 1);
+  mon_scrape(m, t + 5000, pr, 2, mr, 1);
+  ASSERT(has_event(m, MON_EV_ROUND, "01000000 out of line from epoch 12: "
+                                    "stepped without its peers' round"));
   mon_buf b = {0};
   ASSERT_OK(mon_snapshot_json(m, &b));
+  ASSERT(strstr(b.p, "\"diverged\":true") != NULL);
+  mon_buf_free(&b);
+  /* Scrape 5: step 13 averaged in full, no longer diverged: back. */
+  g_by_all = 1;
+  g_diverged = false;
+  metrics(&x[0], 1, 13, 1.0, 1, 1, 2, 1, 1, 1, 1, t);
+  mr[0] = view(&x[0]);
+  mon_scrape(m, t + 6000, pr, 2, mr, 1);
+  g_by_all = -1;
+  ASSERT(has_event(m, MON_EV_ROUND, "01000000 back in line at epoch 13"));
+  ASSERT_EQ(events_of(m, MON_EV_ROUND), 5);
+  ASSERT_OK(mon_snapshot_json(m, &b));
+  ASSERT(strstr(b.p, "\"diverged\":true") == NULL);
+  ASSERT(strstr(b.p, "\"diverged\":false") != NULL);
   ASSERT(strstr(b.p, "\"type\":\"state\"") != NULL);
   ASSERT(strstr(b.p, "\"type\":\"round\"") != NULL);
   mon_buf_free(&b);
