@@ -100,12 +100,13 @@ static void update_view(bee_train *t, const dht_value *v) {
   t->cand_epoch = epoch;
   /* Donors: the others at the swarm's epoch that serve (not clients);
    * kept as they are while a download goes through them. */
-  if (!t->fetching)
+  if (!t->fetching) {
     t->ndonors = 0;
-  for (size_t i = 0; !t->fetching && i + 1 < n && t->ndonors < DONORS_MAX; i++)
-    if (strcmp(all[i].run, t->cfg->run) == 0 && !all[i].leaving &&
-        all[i].epoch == t->view.epoch && all[i].mode != PROTO_MODE_CLIENT)
-      memcpy(t->donors[t->ndonors++], ids[i], PROTO_ID_BYTES);
+    for (size_t i = 0; i + 1 < n && t->ndonors < DONORS_MAX; i++)
+      if (strcmp(all[i].run, t->cfg->run) == 0 && !all[i].leaving &&
+          all[i].epoch == t->view.epoch && all[i].mode != PROTO_MODE_CLIENT)
+        memcpy(t->donors[t->ndonors++], ids[i], PROTO_ID_BYTES);
+  }
   free(ids);
   t->sh.view = t->view;
   bool here = t->view.epoch == epoch;
@@ -332,7 +333,7 @@ static void round_cb(avg_node *n, const avg_node_result *r, void *arg) {
      * samples (weight 0) or an AUX member contributes nothing anyway. */
     size_t k = 0;
     for (size_t i = 0; r->group && i < r->group->nmembers; i++)
-      k += r->summary->members[i].weight > 0 &&
+      k += r->group->members[i].weight > 0 && /* declared: > 0 with data */
            r->group->members[i].mode != PROTO_MODE_AUX;
     if (k > r->summary->nmembers)
       k = r->summary->nmembers;
