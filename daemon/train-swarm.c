@@ -680,7 +680,9 @@ void bee__publish_metrics(bee_train *t, const struct step_report *r) {
  * averaged a round at or after the one this bee missed, all of it in a
  * group, and have not left their swarm's parameters themselves serve the
  * state this bee should hold; it downloads it from them.  Two bees that
- * both missed never load each other's. */
+ * both missed never load each other's, and a bee never loads from peers
+ * it saw declare another layout (another compression, say): it could
+ * never average with them anyway. */
 static void resync_cb(dht_node *n, int status, const dht_value *v,
                       const dht_stats *st, void *arg) {
   (void)n, (void)st;
@@ -707,7 +709,10 @@ static void resync_cb(dht_node *n, int status, const dht_value *v,
         m.group_size < 2 || !m.has_by_all || m.by_all < 1.0 || m.diverged)
       continue;
     proto_peer_id(r->subkey.p + 1, id);
-    for (size_t j = 0; j < t->ndonors; j++)
+    bool other = false; /* its rounds are never ours (other_layout) */
+    for (size_t j = 0; j < t->nlayout_warned; j++)
+      other |= memcmp(t->layout_warned[j], id, PROTO_ID_BYTES) == 0;
+    for (size_t j = 0; !other && j < t->ndonors; j++)
       if (memcmp(t->donors[j], id, PROTO_ID_BYTES) == 0)
         memcpy(good[k++], id, PROTO_ID_BYTES);
   }
