@@ -180,12 +180,16 @@ static int finish_step(bee_train *t, const struct pend *s, float *g,
     return 1;
   if (rep.state_round)
     rep.averaging_s += mono_s() - state0;
-  /* A step without the round the peers at the epoch averaged leaves the
-   * swarm's parameters until their state is loaded (the loop looks for a
-   * peer that averaged it: bee__resync); a full state round brings them
-   * back too. */
+  /* A step with this bee's own samples but without the round the peers
+   * at the epoch averaged leaves the swarm's parameters until their state
+   * is loaded (the loop looks for a peer that averaged it: bee__resync); a
+   * full state round brings them back too.  An empty step (no samples, no
+   * round: a bee catching up with a swarm one epoch past the state it
+   * loaded) changes nothing and marks nothing: in a swarm whose epochs are
+   * shorter than a download, marking it would load, fall one behind and
+   * load again forever. */
   uv_mutex_lock(&t->mu);
-  if (a->status != 0 && t->sh.view.peers > 1 && !t->sh.diverged) {
+  if (a->status != 0 && n > 0 && t->sh.view.peers > 1 && !t->sh.diverged) {
     t->sh.diverged = true;
     t->sh.diverged_epoch = epoch;
   }
