@@ -665,16 +665,8 @@ static void on_match(avg_match *m, int status, const avg_group *g, void *arg) {
   avg_node *n = arg;
   avg_match_stats_get(m, &n->mstats);
   if (n->match_only) { /* the caller runs the round when it is ready */
-    avg__meter_end(&n->meter, uv_now(n->cfg.loop));
-    avg_node_result res = {.status = status,
-                           .group = status == 0 ? g : NULL,
-                           .match = n->mstats};
-    n->busy = false;
     n->match_only = false;
-    avg_node_cb cb = n->cb;
-    n->cb = NULL;
-    if (cb)
-      cb(n, &res, n->arg);
+    finish_group(n, status, NULL, status == 0 ? g : NULL);
     return;
   }
   if (status == 0)

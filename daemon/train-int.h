@@ -283,6 +283,15 @@ static inline uint64_t wall_ms(void) {
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+/* The other peers' samples at the view's epoch by now: the view's count
+ * extrapolated at their rate since it was made (at most the progress
+ * records' lifetime).  Under mu. */
+static inline double others_now(const shared *sh) {
+  double age = mono_s() - sh->view_s;
+  age = age < 0 ? 0 : age > BEE_PROGRESS_TTL_S ? BEE_PROGRESS_TTL_S : age;
+  return (double)sh->others + sh->others_rate * age;
+}
+
 /* ---- train-state.c ---------------------------------------------------- */
 
 /* The state's parts (parameters, optimizer state, outer state, buffers)

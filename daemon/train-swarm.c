@@ -433,9 +433,7 @@ void bee__match_ahead(bee_train *t) {
    * worker is about to step). */
   bool asked = (t->sh.avg_req && !t->sh.avg_done) ||
                (t->sh.avg_done && !t->sh.avg_state && t->sh.avg_epoch == epoch);
-  double age = mono_s() - t->sh.view_s;
-  age = age < 0 ? 0 : age > BEE_PROGRESS_TTL_S ? BEE_PROGRESS_TTL_S : age;
-  double others = (double)t->sh.others + t->sh.others_rate * age;
+  double others = others_now(&t->sh);
   double others_rate = t->sh.others_rate;
   uv_mutex_unlock(&t->mu);
   if (t->ahead.state != AHEAD_NONE && t->ahead.epoch != epoch)
@@ -532,7 +530,6 @@ void bee__start_round(bee_train *t) {
     return;
   }
   t->averaging = true;
-  t->round_ahead = false;
 }
 
 void bee_train_drain(bee_train *t, proto_conn *c) {

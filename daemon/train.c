@@ -394,10 +394,7 @@ static void worker(void *arg) {
     }
     uv_mutex_lock(&t->mu);
     bool stop = t->sh.stop;
-    /* The others' samples by now, at their rate since the view. */
-    double age = mono_s() - t->sh.view_s;
-    age = age < 0 ? 0 : age > BEE_PROGRESS_TTL_S ? BEE_PROGRESS_TTL_S : age;
-    uint64_t others = t->sh.others + (uint64_t)(t->sh.others_rate * age);
+    uint64_t others = (uint64_t)others_now(&t->sh);
     /* DiLoCo: the round comes after --inner-steps local steps, or when
      * the swarm has stepped past; the others' samples do not count. */
     bool step =
