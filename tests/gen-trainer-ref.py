@@ -101,7 +101,7 @@ class Gpt(nn.Module):
         B, T = idx.shape
         C, NH, hs = self.C, self.NH, self.C // self.NH
         x = self.wte[idx] + self.wpe[:T]
-        mask = torch.ones(T, T).tril().bool()
+        mask = torch.ones(T, T, device=idx.device).tril().bool()
         for l in range(self.L):
             h = F.layer_norm(x, (C,), self.ln1w[l], self.ln1b[l], 1e-5)
             q, k, v = (h @ self.qkvw[l].T + self.qkvb[l]).split(C, dim=2)

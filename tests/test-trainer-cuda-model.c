@@ -1,7 +1,10 @@
-/* test-trainer-cuda-model.c: mlp and cnn on a CUDA device against the CPU.
+/* test-trainer-cuda-model.c: mlp, cnn and resnet on a CUDA device against
+ * the CPU.
  *
  * Skips (exit 77) without the CUDA backend or a device.  With one, for
- * mlp, cnn (with dropout) and cnn with batch norm, the same weights and
+ * mlp, cnn (with dropout), cnn with batch norm, a CIFAR ResNet-8 (identity
+ * and projection shortcuts) and a narrow ResNet-18 (its 7x7 stride-2
+ * convolution and overlapping 3x3 stride-2 max-pool), the same weights and
  * batches go through the CPU backend and cuda:0:
  * - the losses, logits, gradients and batch-norm statistics agree within
  *   fp32 rounding (the worst difference is printed, relative to the
@@ -13,7 +16,10 @@
  * - evaluation agrees and leaves the dropout count alone;
  * - with TF32 allowed, cnn agrees within what TF32's rounding explains;
  * - two fresh CUDA models give the same bits for the same batches;
- * - bad calls fail as on the CPU (-EINVAL), gpt and resnet say -ENOTSUP;
+ * - bad calls fail as on the CPU (-EINVAL);
+ * - gpt (2 layers of 4 heads) likewise, on token batches of two lengths:
+ *   losses, logits and gradients, a step, evaluation, the same bits from
+ *   two CUDA models;
  * - optimizer steps on the device (trn_model_step) give the CPU's bits for
  *   SGD and AdamW, LAMB's within rounding, with the state moving between
  *   host and device when a step is taken on the host in between;
@@ -63,6 +69,31 @@ static trn_model *make(const trn_model_config *base, int device) {
   if (rc)
     FAIL("%s on %s: %s", c.name, device == TRN_DEV_CUDA ? "cuda" : "cpu", err);
   return m;
+}
+
+/* Determinism: two fresh CUDA models, the same batch (images x, or tokens
+ * tok of T a sequence), labels y: the same loss and gradients, bit for
+ * bit. */
+static void same_bits(const trn_model_config *cfg, const float *x,
+                      const int32_t *tok, const int32_t *y, size_t B,
+                      size_t T) {
+  trn_model *a = make(cfg, TRN_DEV_CUDA), *b = make(cfg, TRN_DEV_CUDA);
+  double la, lb;
+  if (T) {
+    ASSERT_EQ(trn_model_train_tokens(a, tok, y, B, T, &la), 0);
+    ASSERT_EQ(trn_model_train_tokens(b, tok, y, B, T, &lb), 0);
+  } else {
+    ASSERT_EQ(trn_model_train_batch(a, x, y, B, &la), 0);
+    ASSERT_EQ(trn_model_train_batch(b, x, y, B, &lb), 0);
+  }
+  ASSERT(la == lb);
+  size_t np = trn_model_nparams(a);
+  ASSERT(memcmp(trn_model_grads(a), trn_model_grads(b), np * sizeof(float)) ==
+         0);
+  printf("  two CUDA models: the same bits; %.1f MiB on the device\n",
+         (double)trn_model_activation_bytes(a) / 1048576.0);
+  trn_model_free(a);
+  trn_model_free(b);
 }
 
 /* Both models through the same batches and one SGD step; the arrays
@@ -141,21 +172,87 @@ static void compare(const char *label, const trn_model_config *cfg, size_t B) {
   y[0] = 0;
   ASSERT_EQ(trn_model_train_batch(g, x, y, 0, NULL), -EINVAL);
   ASSERT_EQ(trn_model_train_batch(g, x, y, cfg->max_batch + 1, NULL), -EINVAL);
-  /* Determinism: a fresh CUDA model, the same batch twice, the same bits. */
-  trn_model *g2 = make(cfg, TRN_DEV_CUDA), *g3 = make(cfg, TRN_DEV_CUDA);
-  ASSERT_EQ(trn_model_train_batch(g2, x, y, B, &lc), 0);
-  ASSERT_EQ(trn_model_train_batch(g3, x, y, B, &lg), 0);
-  ASSERT(lc == lg);
-  ASSERT(memcmp(trn_model_grads(g2), trn_model_grads(g3), np * sizeof(float)) ==
-         0);
-  printf("  two CUDA models: the same bits; %.1f MiB on the device\n",
-         (double)trn_model_activation_bytes(g) / 1048576.0);
-  trn_model_free(g2);
-  trn_model_free(g3);
+  same_bits(cfg, x, NULL, y, B, 0);
   trn_optim_free(oc_c);
   trn_optim_free(oc_g);
   free(x);
   free(y);
+  trn_model_free(c);
+  trn_model_free(g);
+}
+
+/* gpt on both backends: B sequences, of T tokens then of T - 7 (a batch
+ * shorter than the context), a step on the host's arrays in between. */
+static void compare_gpt(const trn_model_config *cfg, size_t B, size_t T) {
+  printf("gpt, vocab %u, ctx %u, %u layers of %u heads, %u wide, batch %zu:\n",
+         cfg->vocab, cfg->ctx, cfg->layers, cfg->heads, cfg->embd, B);
+  trn_model *c = make(cfg, TRN_DEV_CPU), *g = make(cfg, TRN_DEV_CUDA);
+  size_t np = trn_model_nparams(c), V = cfg->vocab;
+  ASSERT_EQ(trn_model_nparams(g), np);
+  ASSERT(memcmp(trn_model_params(c), trn_model_params(g), np * sizeof(float)) ==
+         0);
+  int32_t *x = malloc(2 * B * T * sizeof *x); /* tokens, then next tokens */
+  ASSERT(x != NULL);
+  trn_optim_config oc;
+  trn_optim_config_default(&oc, TRN_ADAMW);
+  oc.lr = 0.01f;
+  trn_optim *oc_c, *oc_g;
+  ASSERT_EQ(trn_optim_new(&oc, np, &oc_c), 0);
+  ASSERT_EQ(trn_optim_new(&oc, np, &oc_g), 0);
+  size_t t = T;
+  for (int step = 0; step < 3; step++, t = T - 7) {
+    for (size_t i = 0; i < 2 * B * t; i++) {
+      frand();
+      x[i] = (int32_t)((rng >> 20) % V);
+    }
+    const int32_t *yy = x + B * t;
+    double lc = 0, lg = 0;
+    ASSERT_EQ(trn_model_train_tokens(c, x, yy, B, t, &lc), 0);
+    ASSERT_EQ(trn_model_train_tokens(g, x, yy, B, t, &lg), 0);
+    printf("  batch %d (%zu tokens each): loss cpu %.9g cuda %.9g\n", step, t,
+           lc, lg);
+    if (!(fabs(lc - lg) <= 1e-4 * fabs(lc)))
+      FAIL("batch %d: loss %.9g on the CPU, %.9g on CUDA", step, lc, lg);
+    const float *zg = trn_model_logits(g);
+    ASSERT(zg != NULL);
+    near("logits", trn_model_logits(c), zg, B * t * V, 1e-3);
+    ASSERT_EQ(trn_model_sync(g), 0);
+    near("gradients", trn_model_grads(c), trn_model_grads(g), np, 2e-3);
+    if (step == 1) {
+      ASSERT_EQ(trn_optim_step(oc_c, trn_model_params(c), trn_model_grads(c),
+                               1.0f / (float)(2 * B * T)),
+                0);
+      ASSERT_EQ(trn_optim_step(oc_g, trn_model_params(g), trn_model_grads(g),
+                               1.0f / (float)(2 * B * T)),
+                0);
+      near("parameters after a step", trn_model_params(c), trn_model_params(g),
+           np, 1e-5);
+      trn_model_zero_grad(c);
+      trn_model_zero_grad(g);
+    }
+  }
+  double lc, lg;
+  size_t rc_c, rc_g;
+  ASSERT_EQ(trn_model_eval_tokens(c, x, x + B * t, B, t, &lc, &rc_c), 0);
+  ASSERT_EQ(trn_model_eval_tokens(g, x, x + B * t, B, t, &lg, &rc_g), 0);
+  printf("  evaluation: loss cpu %.9g cuda %.9g, correct %zu %zu\n", lc, lg,
+         rc_c, rc_g);
+  if (!(fabs(lc - lg) <= 1e-4 * fabs(lc)))
+    FAIL("evaluation: loss %.9g on the CPU, %.9g on CUDA", lc, lg);
+  ASSERT(rc_c >= rc_g ? rc_c - rc_g <= 1 : rc_g - rc_c <= 1);
+  /* Bad calls fail before the device sees them. */
+  x[0] = (int32_t)V;
+  ASSERT_EQ(trn_model_train_tokens(g, x, x + B * t, B, t, NULL), -EINVAL);
+  x[0] = 0;
+  ASSERT_EQ(trn_model_train_tokens(g, x, x + B * t, B, cfg->ctx + 1, NULL),
+            -EINVAL);
+  float img[4] = {0};
+  int32_t lab = 0;
+  ASSERT_EQ(trn_model_train_batch(g, img, &lab, 1, NULL), -EINVAL);
+  same_bits(cfg, NULL, x, x + B * t, B, t);
+  trn_optim_free(oc_c);
+  trn_optim_free(oc_g);
+  free(x);
   trn_model_free(c);
   trn_model_free(g);
 }
@@ -342,15 +439,20 @@ int main(void) {
   cfg.precision = 7;
   ASSERT_EQ(trn_model_new(&cfg, &m, err, sizeof err), -EINVAL);
   printf("%s\n", err);
-  /* Models the CUDA backend does not run yet say so. */
-  for (int i = 0; i < 2; i++) {
-    trn_model_config_default(&cfg);
-    cfg.name = i ? "resnet" : "gpt";
-    cfg.device = TRN_DEV_CUDA;
-    ASSERT_EQ(trn_model_new(&cfg, &m, err, sizeof err), -ENOTSUP);
-    printf("%s\n", err);
-    ASSERT(strstr(err, "not on CUDA") != NULL);
-  }
+  trn_model_config_default(&cfg);
+  cfg.name = "resnet";
+  cfg.depth = 8, cfg.width = 4;
+  cfg.in_c = 3, cfg.in_h = cfg.in_w = 16;
+  cfg.max_batch = 16;
+  compare("resnet-8, width 4, 3x16x16", &cfg, 16);
+  cfg.depth = 18, cfg.in_h = cfg.in_w = 40; /* 40: windows past the edge */
+  cfg.max_batch = 8;
+  compare("resnet-18, width 4, 3x40x40", &cfg, 6);
+  trn_model_config_default(&cfg);
+  cfg.name = "gpt";
+  cfg.vocab = 64, cfg.ctx = 32, cfg.layers = 2, cfg.heads = 4, cfg.embd = 32;
+  cfg.max_batch = 4;
+  compare_gpt(&cfg, 4, 32);
   optim_steps();
   learns();
   return 0;

@@ -1,17 +1,23 @@
-/* cuda-model.cu: model.c's layer list (mlp, cnn) on a CUDA device, and
- * optimizer steps there.
+/* cuda-model.cu: a layer list (model.c's mlp and cnn, resnet.c's
+ * networks) on a CUDA device, and optimizer steps there.
  *
- * The device holds its own copy of the flat parameter, gradient and buffer
- * arrays, every layer's output, and the gradient flowing down; model.c
+ * A layer reads the output of an earlier one (src; src2 too for a sum),
+ * so a list may branch and join as a residual block does.  The device
+ * holds its own copy of the flat parameter, gradient and buffer arrays,
+ * every layer's output, and the gradients flowing down: a few buffers of
+ * the widest output, each layer's output gradient in one of them from
+ * when the first of its readers writes it until the layer itself has
+ * used it (a chain needs two; the layer that writes a gradient first
+ * sets it, the others add to it).  model.c
  * keeps the host copies the rest of the program sees in step
  * (trn__gpu_put, trn__gpu_get).  Matrix products go to cuBLAS, the
  * convolutions, their bias gradients and batch norm to cuDNN, the rest to
  * the small kernels below.  By default the arithmetic is plain fp32:
  * cuBLAS's default math and cuDNN's FMA math, which never round to TF32
  * on the tensor cores (with tf32 both may).  Only deterministic
- * convolution algorithms, chosen by cuDNN's heuristics rather than by
- * timing, so a pass gives the same bits every time and in every process
- * on the same GPU model and cuDNN, within rounding of the CPU backend
+ * convolution algorithms, the fastest by cuDNN's timing, once per shape in
+ * a process (or its heuristics' choice: conv_timed), so a pass gives the
+ * same bits every time, within rounding of the CPU backend
  * (tests/test-trainer-cuda-model.c measures how close).  Dropout draws
  * the CPU's masks bit for bit (the same counter-based generator), so a
  * run moves between backends without changing its masks; the optimizer
@@ -21,9 +27,10 @@
  * call and file:line and return -EIO; an allocation the device cannot
  * satisfy returns -ENOMEM with the sizes in the caller's message.
  */
-#include "trainer-int.h"
+#include "cuda-int.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,26 +39,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
-/* ---- checking (cuda.cu's checks: logged with call, file:line; -EIO) ---- */
-
-#define CK(call) trn__cuda_check((call), #call, __FILE__, __LINE__)
-#define BK(call) trn__blas_check((call), #call, __FILE__, __LINE__)
-#define DK(call) trn__dnn_check((call), #call, __FILE__, __LINE__)
-/* Returns from the calling function on the first failure. */
-#define TRY(x)                                                                 \
-  do {                                                                         \
-    int try_rc_ = (x);                                                         \
-    if (try_rc_)                                                               \
-      return try_rc_;                                                          \
-  } while (0)
-
 /* ---- kernels --------------------------------------------------------------- */
-
-#define THREADS 256
-
-static unsigned blocks(size_t n) {
-  return (unsigned)((n + THREADS - 1) / THREADS);
-}
 
 /* y[b, c, i] += bias[c] over (B, C, hw), then max(y, 0) with relu. */
 __global__ void k_bias(float *y, const float *bias, size_t n, unsigned C,
@@ -69,12 +57,56 @@ __global__ void k_relu(const float *x, float *y, size_t n) {
     y[i] = x[i] > 0 ? x[i] : 0.0f;
 }
 
-/* dx = dy where the output y > 0, else 0; dx may be dy. */
+/* dx = dy where the output y > 0, else 0 (with acc added to dx); dx may
+ * be dy. */
 __global__ void k_relu_bwd(const float *y, const float *dy, float *dx,
-                           size_t n) {
+                           size_t n, bool acc) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n)
+    return;
+  float v = y[i] > 0 ? dy[i] : 0.0f;
+  dx[i] = acc ? dx[i] + v : v;
+}
+
+__global__ void k_add(const float *a, const float *b, float *y, size_t n) {
   size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n)
-    dx[i] = y[i] > 0 ? dy[i] : 0.0f;
+    y[i] = a[i] + b[i];
+}
+
+/* A sum's backward: both inputs take dy (each set, or with acc added;
+ * NULL: the model's input, which needs none). */
+__global__ void k_add_bwd(const float *dy, float *da, bool acc_a, float *db,
+                          bool acc_b, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n)
+    return;
+  float v = dy[i];
+  if (da)
+    da[i] = acc_a ? da[i] + v : v;
+  if (db)
+    db[i] = acc_b ? db[i] + v : v;
+}
+
+/* Each of n planes of hw pixels to its mean, summed in double in pixel
+ * order as resnet.c does. */
+__global__ void k_avgpool(const float *x, float *y, size_t n, size_t hw) {
+  size_t p = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (p >= n)
+    return;
+  double sum = 0;
+  for (size_t k = 0; k < hw; k++)
+    sum += x[p * hw + k];
+  y[p] = (float)(sum / (double)hw);
+}
+
+__global__ void k_avgpool_bwd(const float *dy, float *dx, size_t n, size_t hw,
+                              bool acc) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n)
+    return;
+  float v = dy[i / hw] / (float)hw;
+  dx[i] = acc ? dx[i] + v : v;
 }
 
 /* db[j] += the sum over the batch of dy[i, j], in batch order. */
@@ -88,48 +120,66 @@ __global__ void k_colsum(const float *dy, float *db, size_t B, size_t out) {
   db[j] += s;
 }
 
-/* k x k windows with stride k over planes of h x w; one thread per
- * output; the first maximum wins, as on the CPU. */
+/* The pooling windows: k x k, stride s, padding p, over planes of h x w
+ * (padding is never the maximum). */
+struct pool_shape {
+  unsigned h, w, k, s, p, oh, ow;
+};
+
+/* One thread per output; the first maximum wins, as on the CPU. */
 __global__ void k_pool(const float *x, float *y, uint32_t *arg, size_t n,
-                       unsigned h, unsigned w, unsigned k) {
+                       pool_shape q) {
   size_t o = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (o >= n)
     return;
-  unsigned oh = h / k, ow = w / k;
-  size_t plane = o / ((size_t)oh * ow);
-  unsigned r = (unsigned)(o % ((size_t)oh * ow));
-  unsigned oy = r / ow, ox = r % ow;
-  const float *xp = x + plane * h * w;
-  uint32_t best = oy * k * w + ox * k;
-  float mx = xp[best];
-  for (unsigned dy = 0; dy < k; dy++)
-    for (unsigned dx = 0; dx < k; dx++) {
-      uint32_t at = (oy * k + dy) * w + ox * k + dx;
-      if (xp[at] > mx)
-        mx = xp[at], best = at;
+  size_t plane = o / ((size_t)q.oh * q.ow);
+  unsigned r = (unsigned)(o % ((size_t)q.oh * q.ow));
+  int y0 = (int)(r / q.ow * q.s) - (int)q.p, x0 = (int)(r % q.ow * q.s) - (int)q.p;
+  const float *xp = x + plane * q.h * q.w;
+  uint32_t best = 0;
+  float mx = 0;
+  bool any = false;
+  for (int dy = 0; dy < (int)q.k; dy++)
+    for (int dx = 0; dx < (int)q.k; dx++) {
+      int yi = y0 + dy, xj = x0 + dx;
+      if (yi < 0 || yi >= (int)q.h || xj < 0 || xj >= (int)q.w)
+        continue;
+      uint32_t at = (uint32_t)yi * q.w + (uint32_t)xj;
+      if (!any || xp[at] > mx)
+        mx = xp[at], best = at, any = true;
     }
   y[o] = mx;
   arg[o] = best;
 }
 
-/* One thread per input pixel: its output's gradient if it was the
- * maximum, else 0 (pixels past the last whole window get 0). */
+/* One thread per input pixel: the sum, in output order (the CPU's), of
+ * the gradients of the windows whose maximum it was; 0 for none (with acc
+ * added to dx). */
 __global__ void k_pool_bwd(const float *dy, const uint32_t *arg, float *dx,
-                           size_t n, unsigned h, unsigned w, unsigned k) {
+                           size_t n, pool_shape q, bool acc) {
   size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n)
     return;
-  unsigned oh = h / k, ow = w / k;
-  size_t plane = i / ((size_t)h * w);
-  unsigned r = (unsigned)(i % ((size_t)h * w));
-  unsigned py = r / w, px = r % w;
+  size_t plane = i / ((size_t)q.h * q.w);
+  unsigned r = (unsigned)(i % ((size_t)q.h * q.w));
+  int py = (int)(r / q.w) + (int)q.p, px = (int)(r % q.w) + (int)q.p;
+  /* Windows oy with oy s <= py < oy s + k, likewise ox. */
+  int y0 = py - (int)q.k + 1, x0 = px - (int)q.k + 1;
+  int ylo = y0 > 0 ? (y0 + (int)q.s - 1) / (int)q.s : 0;
+  int xlo = x0 > 0 ? (x0 + (int)q.s - 1) / (int)q.s : 0;
+  int yhi = py / (int)q.s, xhi = px / (int)q.s;
+  yhi = yhi < (int)q.oh - 1 ? yhi : (int)q.oh - 1;
+  xhi = xhi < (int)q.ow - 1 ? xhi : (int)q.ow - 1;
+  const float *dp = dy + plane * q.oh * q.ow;
+  const uint32_t *ap = arg + plane * q.oh * q.ow;
   float v = 0;
-  if (py / k < oh && px / k < ow) {
-    size_t o = plane * oh * ow + (size_t)(py / k) * ow + px / k;
-    if (arg[o] == r)
-      v = dy[o];
-  }
-  dx[i] = v;
+  for (int oy = ylo; oy <= yhi; oy++)
+    for (int ox = xlo; ox <= xhi; ox++) {
+      size_t o = (size_t)oy * q.ow + (size_t)ox;
+      if (ap[o] == r)
+        v += dp[o];
+    }
+  dx[i] = acc ? dx[i] + v : v;
 }
 
 __device__ static uint64_t mix(uint64_t z) {
@@ -150,10 +200,14 @@ __global__ void k_dropout(const float *x, float *y, float *mask, size_t n,
   y[i] = x[i] * m;
 }
 
-__global__ void k_mul(const float *a, const float *b, float *y, size_t n) {
+/* y = a b (with acc added to y). */
+__global__ void k_mul(const float *a, const float *b, float *y, size_t n,
+                      bool acc) {
   size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n)
-    y[i] = a[i] * b[i];
+  if (i >= n)
+    return;
+  float v = a[i] * b[i];
+  y[i] = acc ? y[i] + v : v;
 }
 
 /* layers.c's trn__softmax_ce, one thread per sample: its loss (double)
@@ -183,59 +237,7 @@ __global__ void k_softmax_ce(const float *z0, const int32_t *labels, float *dl,
 
 /* ---- the device copy --------------------------------------------------------- */
 
-/* A convolution's cuDNN descriptors and chosen algorithms. */
-typedef struct gconv {
-  cudnnTensorDescriptor_t x, y, b;
-  cudnnFilterDescriptor_t w;
-  cudnnConvolutionDescriptor_t cv;
-  cudnnConvolutionFwdAlgo_t fwd;
-  cudnnConvolutionBwdDataAlgo_t bwd_data;
-  cudnnConvolutionBwdFilterAlgo_t bwd_filter;
-} gconv;
-
-/* Batch norm's: x and y (B, c, hw, 1), its parameters (1, c, 1, 1). */
-typedef struct gbn {
-  cudnnTensorDescriptor_t x, p;
-  float *mean, *ivar; /* (c) the batch's, saved for backward */
-} gbn;
-
-struct trn__gpu {
-  int index;
-  bool tf32; /* TF32 on the tensor cores allowed */
-  cudaStream_t st;
-  cublasHandle_t blas;
-  cudnnHandle_t dnn;
-  trn__layer l[TRN__LAYERS_MAX];
-  size_t nl, nparams, nbuffers, max_batch, in, classes, widest;
-  float *params, *grads, *buffers; /* (nparams), (nparams), (nbuffers) */
-  float *x;                        /* (max_batch, in) */
-  int32_t *y;                      /* (max_batch) */
-  float *act[TRN__LAYERS_MAX];     /* (max_batch, out) each layer's output */
-  float *mask[TRN__LAYERS_MAX];    /* dropout */
-  uint32_t *arg[TRN__LAYERS_MAX];  /* max-pool */
-  gconv conv[TRN__LAYERS_MAX];
-  gbn bn[TRN__LAYERS_MAX];
-  float *d0, *d1; /* (max_batch, widest) the gradient flowing down */
-  double *loss;   /* (max_batch) each sample's */
-  uint8_t *hit;   /* (max_batch) */
-  double *h_loss; /* pinned host copies of the two */
-  uint8_t *h_hit;
-  void *ws; /* the convolutions' workspace */
-  size_t ws_bytes, bytes;
-  /* TRN_CUDA_PROFILE=1 in the environment: each layer's time, forward
-   * and backward, from events around it, logged when the model is freed.
-   * fev[i] is recorded before forward layer i (fev[nl] after the last),
-   * bev[i] after backward layer i (bev[nl] before the first). */
-  bool prof;
-  cudaEvent_t fev[TRN__LAYERS_MAX + 1], bev[TRN__LAYERS_MAX + 1];
-  double fwd_ms[TRN__LAYERS_MAX], bwd_ms[TRN__LAYERS_MAX];
-  size_t passes, train_passes;
-  double *lamb_part; /* LAMB: each block's sums, (2 blocks(nparams) + 2) */
-  float *lamb_step;  /* LAMB: lr times the tensor's trust ratio */
-};
-
-/* cudaMalloc that counts, and explains a failure in err. */
-static int dalloc(trn__gpu *g, void **p, size_t bytes, const char *what,
+int trn__dalloc(trn__gpu *g, void **p, size_t bytes, const char *what,
                   char *err, size_t err_len) {
   if (bytes == 0)
     bytes = 1;
@@ -259,9 +261,6 @@ static int dalloc(trn__gpu *g, void **p, size_t bytes, const char *what,
   return 0;
 }
 
-#define DALLOC(p, n, what)                                                     \
-  TRY(dalloc(g, (void **)&(p), (n) * sizeof *(p), what, err, err_len))
-
 static int set4d(cudnnTensorDescriptor_t d, size_t n, unsigned c, unsigned h,
                  unsigned w) {
   return DK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
@@ -284,12 +283,150 @@ template <typename P> static int pick(const P *perf, int n, bool tf32) {
   return -1;
 }
 
-/* Descriptors for convolution i at max_batch, and its three algorithms:
- * the first that pick() takes from cuDNN's heuristics.  Not timed
- * (cudnnFind*): timings vary from one process to the next, so two
- * processes could choose differently and compute different bits, and a
- * run restored from a checkpoint would not repeat its losses.  *ws grows to
- * the most any of them needs. */
+/* The three algorithms of a convolution shape, chosen by timing. */
+typedef struct algo_key {
+  int index;
+  unsigned c, h, w, oc, k, pad, stride;
+  size_t B;
+  bool tf32, data;
+} algo_key;
+typedef struct algo_memo {
+  algo_key key;
+  cudnnConvolutionFwdAlgo_t fwd;
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+  cudnnConvolutionBwdDataAlgo_t bwd_data;
+  size_t mem[3];
+} algo_memo;
+
+/* What each shape's timing chose, once per process: every model of the
+ * process on that device then computes the same bits for the same input. */
+static pthread_mutex_t memo_lock = PTHREAD_MUTEX_INITIALIZER;
+static algo_memo memo[512];
+static size_t nmemo;
+
+/* Whether convolutions take the deterministic algorithms cuDNN times
+ * fastest (the default) rather than its heuristics' first
+ * (TRN_CUDA_CONV=heuristic in the environment).  Timing is what makes
+ * ResNet-18 as fast as PyTorch's cudnn.benchmark (0.95 of its speed
+ * against 0.80 with the heuristics' choice, H100, fp32), but timings vary
+ * between runs: two processes may choose differently and so compute
+ * different bits (within fp32 rounding), and a run restored from a
+ * checkpoint would not repeat its losses exactly.  Within a process the
+ * choice is kept, so its passes stay deterministic; the heuristics give
+ * the same bits in every process on the same GPU and cuDNN. */
+static bool conv_timed(void) {
+  const char *e = getenv("TRN_CUDA_CONV");
+  return !e || strcmp(e, "heuristic") != 0;
+}
+
+/* The algorithms of convolution i from cudnnFind* (timed, sorted fastest
+ * first), remembered in memo; pick() takes the first of each kind.  The
+ * lock is held while timing so one shape is timed once. */
+static int conv_find(trn__gpu *g, size_t i, gconv *c, size_t mem[3], char *err,
+                     size_t err_len) {
+  const trn__conv *cv = &g->l[i].cv;
+  algo_key key;
+  memset(&key, 0, sizeof key); /* the padding too: compared by memcmp */
+  key.index = g->index;
+  key.c = cv->c, key.h = cv->h, key.w = cv->w, key.oc = cv->oc, key.k = cv->k;
+  key.pad = cv->pad, key.stride = cv->stride ? cv->stride : 1;
+  key.B = g->max_batch, key.tf32 = g->tf32, key.data = g->l[i].src >= 0;
+  pthread_mutex_lock(&memo_lock);
+  for (size_t m = 0; m < nmemo; m++)
+    if (memcmp(&memo[m].key, &key, sizeof key) == 0) {
+      c->fwd = memo[m].fwd, c->bwd_filter = memo[m].bwd_filter;
+      c->bwd_data = memo[m].bwd_data;
+      memcpy(mem, memo[m].mem, sizeof memo[m].mem);
+      pthread_mutex_unlock(&memo_lock);
+      return 0;
+    }
+  enum { N = 16 };
+  int n = 0, k, rc = 0;
+  const char *what = NULL;
+  cudnnConvolutionFwdAlgoPerf_t pf[N];
+  cudnnConvolutionBwdFilterAlgoPerf_t pw[N];
+  cudnnConvolutionBwdDataAlgoPerf_t pd[N];
+  mem[2] = 0;
+  if ((rc = DK(cudnnFindConvolutionForwardAlgorithm(g->dnn, c->x, c->w, c->cv,
+                                                    c->y, N, &n, pf))))
+    goto out;
+  if ((k = pick(pf, n, g->tf32)) < 0) {
+    what = "forward";
+    goto out;
+  }
+  c->fwd = pf[k].algo, mem[0] = pf[k].memory;
+  if ((rc = DK(cudnnFindConvolutionBackwardFilterAlgorithm(
+           g->dnn, c->x, c->y, c->cv, c->w, N, &n, pw))))
+    goto out;
+  if ((k = pick(pw, n, g->tf32)) < 0) {
+    what = "filter-gradient";
+    goto out;
+  }
+  c->bwd_filter = pw[k].algo, mem[1] = pw[k].memory;
+  if (key.data) {
+    if ((rc = DK(cudnnFindConvolutionBackwardDataAlgorithm(
+             g->dnn, c->w, c->y, c->cv, c->x, N, &n, pd))))
+      goto out;
+    if ((k = pick(pd, n, g->tf32)) < 0) {
+      what = "data-gradient";
+      goto out;
+    }
+    c->bwd_data = pd[k].algo, mem[2] = pd[k].memory;
+  }
+  if (nmemo < sizeof memo / sizeof *memo)
+    memo[nmemo++] = (algo_memo){key,          c->fwd, c->bwd_filter,
+                                c->bwd_data, {mem[0], mem[1], mem[2]}};
+out:
+  pthread_mutex_unlock(&memo_lock);
+  if (what)
+    return trn__fail(err, err_len, -EIO,
+                     "cuda:%d: no deterministic %s algorithm for "
+                     "convolution %zu",
+                     g->index, what, i);
+  return rc;
+}
+
+/* The algorithms of convolution i: the first of each kind that pick()
+ * takes from cuDNN's heuristics. */
+static int conv_heuristic(trn__gpu *g, size_t i, gconv *c, size_t mem[3],
+                          char *err, size_t err_len) {
+  enum { N = 16 };
+  int n = 0, k;
+  cudnnConvolutionFwdAlgoPerf_t pf[N];
+  TRY(DK(cudnnGetConvolutionForwardAlgorithm_v7(g->dnn, c->x, c->w, c->cv, c->y,
+                                                N, &n, pf)));
+  if ((k = pick(pf, n, g->tf32)) < 0)
+    return trn__fail(err, err_len, -EIO,
+                     "cuda:%d: no deterministic "
+                     "forward algorithm for convolution %zu",
+                     g->index, i);
+  c->fwd = pf[k].algo, mem[0] = pf[k].memory;
+  cudnnConvolutionBwdFilterAlgoPerf_t pw[N];
+  TRY(DK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+      g->dnn, c->x, c->y, c->cv, c->w, N, &n, pw)));
+  if ((k = pick(pw, n, g->tf32)) < 0)
+    return trn__fail(err, err_len, -EIO,
+                     "cuda:%d: no deterministic "
+                     "filter-gradient algorithm for convolution %zu",
+                     g->index, i);
+  c->bwd_filter = pw[k].algo, mem[1] = pw[k].memory;
+  if (g->l[i].src >= 0) { /* the model's input needs no gradient */
+    cudnnConvolutionBwdDataAlgoPerf_t pd[N];
+    TRY(DK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        g->dnn, c->w, c->y, c->cv, c->x, N, &n, pd)));
+    if ((k = pick(pd, n, g->tf32)) < 0)
+      return trn__fail(err, err_len, -EIO,
+                       "cuda:%d: no deterministic "
+                       "data-gradient algorithm for convolution %zu",
+                       g->index, i);
+    c->bwd_data = pd[k].algo, mem[2] = pd[k].memory;
+  }
+  return 0;
+}
+
+/* Descriptors for convolution i at max_batch, and its three algorithms,
+ * timed or from the heuristics (conv_timed).  *ws grows to the most any
+ * of them needs. */
 static int conv_setup(trn__gpu *g, size_t i, size_t *ws, char *err,
                       size_t err_len) {
   const trn__conv *cv = &g->l[i].cv;
@@ -314,51 +451,76 @@ static int conv_setup(trn__gpu *g, size_t i, size_t *ws, char *err,
    * PyTorch's allow_tf32 sets). */
   TRY(DK(cudnnSetConvolutionMathType(c->cv, g->tf32 ? CUDNN_DEFAULT_MATH
                                                     : CUDNN_FMA_MATH)));
-  enum { N = 16 };
-  int n = 0, k;
-  cudnnConvolutionFwdAlgoPerf_t pf[N];
-  TRY(DK(cudnnGetConvolutionForwardAlgorithm_v7(g->dnn, c->x, c->w, c->cv, c->y,
-                                                N, &n, pf)));
-  if ((k = pick(pf, n, g->tf32)) < 0)
-    return trn__fail(err, err_len, -EIO,
-                     "cuda:%d: no deterministic "
-                     "forward algorithm for convolution %zu",
-                     g->index, i);
-  c->fwd = pf[k].algo;
-  *ws = pf[k].memory > *ws ? pf[k].memory : *ws;
-  cudnnConvolutionBwdFilterAlgoPerf_t pw[N];
-  TRY(DK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-      g->dnn, c->x, c->y, c->cv, c->w, N, &n, pw)));
-  if ((k = pick(pw, n, g->tf32)) < 0)
-    return trn__fail(err, err_len, -EIO,
-                     "cuda:%d: no deterministic "
-                     "filter-gradient algorithm for convolution %zu",
-                     g->index, i);
-  c->bwd_filter = pw[k].algo;
-  *ws = pw[k].memory > *ws ? pw[k].memory : *ws;
-  if (i > 0) { /* the first layer's input needs no gradient */
-    cudnnConvolutionBwdDataAlgoPerf_t pd[N];
-    TRY(DK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-        g->dnn, c->w, c->y, c->cv, c->x, N, &n, pd)));
-    if ((k = pick(pd, n, g->tf32)) < 0)
-      return trn__fail(err, err_len, -EIO,
-                       "cuda:%d: no deterministic "
-                       "data-gradient algorithm for convolution %zu",
-                       g->index, i);
-    c->bwd_data = pd[k].algo;
-    *ws = pd[k].memory > *ws ? pd[k].memory : *ws;
-  }
+  size_t mem[3] = {0, 0, 0};
+  TRY(g->timed ? conv_find(g, i, c, mem, err, err_len)
+               : conv_heuristic(g, i, c, mem, err, err_len));
+  for (int m = 0; m < 3; m++)
+    *ws = mem[m] > *ws ? mem[m] : *ws;
   if (g->prof)
     trn__log(TRN_LOG_INFO,
              "cuda:%d profile: conv %zu algorithms: forward "
              "%d, filter gradient %d, data gradient %d",
              g->index, i, (int)c->fwd, (int)c->bwd_filter,
-             i > 0 ? (int)c->bwd_data : -1);
+             g->l[i].src >= 0 ? (int)c->bwd_data : -1);
   return 0;
 }
 
-static int gpu_build(trn__gpu *g, char *err, size_t err_len) {
-  size_t B = g->max_batch;
+/* Checks the list's wiring (each layer reads earlier ones of the width it
+ * takes; every output but the last is read) and plans the gradient
+ * buffers, walking the layers as backward does: a layer's output gradient
+ * takes a free buffer when its first reader writes it, and frees it once
+ * the layer has passed it on. */
+static int plan(trn__gpu *g, char *err, size_t err_len) {
+  size_t nl = g->nl;
+  for (size_t i = 0; i < nl; i++) {
+    const trn__layer *L = &g->l[i];
+    int srcs[2] = {L->src, L->kind == TRN__L_ADD ? L->src2 : -1};
+    for (int k = 0; k < (L->kind == TRN__L_ADD ? 2 : 1); k++) {
+      int s = srcs[k];
+      size_t w = s < 0 ? g->in : g->l[s].out;
+      if (s < -1 || s >= (int)i || w != L->in || (i == 0 && s != -1) ||
+          (k == 1 && s == srcs[0]))
+        return trn__fail(err, err_len, -EINVAL,
+                         "cuda: layer %zu reads layer %d (%zu wide) for an "
+                         "input of %zu",
+                         i, s, w, L->in);
+    }
+    g->widest = L->out > g->widest ? L->out : g->widest;
+  }
+  int *freel = (int *)malloc((2 * nl + 1) * sizeof *freel);
+  if (!freel)
+    return trn__fail(err, err_len, -ENOMEM, "out of memory");
+  int nfree = 0, nbuf = 0;
+#define TAKE() (nfree ? freel[--nfree] : nbuf++)
+  for (size_t i = 0; i < nl; i++)
+    g->grad[i] = g->spare[i] = -1;
+  g->grad[nl - 1] = TAKE(); /* the logits' */
+  int rc = 0;
+  for (size_t i = nl; i-- > 0;) {
+    const trn__layer *L = &g->l[i];
+    if (g->grad[i] < 0) {
+      rc = trn__fail(err, err_len, -EINVAL,
+                     "cuda: layer %zu's output is read by no layer", i);
+      break;
+    }
+    if (L->src >= 0 && !(g->acc[i] = g->grad[L->src] >= 0))
+      g->grad[L->src] = TAKE();
+    if (L->kind == TRN__L_ADD && L->src2 >= 0 &&
+        !(g->acc2[i] = g->grad[L->src2] >= 0))
+      g->grad[L->src2] = TAKE();
+    if (L->kind == TRN__L_BN && L->src < 0) {
+      g->spare[i] = TAKE();
+      freel[nfree++] = g->spare[i];
+    }
+    freel[nfree++] = g->grad[i];
+  }
+#undef TAKE
+  free(freel);
+  g->ndbuf = (size_t)nbuf;
+  return rc;
+}
+
+int trn__gpu_core(trn__gpu *g, char *err, size_t err_len) {
   TRY(CK(cudaSetDevice(g->index)));
   TRY(CK(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking)));
   TRY(BK(cublasCreate(&g->blas)));
@@ -369,6 +531,16 @@ static int gpu_build(trn__gpu *g, char *err, size_t err_len) {
                                             : CUBLAS_DEFAULT_MATH)));
   TRY(DK(cudnnCreate(&g->dnn)));
   TRY(DK(cudnnSetStream(g->dnn, g->st)));
+  DALLOC(g->params, g->nparams, "the parameters");
+  DALLOC(g->grads, g->nparams, "the gradients");
+  DALLOC(g->buffers, g->nbuffers, "the buffers");
+  return CK(cudaMemsetAsync(g->grads, 0, g->nparams * sizeof(float), g->st));
+}
+
+static int gpu_build(trn__gpu *g, char *err, size_t err_len) {
+  size_t B = g->max_batch;
+  TRY(plan(g, err, err_len));
+  TRY(trn__gpu_core(g, err, err_len));
   const char *prof = getenv("TRN_CUDA_PROFILE");
   if (prof && strcmp(prof, "1") == 0) {
     for (size_t i = 0; i <= g->nl; i++) {
@@ -377,20 +549,14 @@ static int gpu_build(trn__gpu *g, char *err, size_t err_len) {
     }
     g->prof = true;
   }
-  DALLOC(g->params, g->nparams, "the parameters");
-  DALLOC(g->grads, g->nparams, "the gradients");
-  DALLOC(g->buffers, g->nbuffers, "the buffers");
   DALLOC(g->x, B * g->in, "the input batch");
   DALLOC(g->y, B, "the labels");
   DALLOC(g->loss, B, "the losses");
   DALLOC(g->hit, B, "the hits");
   TRY(CK(cudaMallocHost((void **)&g->h_loss, B * sizeof *g->h_loss)));
   TRY(CK(cudaMallocHost((void **)&g->h_hit, B * sizeof *g->h_hit)));
-  TRY(CK(cudaMemsetAsync(g->grads, 0, g->nparams * sizeof(float), g->st)));
-  g->widest = g->in;
   for (size_t i = 0; i < g->nl; i++) {
     const trn__layer *L = &g->l[i];
-    g->widest = L->out > g->widest ? L->out : g->widest;
     DALLOC(g->act[i], B * L->out, "the activations");
     if (L->kind == TRN__L_DROPOUT)
       DALLOC(g->mask[i], B * L->out, "the dropout masks");
@@ -405,14 +571,14 @@ static int gpu_build(trn__gpu *g, char *err, size_t err_len) {
       DALLOC(b->ivar, L->bn.c, "batch norm's statistics");
     }
   }
-  DALLOC(g->d0, B * g->widest, "the gradients flowing down");
-  DALLOC(g->d1, B * g->widest, "the gradients flowing down");
+  for (size_t i = 0; i < g->ndbuf; i++)
+    DALLOC(g->dbuf[i], B * g->widest, "the gradients flowing down");
   size_t ws = 0;
   for (size_t i = 0; i < g->nl; i++)
     if (g->l[i].kind == TRN__L_CONV)
       TRY(conv_setup(g, i, &ws, err, err_len));
   g->ws_bytes = ws;
-  TRY(dalloc(g, &g->ws, ws, "the convolutions' workspace", err, err_len));
+  TRY(trn__dalloc(g, &g->ws, ws, "the convolutions' workspace", err, err_len));
   return CK(cudaStreamSynchronize(g->st));
 }
 
@@ -420,20 +586,32 @@ int trn__gpu_new(int index, const trn__layer *l, size_t nl, size_t nparams,
                  size_t nbuffers, size_t max_batch, bool tf32, trn__gpu **out,
                  char *err, size_t err_len) {
   *out = NULL;
-  if (nl == 0 || nl > TRN__LAYERS_MAX)
+  if (nl == 0 || nl > 4096)
     return trn__fail(err, err_len, -EINVAL, "cuda: %zu layers", nl);
   trn__gpu *g = (trn__gpu *)calloc(1, sizeof *g);
   if (!g)
     return trn__fail(err, err_len, -ENOMEM, "out of memory");
   g->index = index;
   g->tf32 = tf32;
-  memcpy(g->l, l, nl * sizeof *l);
+  g->timed = conv_timed();
   g->nl = nl;
   g->nparams = nparams;
   g->nbuffers = nbuffers;
   g->max_batch = max_batch;
   g->in = l[0].in;
   g->classes = l[nl - 1].out;
+#define HOST(p, n) ((p) = (decltype(p))calloc((n), sizeof *(p)))
+  if (!HOST(g->l, nl) || !HOST(g->act, nl) || !HOST(g->mask, nl) ||
+      !HOST(g->arg, nl) || !HOST(g->conv, nl) || !HOST(g->bn, nl) ||
+      !HOST(g->grad, nl) || !HOST(g->acc, nl) || !HOST(g->acc2, nl) ||
+      !HOST(g->spare, nl) || !HOST(g->dbuf, 2 * nl + 1) ||
+      !HOST(g->fev, nl + 1) || !HOST(g->bev, nl + 1) ||
+      !HOST(g->fwd_ms, nl) || !HOST(g->bwd_ms, nl)) {
+#undef HOST
+    trn__gpu_free(g);
+    return trn__fail(err, err_len, -ENOMEM, "out of memory");
+  }
+  memcpy(g->l, l, nl * sizeof *l);
   if (err_len)
     err[0] = '\0';
   int rc = gpu_build(g, err, err_len);
@@ -452,8 +630,9 @@ int trn__gpu_new(int index, const trn__layer *l, size_t nl, size_t nparams,
 
 /* Logs the profile: each layer's mean milliseconds per pass. */
 static void profile_log(const trn__gpu *g) {
-  static const char *const kinds[] = {"linear",   "relu",    "conv",
-                                      "max-pool", "dropout", "batch norm"};
+  static const char *const kinds[] = {"linear",  "relu",       "conv",
+                                      "max-pool", "dropout",   "batch norm",
+                                      "add",      "avg-pool"};
   if (!g->passes)
     return;
   double f = 0, b = 0;
@@ -478,6 +657,7 @@ void trn__gpu_free(trn__gpu *g) {
   (void)cudaSetDevice(g->index);
   if (g->st)
     (void)cudaStreamSynchronize(g->st);
+  trn__ggpt_free(g);
   if (g->prof) {
     profile_log(g);
     for (size_t i = 0; i <= g->nl; i++) {
@@ -485,14 +665,15 @@ void trn__gpu_free(trn__gpu *g) {
       (void)cudaEventDestroy(g->bev[i]);
     }
   }
-  void *bufs[] = {g->params, g->grads, g->buffers,   g->x,
-                  g->y,      g->loss,  g->hit,       g->d0,
-                  g->d1,     g->ws,    g->lamb_part, g->lamb_step};
+  void *bufs[] = {g->params, g->grads, g->buffers,   g->x,        g->y,
+                  g->loss,   g->hit,   g->ws,        g->lamb_part, g->lamb_step};
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
     (void)cudaFree(bufs[i]);
   (void)cudaFreeHost(g->h_loss);
   (void)cudaFreeHost(g->h_hit);
-  for (size_t i = 0; i < g->nl; i++) {
+  for (size_t i = 0; g->dbuf && i < g->ndbuf; i++)
+    (void)cudaFree(g->dbuf[i]);
+  for (size_t i = 0; g->bn && i < g->nl; i++) { /* all or none (new) */
     (void)cudaFree(g->act[i]);
     (void)cudaFree(g->mask[i]);
     (void)cudaFree(g->arg[i]);
@@ -522,6 +703,11 @@ void trn__gpu_free(trn__gpu *g) {
   if (g->st)
     (void)cudaStreamDestroy(g->st);
   (void)cudaGetLastError();
+  void *host[] = {g->l,     g->act,  g->mask, g->arg, g->conv,
+                  g->bn,    g->grad, g->acc,  g->acc2, g->spare,
+                  g->dbuf,  g->fev,  g->bev,  g->fwd_ms, g->bwd_ms};
+  for (size_t i = 0; i < sizeof host / sizeof *host; i++)
+    free(host[i]);
   free(g);
 }
 
@@ -576,7 +762,7 @@ static int conv_ws(trn__gpu *g, size_t i, bool train) {
     TRY(DK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
         g->dnn, c->x, c->y, c->cv, c->w, c->bwd_filter, &s)));
     need = s > need ? s : need;
-    if (i > 0) {
+    if (g->l[i].src >= 0) {
       TRY(DK(cudnnGetConvolutionBackwardDataWorkspaceSize(
           g->dnn, c->w, c->y, c->cv, c->x, c->bwd_data, &s)));
       need = s > need ? s : need;
@@ -591,7 +777,7 @@ static int conv_ws(trn__gpu *g, size_t i, bool train) {
   g->ws_bytes = 0;
   char err[160];
   int rc =
-      dalloc(g, &g->ws, need, "the convolutions' workspace", err, sizeof err);
+      trn__dalloc(g, &g->ws, need, "the convolutions' workspace", err, sizeof err);
   if (rc) {
     trn__log(TRN_LOG_ERROR, "%s", err);
     return rc;
@@ -600,12 +786,20 @@ static int conv_ws(trn__gpu *g, size_t i, bool train) {
   return 0;
 }
 
+static pool_shape pool_of(const trn__layer *L) {
+  pool_shape q;
+  q.h = L->h, q.w = L->w, q.k = L->k, q.s = L->s ? L->s : L->k, q.p = L->pad;
+  q.oh = (L->h + 2 * q.p - q.k) / q.s + 1;
+  q.ow = (L->w + 2 * q.p - q.k) / q.s + 1;
+  return q;
+}
+
 static int forward(trn__gpu *g, size_t B, bool train, uint64_t seed,
                    uint64_t *calls) {
   const float one = 1.0f, zero = 0.0f;
-  const float *in = g->x;
   for (size_t i = 0; i < g->nl; i++) {
     const trn__layer *L = &g->l[i];
+    const float *in = L->src < 0 ? g->x : g->act[L->src];
     float *y = g->act[i];
     const float *w = g->params + L->w_off, *b = g->params + L->b_off;
     size_t n = B * L->out;
@@ -639,8 +833,16 @@ static int forward(trn__gpu *g, size_t B, bool train, uint64_t seed,
       break;
     }
     case TRN__L_POOL:
-      k_pool<<<blocks(n), THREADS, 0, g->st>>>(in, y, g->arg[i], n, L->h, L->w,
-                                               L->k);
+      k_pool<<<blocks(n), THREADS, 0, g->st>>>(in, y, g->arg[i], n,
+                                               pool_of(L));
+      break;
+    case TRN__L_ADD:
+      k_add<<<blocks(n), THREADS, 0, g->st>>>(
+          in, L->src2 < 0 ? g->x : g->act[L->src2], y, n);
+      break;
+    case TRN__L_AVGPOOL:
+      k_avgpool<<<blocks(n), THREADS, 0, g->st>>>(in, y, n,
+                                                  (size_t)L->h * L->w);
       break;
     case TRN__L_DROPOUT:
       if (train) {
@@ -670,25 +872,28 @@ static int forward(trn__gpu *g, size_t B, bool train, uint64_t seed,
     }
     }
     TRY(CK(cudaGetLastError())); /* a kernel that failed to launch */
-    in = y;
   }
   if (g->prof)
     TRY(CK(cudaEventRecord(g->fev[g->nl], g->st)));
   return 0;
 }
 
-/* Backward from the logits' gradient in d0, as model.c's CPU pass. */
+/* Backward from the logits' gradient (in dbuf[grad[nl - 1]]), as model.c's
+ * and resnet.c's CPU passes: each layer sets or adds to its inputs'
+ * gradients (beta 0 or 1 for cuBLAS and cuDNN). */
 static int backward(trn__gpu *g, size_t B) {
   const float one = 1.0f, zero = 0.0f;
-  float *d = g->d0, *dn = g->d1;
   if (g->prof)
     TRY(CK(cudaEventRecord(g->bev[g->nl], g->st)));
   for (size_t i = g->nl; i-- > 0;) {
     const trn__layer *L = &g->l[i];
-    const float *in = i ? g->act[i - 1] : g->x;
+    const float *in = L->src < 0 ? g->x : g->act[L->src];
     const float *w = g->params + L->w_off;
     float *dw = g->grads + L->w_off, *db = g->grads + L->b_off;
-    float *dx = i ? dn : NULL;
+    float *d = g->dbuf[g->grad[i]];
+    float *dx = L->src >= 0 ? g->dbuf[g->grad[L->src]] : NULL;
+    bool acc = g->acc[i];
+    const float *beta = acc ? &one : &zero;
     size_t n = B * L->out, nin = B * L->in;
     switch (L->kind) {
     case TRN__L_LINEAR:
@@ -701,7 +906,7 @@ static int backward(trn__gpu *g, size_t B) {
       if (dx)
         TRY(BK(cublasSgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)L->in,
                            (int)B, (int)L->out, &one, w, (int)L->in, d,
-                           (int)L->out, &zero, dx, (int)L->in)));
+                           (int)L->out, beta, dx, (int)L->in)));
       break;
     case TRN__L_CONV: {
       gconv *c = &g->conv[i];
@@ -710,7 +915,8 @@ static int backward(trn__gpu *g, size_t B) {
       TRY(set4d(c->y, B, cv->oc, cv->oh, cv->ow));
       TRY(conv_ws(g, i, true));
       if (cv->relu) /* through the fused relu, in place */
-        k_relu_bwd<<<blocks(n), THREADS, 0, g->st>>>(g->act[i], d, d, n);
+        k_relu_bwd<<<blocks(n), THREADS, 0, g->st>>>(g->act[i], d, d, n,
+                                                     false);
       if (L->bias)
         TRY(DK(cudnnConvolutionBackwardBias(g->dnn, &one, c->y, d, &one, c->b,
                                             db)));
@@ -720,39 +926,46 @@ static int backward(trn__gpu *g, size_t B) {
       if (dx)
         TRY(DK(cudnnConvolutionBackwardData(g->dnn, &one, c->w, w, c->y, d,
                                             c->cv, c->bwd_data, g->ws,
-                                            g->ws_bytes, &zero, c->x, dx)));
+                                            g->ws_bytes, beta, c->x, dx)));
       break;
     }
     case TRN__L_RELU:
       if (dx)
-        k_relu_bwd<<<blocks(n), THREADS, 0, g->st>>>(g->act[i], d, dx, n);
+        k_relu_bwd<<<blocks(n), THREADS, 0, g->st>>>(g->act[i], d, dx, n, acc);
       break;
     case TRN__L_POOL:
       if (dx)
         k_pool_bwd<<<blocks(nin), THREADS, 0, g->st>>>(d, g->arg[i], dx, nin,
-                                                       L->h, L->w, L->k);
+                                                       pool_of(L), acc);
       break;
     case TRN__L_DROPOUT:
       if (dx)
-        k_mul<<<blocks(n), THREADS, 0, g->st>>>(g->mask[i], d, dx, n);
+        k_mul<<<blocks(n), THREADS, 0, g->st>>>(g->mask[i], d, dx, n, acc);
       break;
     case TRN__L_BN: {
       gbn *bn = &g->bn[i];
       TRY(set4d(bn->x, B, L->bn.c, (unsigned)L->bn.hw, 1));
-      /* cuDNN always writes dx; the first layer's goes to spare room. */
+      /* cuDNN always writes dx; the model's input's goes to spare room. */
       TRY(DK(cudnnBatchNormalizationBackward(
-          g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &one, bn->x, in,
-          bn->x, d, bn->x, dx ? dx : dn, bn->p, w, dw, db, (double)L->bn.eps,
-          bn->mean, bn->ivar)));
+          g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, beta, &one, &one, bn->x, in,
+          bn->x, d, bn->x, dx ? dx : g->dbuf[g->spare[i]], bn->p, w, dw, db,
+          (double)L->bn.eps, bn->mean, bn->ivar)));
       break;
     }
+    case TRN__L_ADD:
+      k_add_bwd<<<blocks(n), THREADS, 0, g->st>>>(
+          d, dx, acc, L->src2 >= 0 ? g->dbuf[g->grad[L->src2]] : NULL,
+          g->acc2[i], n);
+      break;
+    case TRN__L_AVGPOOL:
+      if (dx)
+        k_avgpool_bwd<<<blocks(nin), THREADS, 0, g->st>>>(
+            d, dx, nin, (size_t)L->h * L->w, acc);
+      break;
     }
     TRY(CK(cudaGetLastError()));
     if (g->prof)
       TRY(CK(cudaEventRecord(g->bev[i], g->st)));
-    float *t = d;
-    d = dn;
-    dn = t;
   }
   return 0;
 }
@@ -768,7 +981,8 @@ int trn__gpu_pass(trn__gpu *g, const float *x, const int32_t *y, size_t B,
   TRY(forward(g, B, train, seed, dropout_calls));
   const float *z = g->act[g->nl - 1];
   k_softmax_ce<<<blocks(B), THREADS, 0, g->st>>>(
-      z, g->y, train ? g->d0 : NULL, g->loss, g->hit, B, g->classes);
+      z, g->y, train ? g->dbuf[g->grad[g->nl - 1]] : NULL, g->loss, g->hit, B,
+      g->classes);
   TRY(CK(cudaGetLastError()));
   if (train)
     TRY(backward(g, B));
@@ -792,13 +1006,7 @@ int trn__gpu_pass(trn__gpu *g, const float *x, const int32_t *y, size_t B,
     g->passes++;
     g->train_passes += train;
   }
-  double total = 0;
-  size_t right = 0;
-  for (size_t i = 0; i < B; i++)
-    total += g->h_loss[i], right += g->h_hit[i];
-  *loss = total;
-  if (correct)
-    *correct = right;
+  trn__sum_losses(g->h_loss, g->h_hit, B, loss, correct);
   return 0;
 }
 
@@ -918,11 +1126,11 @@ int trn__gpu_step(trn__gpu *g, float *state, const trn__step *s) {
   } else {
     if (!g->lamb_part) { /* room for the largest tensor's blocks */
       char err[160];
-      int rc = dalloc(g, (void **)&g->lamb_part,
+      int rc = trn__dalloc(g, (void **)&g->lamb_part,
                       2 * (blocks(n) + 1) * sizeof(double),
                       "LAMB's partial norms", err, sizeof err);
       if (!rc)
-        rc = dalloc(g, (void **)&g->lamb_step, sizeof(float), "LAMB's step",
+        rc = trn__dalloc(g, (void **)&g->lamb_step, sizeof(float), "LAMB's step",
                     err, sizeof err);
       if (rc) {
         trn__log(TRN_LOG_ERROR, "%s", err);

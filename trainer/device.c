@@ -92,6 +92,20 @@ int trn__gpu_new(int index, const trn__layer *l, size_t nl, size_t nparams,
   return trn__fail(err, err_len, -ENOTSUP, "cuda:%d: this build has no CUDA "
                    "backend", index);
 }
+int trn__gpu_new_gpt(int index, const trn_model_config *c, size_t nparams,
+                     bool tf32, trn__gpu **out, char *err, size_t err_len) {
+  *out = NULL;
+  return trn__fail(err, err_len, -ENOTSUP, "cuda:%d: this build has no CUDA "
+                   "backend", index);
+}
+int trn__gpu_tokens(trn__gpu *g, const int32_t *x, const int32_t *y, size_t B,
+                    size_t T, bool train, double *loss, size_t *correct) {
+  return -ENOTSUP;
+}
+int trn__gpu_logits(trn__gpu *g, float *dst, size_t *n) {
+  *n = 0;
+  return -ENOTSUP;
+}
 void trn__gpu_free(trn__gpu *g) {}
 size_t trn__gpu_bytes(const trn__gpu *g) { return 0; }
 int trn__gpu_put(trn__gpu *g, int which, const float *src) { return -ENOTSUP; }

@@ -266,12 +266,6 @@ static void gelu_bwd(float *dinp, const float *inp, const float *dout,
 
 /* ---- the model ------------------------------------------------------------- */
 
-/* The parameter tensors, in their order in the flat buffer. */
-enum {
-  P_WTE, P_WPE, P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_PROJW, P_PROJB, P_LN2W,
-  P_LN2B, P_FCW, P_FCB, P_FCPW, P_FCPB, P_LNFW, P_LNFB, NP_TENSORS
-};
-
 /* Activations, each (B, T, ...) for every layer where it has an L. */
 enum {
   A_ENC, A_LN1, A_LN1M, A_LN1R, A_QKV, A_ATTY, A_ATT, A_PROJ, A_RES2, A_LN2,
@@ -281,7 +275,7 @@ enum {
 
 struct trn__gpt {
   size_t V, maxT, L, NH, C, B; /* B: the largest batch */
-  size_t psize[NP_TENSORS], poff[NP_TENSORS];
+  size_t psize[TRN__GPT_TENSORS], poff[TRN__GPT_TENSORS];
   size_t asize[NA];
   float *acts[NA], *grads[NA]; /* activations and their gradients */
   float *datt;                 /* (B, maxT) attention backward's scratch */
@@ -290,12 +284,12 @@ struct trn__gpt {
 
 static void param_sizes(trn__gpt *g) {
   size_t V = g->V, T = g->maxT, L = g->L, C = g->C;
-  size_t s[NP_TENSORS] = {V * C, T * C, L * C, L * C, L * 3 * C * C,
+  size_t s[TRN__GPT_TENSORS] = {V * C, T * C, L * C, L * C, L * 3 * C * C,
                           L * 3 * C, L * C * C, L * C, L * C, L * C,
                           L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C,
                           C, C};
   size_t off = 0;
-  for (int i = 0; i < NP_TENSORS; i++) {
+  for (int i = 0; i < TRN__GPT_TENSORS; i++) {
     g->psize[i] = s[i];
     g->poff[i] = off;
     off += s[i];
@@ -313,14 +307,23 @@ static void act_sizes(trn__gpt *g) {
   memcpy(g->asize, s, sizeof s);
 }
 
+void trn__gpt_layout(const trn_model_config *c, size_t off[TRN__GPT_TENSORS],
+                     size_t size[TRN__GPT_TENSORS]) {
+  trn__gpt g = {.V = c->vocab, .maxT = c->ctx, .L = c->layers,
+                .NH = c->heads, .C = c->embd};
+  param_sizes(&g);
+  memcpy(off, g.poff, sizeof g.poff);
+  memcpy(size, g.psize, sizeof g.psize);
+}
+
 size_t trn__gpt_nparams(const trn_model_config *c) {
   trn__gpt g = {.V = c->vocab, .maxT = c->ctx, .L = c->layers,
                 .NH = c->heads, .C = c->embd};
   param_sizes(&g);
-  return g.poff[NP_TENSORS - 1] + g.psize[NP_TENSORS - 1];
+  return g.poff[TRN__GPT_TENSORS - 1] + g.psize[TRN__GPT_TENSORS - 1];
 }
 
-int trn__gpt_new(const trn_model_config *c, trn__gpt **out) {
+int trn__gpt_plan(const trn_model_config *c, trn__gpt **out) {
   trn__gpt *g = calloc(1, sizeof *g);
   if (!g)
     return -ENOMEM;
@@ -328,6 +331,14 @@ int trn__gpt_new(const trn_model_config *c, trn__gpt **out) {
                   .NH = c->heads, .C = c->embd, .B = c->max_batch};
   param_sizes(g);
   act_sizes(g);
+  *out = g;
+  return 0;
+}
+
+int trn__gpt_new(const trn_model_config *c, trn__gpt **out) {
+  trn__gpt *g;
+  if (trn__gpt_plan(c, &g))
+    return -ENOMEM;
   for (int i = 0; i < NA; i++)
     if (!(g->acts[i] = malloc(g->asize[i] * sizeof(float))) ||
         !(g->grads[i] = malloc(g->asize[i] * sizeof(float)))) {
@@ -361,9 +372,9 @@ void trn__gpt_free(trn__gpt *g) {
 }
 
 size_t trn__gpt_tensors(const trn__gpt *g, size_t *ends, size_t max) {
-  for (size_t i = 0; i < NP_TENSORS && i < max; i++)
+  for (size_t i = 0; i < TRN__GPT_TENSORS && i < max; i++)
     ends[i] = g->poff[i] + g->psize[i];
-  return NP_TENSORS;
+  return TRN__GPT_TENSORS;
 }
 
 void trn__gpt_init(const trn__gpt *g, float *p, uint64_t *s,
@@ -372,13 +383,14 @@ void trn__gpt_init(const trn__gpt *g, float *p, uint64_t *s,
    * same standard deviation), the residual projections scaled by
    * 1 / sqrt(2 L), biases 0, layer norms 1 and 0. */
   float u = 0.02f * sqrtf(3.0f), ur = u / sqrtf(2.0f * (float)g->L);
-  for (int i = 0; i < NP_TENSORS; i++) {
+  for (int i = 0; i < TRN__GPT_TENSORS; i++) {
     float *t = p + g->poff[i];
     size_t n = g->psize[i];
-    float bound = i == P_PROJW || i == P_FCPW ? ur : u;
-    bool ones = i == P_LN1W || i == P_LN2W || i == P_LNFW;
-    bool zeros = i == P_QKVB || i == P_PROJB || i == P_FCB || i == P_FCPB ||
-                 i == P_LN1B || i == P_LN2B || i == P_LNFB;
+    float bound = i == TRN__GPT_PROJW || i == TRN__GPT_FCPW ? ur : u;
+    bool ones = i == TRN__GPT_LN1W || i == TRN__GPT_LN2W || i == TRN__GPT_LNFW;
+    bool zeros = i == TRN__GPT_QKVB || i == TRN__GPT_PROJB ||
+                 i == TRN__GPT_FCB || i == TRN__GPT_FCPB ||
+                 i == TRN__GPT_LN1B || i == TRN__GPT_LN2B || i == TRN__GPT_LNFB;
     for (size_t k = 0; k < n; k++)
       t[k] = ones ? 1.0f : zeros ? 0.0f : uniform(s, bound);
   }
@@ -394,8 +406,8 @@ double trn__gpt_forward(trn__gpt *g, const float *params, const int32_t *inp,
   size_t C = g->C, NH = g->NH, V = g->V, BT = B * T;
   g->T = T;
   /* Activations laid out for (B, T) of this batch inside the maxima. */
-  encoder_fwd(g->acts[A_ENC], inp, params + g->poff[P_WTE],
-              params + g->poff[P_WPE], B, T, C);
+  encoder_fwd(g->acts[A_ENC], inp, params + g->poff[TRN__GPT_WTE],
+              params + g->poff[TRN__GPT_WPE], B, T, C);
   const float *res = g->acts[A_ENC];
   for (size_t l = 0; l < g->L; l++) {
     float *ln1 = ACT(acts, A_LN1, l), *qkv = ACT(acts, A_QKV, l);
@@ -405,30 +417,33 @@ double trn__gpt_forward(trn__gpt *g, const float *params, const int32_t *inp,
     float *ge = ACT(acts, A_GELU, l), *fcp = ACT(acts, A_FCP, l);
     float *res3 = ACT(acts, A_RES3, l);
     layernorm_fwd(ln1, ACT(acts, A_LN1M, l), ACT(acts, A_LN1R, l), res,
-                  PAR(params, P_LN1W, l), PAR(params, P_LN1B, l), BT, C);
-    matmul_fwd(qkv, ln1, PAR(params, P_QKVW, l), PAR(params, P_QKVB, l), BT, C,
-               3 * C);
+                  PAR(params, TRN__GPT_LN1W, l), PAR(params, TRN__GPT_LN1B, l),
+                  BT, C);
+    matmul_fwd(qkv, ln1, PAR(params, TRN__GPT_QKVW, l),
+               PAR(params, TRN__GPT_QKVB, l), BT, C, 3 * C);
     attention_fwd(atty, att, qkv, B, T, C, NH);
-    matmul_fwd(proj, atty, PAR(params, P_PROJW, l), PAR(params, P_PROJB, l),
-               BT, C, C);
+    matmul_fwd(proj, atty, PAR(params, TRN__GPT_PROJW, l),
+               PAR(params, TRN__GPT_PROJB, l), BT, C, C);
     for (size_t i = 0; i < BT * C; i++)
       res2[i] = res[i] + proj[i];
     layernorm_fwd(ln2, ACT(acts, A_LN2M, l), ACT(acts, A_LN2R, l), res2,
-                  PAR(params, P_LN2W, l), PAR(params, P_LN2B, l), BT, C);
-    matmul_fwd(fch, ln2, PAR(params, P_FCW, l), PAR(params, P_FCB, l), BT, C,
-               4 * C);
+                  PAR(params, TRN__GPT_LN2W, l), PAR(params, TRN__GPT_LN2B, l),
+                  BT, C);
+    matmul_fwd(fch, ln2, PAR(params, TRN__GPT_FCW, l),
+               PAR(params, TRN__GPT_FCB, l), BT, C, 4 * C);
     gelu_fwd(ge, fch, BT * 4 * C);
-    matmul_fwd(fcp, ge, PAR(params, P_FCPW, l), PAR(params, P_FCPB, l), BT,
-               4 * C, C);
+    matmul_fwd(fcp, ge, PAR(params, TRN__GPT_FCPW, l),
+               PAR(params, TRN__GPT_FCPB, l), BT, 4 * C, C);
     for (size_t i = 0; i < BT * C; i++)
       res3[i] = res2[i] + fcp[i];
     res = res3;
   }
   layernorm_fwd(g->acts[A_LNF], g->acts[A_LNFM], g->acts[A_LNFR], res,
-                params + g->poff[P_LNFW], params + g->poff[P_LNFB], BT, C);
+                params + g->poff[TRN__GPT_LNFW],
+                params + g->poff[TRN__GPT_LNFB], BT, C);
   /* The head, tied to the token embedding: logits (BT, V). */
-  matmul_fwd(g->acts[A_LOGITS], g->acts[A_LNF], params + g->poff[P_WTE], NULL,
-             BT, C, V);
+  matmul_fwd(g->acts[A_LOGITS], g->acts[A_LNF], params + g->poff[TRN__GPT_WTE],
+             NULL, BT, C, V);
   return trn__softmax_ce(g->acts[A_LOGITS], tgt, dlogits, BT, V, correct);
 }
 
@@ -441,11 +456,13 @@ void trn__gpt_backward(trn__gpt *g, const float *params, float *grads,
   const float *res_last =
       g->L ? ACT(acts, A_RES3, g->L - 1) : g->acts[A_ENC];
   float *dres_last = g->L ? ACT(grads, A_RES3, g->L - 1) : g->grads[A_ENC];
-  matmul_bwd(g->grads[A_LNF], grads + g->poff[P_WTE], NULL, g->grads[A_LOGITS],
-             g->acts[A_LNF], params + g->poff[P_WTE], BT, C, V);
-  layernorm_bwd(dres_last, grads + g->poff[P_LNFW], grads + g->poff[P_LNFB],
-                g->grads[A_LNF], res_last, params + g->poff[P_LNFW],
-                g->acts[A_LNFM], g->acts[A_LNFR], BT, C);
+  matmul_bwd(g->grads[A_LNF], grads + g->poff[TRN__GPT_WTE], NULL,
+             g->grads[A_LOGITS], g->acts[A_LNF], params + g->poff[TRN__GPT_WTE],
+             BT, C, V);
+  layernorm_bwd(dres_last, grads + g->poff[TRN__GPT_LNFW],
+                grads + g->poff[TRN__GPT_LNFB], g->grads[A_LNF], res_last,
+                params + g->poff[TRN__GPT_LNFW], g->acts[A_LNFM],
+                g->acts[A_LNFR], BT, C);
   for (size_t l = g->L; l-- > 0;) {
     const float *res = l ? ACT(acts, A_RES3, l - 1) : g->acts[A_ENC];
     float *dres = l ? ACT(grads, A_RES3, l - 1) : g->grads[A_ENC];
@@ -453,36 +470,38 @@ void trn__gpt_backward(trn__gpt *g, const float *params, float *grads,
     /* res3 = res2 + fcp: both get dres3. */
     for (size_t i = 0; i < BT * C; i++)
       dres2[i] = dres3[i];
-    matmul_bwd(ACT(grads, A_GELU, l), PAR(grads, P_FCPW, l),
-               PAR(grads, P_FCPB, l), dres3, ACT(acts, A_GELU, l),
-               PAR(params, P_FCPW, l), BT, 4 * C, C);
+    matmul_bwd(ACT(grads, A_GELU, l), PAR(grads, TRN__GPT_FCPW, l),
+               PAR(grads, TRN__GPT_FCPB, l), dres3, ACT(acts, A_GELU, l),
+               PAR(params, TRN__GPT_FCPW, l), BT, 4 * C, C);
     gelu_bwd(ACT(grads, A_FCH, l), ACT(acts, A_FCH, l), ACT(grads, A_GELU, l),
              BT * 4 * C);
-    matmul_bwd(ACT(grads, A_LN2, l), PAR(grads, P_FCW, l), PAR(grads, P_FCB, l),
-               ACT(grads, A_FCH, l), ACT(acts, A_LN2, l), PAR(params, P_FCW, l),
-               BT, C, 4 * C);
-    layernorm_bwd(dres2, PAR(grads, P_LN2W, l), PAR(grads, P_LN2B, l),
-                  ACT(grads, A_LN2, l), ACT(acts, A_RES2, l),
-                  PAR(params, P_LN2W, l), ACT(acts, A_LN2M, l),
-                  ACT(acts, A_LN2R, l), BT, C);
+    matmul_bwd(ACT(grads, A_LN2, l), PAR(grads, TRN__GPT_FCW, l),
+               PAR(grads, TRN__GPT_FCB, l), ACT(grads, A_FCH, l),
+               ACT(acts, A_LN2, l), PAR(params, TRN__GPT_FCW, l), BT, C, 4 * C);
+    layernorm_bwd(dres2, PAR(grads, TRN__GPT_LN2W, l),
+                  PAR(grads, TRN__GPT_LN2B, l), ACT(grads, A_LN2, l),
+                  ACT(acts, A_RES2, l), PAR(params, TRN__GPT_LN2W, l),
+                  ACT(acts, A_LN2M, l), ACT(acts, A_LN2R, l), BT, C);
     /* res2 = res + proj. */
     for (size_t i = 0; i < BT * C; i++)
       dres[i] = dres2[i];
-    matmul_bwd(ACT(grads, A_ATTY, l), PAR(grads, P_PROJW, l),
-               PAR(grads, P_PROJB, l), dres2, ACT(acts, A_ATTY, l),
-               PAR(params, P_PROJW, l), BT, C, C);
+    matmul_bwd(ACT(grads, A_ATTY, l), PAR(grads, TRN__GPT_PROJW, l),
+               PAR(grads, TRN__GPT_PROJB, l), dres2, ACT(acts, A_ATTY, l),
+               PAR(params, TRN__GPT_PROJW, l), BT, C, C);
     attention_bwd(ACT(grads, A_QKV, l), ACT(grads, A_ATTY, l),
                   ACT(acts, A_QKV, l), ACT(acts, A_ATT, l), g->datt, B, T,
                   C, NH);
-    matmul_bwd(ACT(grads, A_LN1, l), PAR(grads, P_QKVW, l),
-               PAR(grads, P_QKVB, l), ACT(grads, A_QKV, l),
-               ACT(acts, A_LN1, l), PAR(params, P_QKVW, l), BT, C, 3 * C);
-    layernorm_bwd(dres, PAR(grads, P_LN1W, l), PAR(grads, P_LN1B, l),
-                  ACT(grads, A_LN1, l), res, PAR(params, P_LN1W, l),
-                  ACT(acts, A_LN1M, l), ACT(acts, A_LN1R, l), BT, C);
+    matmul_bwd(ACT(grads, A_LN1, l), PAR(grads, TRN__GPT_QKVW, l),
+               PAR(grads, TRN__GPT_QKVB, l), ACT(grads, A_QKV, l),
+               ACT(acts, A_LN1, l), PAR(params, TRN__GPT_QKVW, l), BT, C,
+               3 * C);
+    layernorm_bwd(dres, PAR(grads, TRN__GPT_LN1W, l),
+                  PAR(grads, TRN__GPT_LN1B, l), ACT(grads, A_LN1, l), res,
+                  PAR(params, TRN__GPT_LN1W, l), ACT(acts, A_LN1M, l),
+                  ACT(acts, A_LN1R, l), BT, C);
   }
-  encoder_bwd(grads + g->poff[P_WTE], grads + g->poff[P_WPE], g->grads[A_ENC],
-              inp, B, T, C);
+  encoder_bwd(grads + g->poff[TRN__GPT_WTE], grads + g->poff[TRN__GPT_WPE],
+              g->grads[A_ENC], inp, B, T, C);
 }
 
 float *trn__gpt_dlogits(trn__gpt *g) { return g->grads[A_LOGITS]; }

@@ -132,6 +132,7 @@ static size_t numel(shape s) { return (size_t)s.c * s.h * s.w; }
 static layer *add(trn_model *m, int kind, shape *s) {
   layer *L = &m->l[m->nl++];
   L->kind = kind;
+  L->src = (int)m->nl - 2, L->src2 = -1; /* a chain */
   L->c = s->c, L->h = s->h, L->w = s->w;
   L->in = L->out = numel(*s);
   return L;
@@ -256,13 +257,20 @@ static int build(trn_model *m, const trn_model_config *cfg, char *err,
                    cfg->name);
 }
 
-/* resnet has its own op list: parameters and buffers follow from it. */
+static int new_on_cuda(trn_model *m, const layer *l, size_t nl, char *err,
+                       size_t errlen);
+
+/* resnet has its own op list: parameters and buffers follow from it.  On
+ * a CUDA device only the list is built here, and handed to the device as
+ * layers. */
 static int build_resnet(trn_model *m, const trn_model_config *c, char *err,
                         size_t errlen) {
   int rc = trn__resnet_check(c, err, errlen);
   if (rc)
     return rc;
-  if ((rc = trn__resnet_new(c, &m->resnet)))
+  bool cuda = c->device == TRN_DEV_CUDA;
+  if ((rc = cuda ? trn__resnet_plan(c, &m->resnet)
+                 : trn__resnet_new(c, &m->resnet)))
     return trn__fail(err, errlen, rc,
                      rc == -E2BIG ? "resnet-%u: too deep for this build"
                                   : "resnet-%u: out of memory for the "
@@ -272,6 +280,16 @@ static int build_resnet(trn_model *m, const trn_model_config *c, char *err,
   m->nbuffers = trn__resnet_nbuffers(m->resnet);
   m->in = (size_t)c->in_c * c->in_h * c->in_w;
   m->classes = c->classes;
+  if (cuda) {
+    size_t nl = trn__resnet_layers(m->resnet, NULL, 0);
+    layer *l = malloc(nl * sizeof *l);
+    if (!l)
+      return trn__fail(err, errlen, -ENOMEM, "out of memory");
+    trn__resnet_layers(m->resnet, l, nl);
+    rc = new_on_cuda(m, l, nl, err, errlen);
+    free(l);
+    return rc;
+  }
   m->params = calloc(m->nparams, sizeof *m->params);
   m->grads = calloc(m->nparams, sizeof *m->grads);
   m->buffers = calloc(m->nbuffers, sizeof *m->buffers);
@@ -284,7 +302,8 @@ static int build_resnet(trn_model *m, const trn_model_config *c, char *err,
   return 0;
 }
 
-/* gpt has no layer list: its parameters and activations are gpt.c's. */
+/* gpt has no layer list: its parameters and activations are gpt.c's, or
+ * on a CUDA device cuda-gpt.cu's. */
 static int build_gpt(trn_model *m, const trn_model_config *c, char *err,
                      size_t errlen) {
   if (c->vocab < 2 || c->vocab > 65536 || c->ctx == 0 || c->ctx > 8192 ||
@@ -298,6 +317,11 @@ static int build_gpt(trn_model *m, const trn_model_config *c, char *err,
   m->nparams = trn__gpt_nparams(c);
   m->in = c->ctx;
   m->classes = c->vocab;
+  if (c->device == TRN_DEV_CUDA) {
+    if (trn__gpt_plan(c, &m->gpt))
+      return trn__fail(err, errlen, -ENOMEM, "out of memory");
+    return new_on_cuda(m, NULL, 0, err, errlen);
+  }
   int rc = trn__gpt_new(c, &m->gpt);
   m->params = calloc(m->nparams, sizeof *m->params);
   m->grads = calloc(m->nparams, sizeof *m->grads);
@@ -311,20 +335,23 @@ static int build_gpt(trn_model *m, const trn_model_config *c, char *err,
   return 0;
 }
 
-/* The layer list on CUDA device cfg.device_index: host arrays for the
- * parameters, gradients, buffers and logits (the rest lives on the
- * device), the weights initialized here and sent before the first pass. */
-static int new_on_cuda(trn_model *m, char *err, size_t errlen) {
+/* The nl layers l (gpt: none) on CUDA device cfg.device_index: host
+ * arrays for the parameters, gradients, buffers and logits (the rest
+ * lives on the device), the weights initialized here and sent before the
+ * first pass.  gpt's logits are fetched when asked for
+ * (trn_model_logits): its array is allocated then. */
+static int new_on_cuda(trn_model *m, const layer *l, size_t nl, char *err,
+                       size_t errlen) {
   size_t B = m->cfg.max_batch;
   m->params = calloc(m->nparams, sizeof *m->params);
   m->grads = calloc(m->nparams, sizeof *m->grads);
   m->buffers = m->nbuffers ? calloc(m->nbuffers, sizeof *m->buffers) : NULL;
-  m->logits = malloc(B * m->classes * sizeof *m->logits);
-  if (!m->params || !m->grads || !m->logits || (m->nbuffers && !m->buffers))
+  m->logits = m->gpt ? NULL : malloc(B * m->classes * sizeof *m->logits);
+  if (!m->params || !m->grads || (!m->gpt && !m->logits) ||
+      (m->nbuffers && !m->buffers))
     return trn__fail(err, errlen, -ENOMEM,
                      "%s: out of memory for %zu parameters", m->name,
                      m->nparams);
-  m->l[m->nl - 1].y = m->logits; /* what trn_model_logits returns */
   trn_model_init(m, m->cfg.seed);
   int n = 0, i = m->cfg.device_index;
   char why[160];
@@ -332,9 +359,11 @@ static int new_on_cuda(trn_model *m, char *err, size_t errlen) {
   if (rc || i < 0 || i >= n)
     return trn__fail(err, errlen, rc ? rc : -ENODEV, "cuda:%d: %s", i,
                      rc || n == 0 ? why : "no such device");
-  rc = trn__gpu_new(m->cfg.device_index, m->l, m->nl, m->nparams,
-                    m->nbuffers, B, m->cfg.precision == TRN_TF32, &m->gpu,
-                    err, errlen);
+  bool tf32 = m->cfg.precision == TRN_TF32;
+  rc = m->gpt ? trn__gpu_new_gpt(i, &m->cfg, m->nparams, tf32, &m->gpu, err,
+                                 errlen)
+              : trn__gpu_new(i, l, nl, m->nparams, m->nbuffers, B, tf32,
+                             &m->gpu, err, errlen);
   if (rc)
     return rc;
   m->act_bytes = trn__gpu_bytes(m->gpu);
@@ -362,13 +391,6 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
   m->cfg.name = m->name;
   int rc;
   if (strcmp(cfg->name, "gpt") == 0 || strcmp(cfg->name, "resnet") == 0) {
-    if (cfg->device == TRN_DEV_CUDA) {
-      rc = trn__fail(err, errlen, -ENOTSUP,
-                     "%s: not on CUDA yet (the CUDA backend runs mlp and "
-                     "cnn); use the CPU (--device cpu)",
-                     cfg->name);
-      goto fail;
-    }
     rc = cfg->name[0] == 'g' ? build_gpt(m, cfg, err, errlen)
                              : build_resnet(m, cfg, err, errlen);
     if (rc)
@@ -388,7 +410,7 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
     goto fail;
   }
   if (cfg->device == TRN_DEV_CUDA) {
-    rc = new_on_cuda(m, err, errlen);
+    rc = new_on_cuda(m, m->l, m->nl, err, errlen);
     if (rc)
       goto fail;
     *out = m;
@@ -805,8 +827,23 @@ int trn_model_eval_batch(trn_model *m, const float *x, const int32_t *y,
   return 0;
 }
 
+/* gpt on a CUDA device: the last pass's logits, fetched into m->logits
+ * (allocated at the first call; NULL when that or the copy fails). */
+static const float *gpt_logits(trn_model *m) {
+  size_t n = m->cfg.max_batch * m->cfg.ctx * m->classes;
+  if (!m->logits && !(m->logits = malloc(n * sizeof *m->logits)))
+    return NULL;
+  if (!m->gpu_rc && (m->gpu_rc = trn__gpu_logits(m->gpu, m->logits, &n)))
+    trn__log(TRN_LOG_ERROR, "cuda:%d: the logits could not be fetched",
+             trn__gpu_index(m->gpu));
+  return m->gpu_rc ? NULL : m->logits;
+}
+
 const float *trn_model_logits(const trn_model *m) {
-  return m->gpt      ? trn__gpt_logits(m->gpt)
+  if (m->gpu && m->gpt) /* the host's copy is a cache of the device's */
+    return gpt_logits((trn_model *)m);
+  return m->gpu      ? m->logits
+         : m->gpt    ? trn__gpt_logits(m->gpt)
          : m->resnet ? trn__resnet_logits(m->resnet)
                      : m->l[m->nl - 1].y;
 }
@@ -827,6 +864,16 @@ int trn_model_train_tokens(trn_model *m, const int32_t *x, const int32_t *y,
   int rc = check_tokens(m, x, y, B, T);
   if (rc)
     return rc;
+  if (m->gpu) {
+    double l = 0;
+    if ((rc = gpu_send(m)) ||
+        (rc = m->gpu_rc = trn__gpu_tokens(m->gpu, x, y, B, T, true, &l, NULL)))
+      return rc;
+    m->host_grads_old = true;
+    if (loss)
+      *loss = l;
+    return 0;
+  }
   double l = trn__gpt_forward(m->gpt, m->params, x, y, B, T,
                               trn__gpt_dlogits(m->gpt), NULL);
   trn__gpt_backward(m->gpt, m->params, m->grads, x, B);
@@ -840,6 +887,16 @@ int trn_model_eval_tokens(trn_model *m, const int32_t *x, const int32_t *y,
   int rc = check_tokens(m, x, y, B, T);
   if (rc)
     return rc;
+  if (m->gpu) {
+    double l = 0;
+    if ((rc = gpu_send(m)) ||
+        (rc = m->gpu_rc =
+             trn__gpu_tokens(m->gpu, x, y, B, T, false, &l, correct)))
+      return rc;
+    if (loss)
+      *loss = l;
+    return 0;
+  }
   double l = trn__gpt_forward(m->gpt, m->params, x, y, B, T, NULL, correct);
   if (loss)
     *loss = l;

@@ -235,7 +235,7 @@ int trn__resnet_check(const trn_model_config *c, char *err, size_t errlen) {
   return 0;
 }
 
-int trn__resnet_new(const trn_model_config *c, trn__resnet **out) {
+int trn__resnet_plan(const trn_model_config *c, trn__resnet **out) {
   trn__resnet *r = calloc(1, sizeof *r);
   if (!r)
     return -ENOMEM;
@@ -244,6 +244,15 @@ int trn__resnet_new(const trn_model_config *c, trn__resnet **out) {
     free(r);
     return rc;
   }
+  *out = r;
+  return 0;
+}
+
+int trn__resnet_new(const trn_model_config *c, trn__resnet **out) {
+  trn__resnet *r;
+  int rc = trn__resnet_plan(c, &r);
+  if (rc)
+    return rc;
   size_t B = c->max_batch, widest = 0, col = 0, tmp = 0, dw = 0;
   r->B = B;
   rc = -ENOMEM;
@@ -303,6 +312,27 @@ void trn__resnet_free(trn__resnet *r) {
   free(r->scratch);
   trn__conv_ws_free(&r->cws);
   free(r);
+}
+
+size_t trn__resnet_layers(const trn__resnet *r, trn__layer *l, size_t max) {
+  static const int kinds[] = {
+      [R_CONV] = TRN__L_CONV,       [R_BN] = TRN__L_BN,
+      [R_RELU] = TRN__L_RELU,       [R_ADD] = TRN__L_ADD,
+      [R_MAXPOOL] = TRN__L_POOL,    [R_AVGPOOL] = TRN__L_AVGPOOL,
+      [R_LINEAR] = TRN__L_LINEAR,
+  };
+  for (size_t i = 0; i < r->nop && i < max; i++) {
+    const rop *o = &r->op[i];
+    /* Op i makes activation i + 1 (activation 0 is the input). */
+    l[i] = (trn__layer){.kind = kinds[o->kind], .src = o->in - 1,
+                        .src2 = o->kind == R_ADD ? o->in2 - 1 : -1,
+                        .c = o->c, .h = o->h, .w = o->w, .in = o->in_n,
+                        .out = o->out_n, .cv = o->cv, .k = o->k, .s = o->s,
+                        .pad = o->p, .bn = o->bn, .w_off = o->w_off,
+                        .b_off = o->b_off, .nparams = o->nparams,
+                        .bias = o->kind == R_LINEAR, .buf_off = o->buf_off};
+  }
+  return r->nop;
 }
 
 size_t trn__resnet_nparams(const trn__resnet *r) { return r->nparams; }

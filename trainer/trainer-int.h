@@ -104,6 +104,9 @@ typedef struct trn__gpt trn__gpt;
 size_t trn__gpt_nparams(const trn_model_config *cfg);
 /* Activation buffers for cfg's largest batch.  0 or -ENOMEM. */
 int trn__gpt_new(const trn_model_config *cfg, trn__gpt **out);
+/* The shapes alone, without the CPU's activations (for a model on a CUDA
+ * device): for trn__gpt_init and trn__gpt_tensors. */
+int trn__gpt_plan(const trn_model_config *cfg, trn__gpt **out);
 void trn__gpt_free(trn__gpt *g);
 size_t trn__gpt_bytes(const trn__gpt *g); /* its activations' memory */
 /* GPT-2's initialization into p, drawing from uniform(s, bound). */
@@ -123,6 +126,20 @@ void trn__gpt_backward(trn__gpt *g, const float *params, float *grads,
 float *trn__gpt_dlogits(trn__gpt *g);
 const float *trn__gpt_logits(const trn__gpt *g);
 
+/* gpt's parameter tensors, in their order in the flat buffer: token and
+ * position embeddings, each block's tensors stacked over the layers
+ * (layer norm 1, attention's qkv and projection, layer norm 2, the MLP's
+ * two), the final layer norm. */
+enum {
+  TRN__GPT_WTE, TRN__GPT_WPE, TRN__GPT_LN1W, TRN__GPT_LN1B, TRN__GPT_QKVW,
+  TRN__GPT_QKVB, TRN__GPT_PROJW, TRN__GPT_PROJB, TRN__GPT_LN2W,
+  TRN__GPT_LN2B, TRN__GPT_FCW, TRN__GPT_FCB, TRN__GPT_FCPW, TRN__GPT_FCPB,
+  TRN__GPT_LNFW, TRN__GPT_LNFB, TRN__GPT_TENSORS
+};
+/* Each tensor's offset and size (floats) for c's dimensions. */
+void trn__gpt_layout(const trn_model_config *c, size_t off[TRN__GPT_TENSORS],
+                     size_t size[TRN__GPT_TENSORS]);
+
 /* ---- resnet.c: residual networks ---------------------------------------- */
 
 typedef struct trn__resnet trn__resnet;
@@ -131,6 +148,14 @@ int trn__resnet_check(const trn_model_config *c, char *err, size_t errlen);
 /* The network and its activations for c's largest batch; 0, -ENOMEM or
  * -E2BIG (too deep for the op list). */
 int trn__resnet_new(const trn_model_config *c, trn__resnet **out);
+/* The op list alone, without the CPU's activations and workspaces (for a
+ * model on a CUDA device): trn__resnet_layers only. */
+int trn__resnet_plan(const trn_model_config *c, trn__resnet **out);
+/* The ops as a layer list (trn__layer, src and src2 set) for the CUDA
+ * backend: their count, written to l when it has room for max. */
+struct trn__layer;
+size_t trn__resnet_layers(const trn__resnet *r, struct trn__layer *l,
+                          size_t max);
 void trn__resnet_free(trn__resnet *r);
 size_t trn__resnet_nparams(const trn__resnet *r);
 size_t trn__resnet_nbuffers(const trn__resnet *r);
@@ -261,16 +286,23 @@ enum {
   TRN__L_POOL,
   TRN__L_DROPOUT,
   TRN__L_BN,
+  TRN__L_ADD,     /* the sum of two earlier layers' outputs (resnet) */
+  TRN__L_AVGPOOL, /* each channel's mean over the plane: (c, 1, 1) */
 };
 
 #define TRN__LAYERS_MAX 32
 
 typedef struct trn__layer {
   int kind;
+  /* The layers whose outputs are this one's input(s), -1 the model's
+   * input: model.c's lists chain (src = i - 1); resnet.c's layers feed a
+   * block's input to its shortcut too.  src2: TRN__L_ADD's second. */
+  int src, src2;
   unsigned c, h, w;      /* input shape per sample */
   size_t in, out;        /* floats per sample, in and out */
   trn__conv cv;          /* TRN__L_CONV */
-  unsigned k;            /* TRN__L_POOL: window (and stride) */
+  unsigned k;            /* TRN__L_POOL: window */
+  unsigned s, pad;       /* TRN__L_POOL: stride (0: k) and padding */
   float p;               /* TRN__L_DROPOUT: the probability of a zero */
   trn__bn bn;            /* TRN__L_BN */
   size_t w_off, b_off;   /* parameters: weight (BN: gamma), bias (beta) */
@@ -320,6 +352,22 @@ int trn__gpu_zero_grads(trn__gpu *g);
 int trn__gpu_pass(trn__gpu *g, const float *x, const int32_t *y, size_t B,
                   bool train, uint64_t seed, uint64_t *dropout_calls,
                   float *logits, double *loss, size_t *correct);
+
+/* gpt on CUDA device index (cuda-gpt.cu): c's dimensions, nparams
+ * parameters laid out as trn__gpt_layout says, batches of up to
+ * c->max_batch sequences of up to c->ctx tokens. */
+int trn__gpu_new_gpt(int index, const trn_model_config *c, size_t nparams,
+                     bool tf32, trn__gpu **out, char *err, size_t err_len);
+/* One pass of a gpt model on tokens x (B, T) and their next tokens y (B,
+ * T), checked by the caller: forward, and with train backward (the
+ * gradients added to the device's).  The summed loss (each position's in
+ * double, added in order) goes to *loss, the argmax hits to *correct (may
+ * be NULL); the logits stay on the device. */
+int trn__gpu_tokens(trn__gpu *g, const int32_t *x, const int32_t *y, size_t B,
+                    size_t T, bool train, double *loss, size_t *correct);
+/* The last trn__gpu_tokens pass's logits, (B T, vocab), into dst (room
+ * for max_batch ctx vocab); *n: the floats written (0: no pass yet). */
+int trn__gpu_logits(trn__gpu *g, float *dst, size_t *n);
 
 /* An optimizer step's settings and per-step scalars, as optim.c computes
  * them for its CPU step. */

@@ -290,7 +290,7 @@ typedef struct trn_model_config {
   size_t max_batch; /* the largest batch a call may pass */
   uint64_t seed;    /* the initial weights, and the dropout masks */
   /* Where the passes run: TRN_DEV_CPU (the default) or TRN_DEV_CUDA on
-   * CUDA device device_index (mlp and cnn so far).  Resolve "auto" with
+   * CUDA device device_index (every model).  Resolve "auto" with
    * trn_device_open first. */
   int device, device_index;
   /* On CUDA: TRN_FP32 (the default) computes in plain fp32; TRN_TF32 lets
@@ -371,7 +371,8 @@ int trn_model_evaluate(trn_model *m, const trn_images *d, const float *mean,
 int trn_model_sync(trn_model *m);
 /* The device the passes run on: TRN_DEV_CPU or TRN_DEV_CUDA. */
 int trn_model_device(const trn_model *m);
-/* The logits (B, classes) of the last batch. */
+/* The logits (B, classes) of the last batch; gpt's (B T, vocab).  A gpt
+ * on a CUDA device fetches them here (NULL when that fails). */
 const float *trn_model_logits(const trn_model *m);
 /* The end offset of each parameter tensor (weight, bias, ...) in the flat
  * buffers, for LAMB's per-tensor trust ratio: up to max into ends;

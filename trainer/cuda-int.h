@@ -1,0 +1,126 @@
+/* cuda-int.h: what cuda-model.cu and cuda-gpt.cu share (C++, nvcc only):
+ * the device copy of a model (struct trn__gpu), the checks, and small
+ * helpers.  cuda-model.cu owns the struct's life, the arrays every model
+ * has (parameters, gradients, buffers) and the optimizer steps; a layer
+ * list's state lives in it too, gpt's in cuda-gpt.cu behind g->gpt. */
+#ifndef BEE_TRAINER_CUDA_INT_H
+#define BEE_TRAINER_CUDA_INT_H
+
+#include "trainer-int.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+/* ---- checking (cuda.cu's checks: logged with call, file:line; -EIO) ---- */
+
+#define CK(call) trn__cuda_check((call), #call, __FILE__, __LINE__)
+#define BK(call) trn__blas_check((call), #call, __FILE__, __LINE__)
+#define DK(call) trn__dnn_check((call), #call, __FILE__, __LINE__)
+/* Returns from the calling function on the first failure. */
+#define TRY(x)                                                                 \
+  do {                                                                         \
+    int try_rc_ = (x);                                                         \
+    if (try_rc_)                                                               \
+      return try_rc_;                                                          \
+  } while (0)
+
+#define THREADS 256
+
+static inline unsigned blocks(size_t n) {
+  return (unsigned)((n + THREADS - 1) / THREADS);
+}
+
+
+/* ---- the device copy --------------------------------------------------- */
+
+/* A convolution's cuDNN descriptors and chosen algorithms. */
+typedef struct gconv {
+  cudnnTensorDescriptor_t x, y, b;
+  cudnnFilterDescriptor_t w;
+  cudnnConvolutionDescriptor_t cv;
+  cudnnConvolutionFwdAlgo_t fwd;
+  cudnnConvolutionBwdDataAlgo_t bwd_data;
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+} gconv;
+
+/* Batch norm's: x and y (B, c, hw, 1), its parameters (1, c, 1, 1). */
+typedef struct gbn {
+  cudnnTensorDescriptor_t x, p;
+  float *mean, *ivar; /* (c) the batch's, saved for backward */
+} gbn;
+
+struct trn__gpu {
+  int index;
+  struct ggpt *gpt; /* gpt (cuda-gpt.cu): its state; then nl is 0 */
+  bool tf32;  /* TF32 on the tensor cores allowed */
+  bool timed; /* convolution algorithms by timing (conv_timed) */
+  cudaStream_t st;
+  cublasHandle_t blas;
+  cudnnHandle_t dnn;
+  trn__layer *l; /* (nl) */
+  size_t nl, nparams, nbuffers, max_batch, in, classes, widest;
+  float *params, *grads, *buffers; /* (nparams), (nparams), (nbuffers) */
+  float *x;                        /* (max_batch, in) */
+  int32_t *y;                      /* (max_batch) */
+  /* Per layer, (nl) each: */
+  float **act;    /* (max_batch, out) the layer's output */
+  float **mask;   /* dropout's */
+  uint32_t **arg; /* max-pool's */
+  gconv *conv;
+  gbn *bn;
+  int *grad;      /* which of dbuf holds the output's gradient */
+  bool *acc;      /* it adds to its src's input gradient (set: another
+                     reader of src wrote it first) */
+  bool *acc2;     /* likewise for src2 */
+  int *spare;     /* batch norm on the model's input: where cuDNN's
+                     unwanted input gradient goes, else -1 */
+  float **dbuf;   /* (ndbuf) each (max_batch, widest): the gradients */
+  size_t ndbuf;
+  double *loss;   /* (max_batch) each sample's */
+  uint8_t *hit;   /* (max_batch) */
+  double *h_loss; /* pinned host copies of the two */
+  uint8_t *h_hit;
+  void *ws; /* the convolutions' workspace */
+  size_t ws_bytes, bytes;
+  /* TRN_CUDA_PROFILE=1 in the environment: each layer's time, forward
+   * and backward, from events around it, logged when the model is freed.
+   * fev[i] is recorded before forward layer i (fev[nl] after the last),
+   * bev[i] after backward layer i (bev[nl] before the first). */
+  bool prof;
+  cudaEvent_t *fev, *bev;  /* (nl + 1) each */
+  double *fwd_ms, *bwd_ms; /* (nl) each */
+  size_t passes, train_passes;
+  double *lamb_part; /* LAMB: each block's sums, (2 blocks(nparams) + 2) */
+  float *lamb_step;  /* LAMB: lr times the tensor's trust ratio */
+};
+
+/* cudaMalloc that counts the bytes in g->bytes, and explains a failure in
+ * err: -ENOMEM with the sizes, or -EIO. */
+int trn__dalloc(trn__gpu *g, void **p, size_t bytes, const char *what,
+                char *err, size_t err_len);
+
+#define DALLOC(p, n, what)                                                     \
+  TRY(trn__dalloc(g, (void **)&(p), (n) * sizeof *(p), what, err, err_len))
+
+/* The stream, cuBLAS and cuDNN handles, and the parameter, gradient and
+ * buffer arrays (the gradients zeroed): what every model needs
+ * (cuda-model.cu). */
+int trn__gpu_core(trn__gpu *g, char *err, size_t err_len);
+
+/* The summed loss (n per-sample losses, added in order) and hits. */
+static inline void trn__sum_losses(const double *loss, const uint8_t *hit,
+                                   size_t n, double *total, size_t *correct) {
+  double t = 0;
+  size_t right = 0;
+  for (size_t i = 0; i < n; i++)
+    t += loss[i], right += hit[i];
+  *total = t;
+  if (correct)
+    *correct = right;
+}
+
+/* gpt's state (cuda-gpt.cu): freed with the model. */
+void trn__ggpt_free(trn__gpu *g);
+
+#endif /* BEE_TRAINER_CUDA_INT_H */
