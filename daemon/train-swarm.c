@@ -319,6 +319,32 @@ static void round_over(bee_train *t, int status, size_t group,
   uv_mutex_unlock(&t->mu);
 }
 
+/* An update round (the gradients, or DiLoCo's change) whose spans did not
+ * all come back averaged (a member took the parts of its span and did not
+ * return the mean) left each member its own values there; stepped with
+ * them, the members would part ways.  Zeroed instead, on every member that
+ * saw the span fail, the step leaves that part to the optimizer's state
+ * alone, the same on all of them, so they stay in line.  (The member that
+ * stalled, should it come back, may hold the mean there: it is the one out
+ * of line.) */
+static void zero_local(const avg_round_summary *s, float *buf, size_t n,
+                       uint64_t epoch) {
+  size_t zeroed = 0;
+  for (size_t i = 0; i < s->nmembers; i++) {
+    const avg_span_info *sp = &s->spans[i];
+    if (sp->averaged || sp->len == 0 || sp->start > n || sp->len > n - sp->start)
+      continue;
+    memset(buf + sp->start, 0, sp->len * sizeof *buf);
+    zeroed += sp->len;
+  }
+  if (zeroed)
+    bee_warn(COMP,
+             "epoch %llu: %.1f%% of the round stayed local (a member did not "
+             "return the mean of its part): left out of this step, as on "
+             "every member that saw it",
+             (unsigned long long)epoch, 100.0 * (double)zeroed / (double)n);
+}
+
 static void round_cb(avg_node *n, const avg_node_result *r, void *arg) {
   (void)n;
   bee_train *t = arg;
@@ -328,6 +354,9 @@ static void round_cb(avg_node *n, const avg_node_result *r, void *arg) {
   if (status == 0 && r->summary) {
     uv_mutex_lock(&t->mu);
     size_t np = t->sh.avg_n;
+    float *buf = t->sh.avg_buf; /* the worker's, idle until round_over */
+    bool state = t->sh.avg_state;
+    uint64_t epoch = t->sh.avg_epoch;
     uv_mutex_unlock(&t->mu);
     /* "By all": by every member that had something to give; one with no
      * samples (weight 0) or an AUX member contributes nothing anyway. */
@@ -340,6 +369,8 @@ static void round_cb(avg_node *n, const avg_node_result *r, void *arg) {
     by_all = np && k ? (double)r->summary->floats_by_k[k] / (double)np : 1;
     if (r->summary->floats_by_k[0] == np)
       status = BEE_ETIMEOUT; /* nothing was averaged */
+    else if (!state)
+      zero_local(r->summary, buf, np, epoch);
   }
   round_over(t, status, group, by_all, r);
 }
