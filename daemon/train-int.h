@@ -250,16 +250,6 @@ struct bee_train {
   uint64_t started_ms; /* bee_train_start's loop time */
   size_t candidates;   /* bee_round_candidates, by the last view */
   bool have_view;
-  /* The members that finished the last update round with us (up to
-   * STEPPED_MAX of them): they stepped into stepped_epoch as we did, at
-   * stepped_ms (unix ms), so their records from before that (a record
-   * lags a step by a second or so) are read as at stepped_epoch with
-   * nothing gathered yet, and the epoch's target counts their samples
-   * from the step on (bee__read_stepped). */
-#define STEPPED_MAX 64
-  uint8_t stepped[STEPPED_MAX][PROTO_ID_BYTES];
-  size_t nstepped;
-  uint64_t stepped_epoch, stepped_ms;
   bool short_warned; /* epochs too short to share: said once */
   uint64_t metrics_exp; /* the last metrics record's expiration */
   char last_step[224];  /* the last epoch line's gist, for beectl status */

@@ -60,14 +60,6 @@ static void publish(bee_train *t, uint64_t epoch, uint64_t samples) {
   t->put_busy = true;
 }
 
-/* Whether id finished our last update round with us. */
-static bool stepped_with(const bee_train *t, const uint8_t id[PROTO_ID_BYTES]) {
-  for (size_t i = 0; i < t->nstepped; i++)
-    if (memcmp(t->stepped[i], id, PROTO_ID_BYTES) == 0)
-      return true;
-  return false;
-}
-
 /* The swarm view from the records found (v may be NULL) and our own
  * current progress; asks for the epoch step when the target is met. */
 static void update_view(bee_train *t, const dht_value *v) {
@@ -91,19 +83,9 @@ static void update_view(bee_train *t, const dht_value *v) {
       n++;
     }
   }
+  /* Our own share as of now, and the others' as read. */
   uv_mutex_lock(&t->mu);
   uint64_t epoch = t->sh.epoch, samples = t->sh.samples;
-  /* Those who stepped with us, by their records still at the epoch before:
-   * at ours, from the step on. */
-  if (t->stepped_epoch == epoch)
-    for (size_t i = 0; i < n; i++)
-      if (all[i].epoch + 1 == epoch && all[i].time_ms < t->stepped_ms &&
-          stepped_with(t, ids[i])) {
-        all[i].epoch = epoch;
-        all[i].samples = 0;
-        all[i].time_ms = t->stepped_ms;
-      }
-  /* Our own share as of now, and the others' as read. */
   bee__own_progress(t, epoch, samples, &all[n++]);
   proto_swarm_view_compute(all, n, t->cfg->run, t->cfg->target_batch_size,
                          all[n - 1].time_ms, &t->view);
@@ -166,9 +148,7 @@ static void update_view(bee_train *t, const dht_value *v) {
               uv_now(t->loop) - t->started_ms >= START_WAIT_MS))
     bee__set_go(t); /* level with the swarm, or alone for START_WAIT_MS */
   /* Progress takes a second or two to travel through the DHT: an epoch
-   * the swarm finishes faster than that is not counted but estimated
-   * (the rates of those who stepped with us), and rounds come so often
-   * that they cost more than they should. */
+   * the swarm finishes faster than that cannot be shared. */
   double epoch_s = t->view.samples_per_second > 0
                        ? t->cfg->target_batch_size / t->view.samples_per_second
                        : 1e9;
@@ -181,8 +161,8 @@ static void update_view(bee_train *t, const dht_value *v) {
     t->short_warned = true;
     bee_warn(COMP,
              "the swarm (%zu peers, %.0f samples/s) %s in %.2f s, less than "
-             "the %.0f s progress needs to travel through the DHT: epochs are "
-             "estimated, not counted; give %s %.0f or more",
+             "the %.0f s progress needs to travel through the DHT: bees will "
+             "step alone; give %s %.0f or more",
              t->view.peers, t->view.samples_per_second,
              t->outer ? "reaches a round" : "gathers the target batch",
              epoch_s, MIN_EPOCH_S,
@@ -339,38 +319,6 @@ static void round_over(bee_train *t, int status, size_t group,
   uv_mutex_unlock(&t->mu);
 }
 
-/* After an update round: who finished it with us (see bee_train.stepped).
- * Members dropped on the way may not have stepped with us, and are left
- * to their records. */
-static void note_stepped(bee_train *t, const avg_node_result *r,
-                         uint64_t epoch) {
-  t->nstepped = 0;
-  t->stepped_epoch = epoch + 1;
-  t->stepped_ms = wall_ms();
-  for (size_t i = 0; i < r->group->nmembers && t->nstepped < STEPPED_MAX; i++)
-    if (i != r->group->self && i < r->summary->nmembers &&
-        r->summary->members[i].dropped == AVG_DROP_NONE)
-      memcpy(t->stepped[t->nstepped++], r->group->members[i].id,
-             PROTO_ID_BYTES);
-  /* Until the next read of the records (up to a second away, and an epoch
-   * can be shorter): the swarm is at the new epoch with nothing gathered,
-   * and gathers at the rate of those who stepped with us.  Not when the
-   * view has moved on already (delayed averaging). */
-  uv_mutex_lock(&t->mu);
-  if (t->sh.view.epoch == epoch) {
-    size_t others = t->sh.view.peers_at_epoch > 0
-                        ? t->sh.view.peers_at_epoch - 1 : 0;
-    if (others > t->nstepped)
-      t->sh.others_rate *= (double)t->nstepped / (double)others;
-    t->sh.view.epoch = epoch + 1;
-    t->sh.view.samples = 0;
-    t->sh.view.target_reached = false;
-    t->sh.others = 0;
-    t->sh.view_s = mono_s();
-  }
-  uv_mutex_unlock(&t->mu);
-}
-
 /* An update round (the gradients, or DiLoCo's change) whose spans did not
  * all come back averaged (a member took the parts of its span and did not
  * return the mean) left each member its own values there; stepped with
@@ -421,11 +369,8 @@ static void round_cb(avg_node *n, const avg_node_result *r, void *arg) {
     by_all = np && k ? (double)r->summary->floats_by_k[k] / (double)np : 1;
     if (r->summary->floats_by_k[0] == np)
       status = BEE_ETIMEOUT; /* nothing was averaged */
-    else if (!state) {
+    else if (!state)
       zero_local(r->summary, buf, np, epoch);
-      if (r->group)
-        note_stepped(t, r, epoch);
-    }
   }
   round_over(t, status, group, by_all, r);
 }
