@@ -332,7 +332,8 @@ static void zero_local(const avg_round_summary *s, float *buf, size_t n,
   size_t zeroed = 0;
   for (size_t i = 0; i < s->nmembers; i++) {
     const avg_span_info *sp = &s->spans[i];
-    if (sp->averaged || sp->len == 0 || sp->start > n || sp->len > n - sp->start)
+    if (sp->averaged || sp->len == 0 || sp->start > n ||
+        sp->len > n - sp->start)
       continue;
     memset(buf + sp->start, 0, sp->len * sizeof *buf);
     zeroed += sp->len;

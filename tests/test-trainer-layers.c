@@ -58,7 +58,8 @@ static void check_resnet(const char *label, unsigned depth, unsigned width,
       ASSERT_UEQ((size_t)cv->c * cv->h * cv->w, L->in);
       ASSERT_UEQ((size_t)cv->oc * cv->oh * cv->ow, L->out);
       ASSERT(!L->bias && !cv->relu); /* batch norm follows each */
-      ASSERT(i + 1 < nl && l[i + 1].kind == TRN__L_BN && l[i + 1].src == (int)i);
+      ASSERT(i + 1 < nl && l[i + 1].kind == TRN__L_BN &&
+             l[i + 1].src == (int)i);
       convs++;
       proj += cv->k == 1;
     }

@@ -415,8 +415,8 @@ int trn__gpu_new_gpt(int index, const trn_model_config *c, size_t nparams,
   int rc = build(g, err, err_len);
   if (rc) {
     if (err_len && !err[0])
-      trn__fail(err, err_len, rc, "cuda:%d: setting up gpt failed (see the log)",
-                index);
+      trn__fail(err, err_len, rc,
+                "cuda:%d: setting up gpt failed (see the log)", index);
     trn__gpu_free(g);
     return rc;
   }

@@ -134,7 +134,8 @@ __global__ void k_pool(const float *x, float *y, uint32_t *arg, size_t n,
     return;
   size_t plane = o / ((size_t)q.oh * q.ow);
   unsigned r = (unsigned)(o % ((size_t)q.oh * q.ow));
-  int y0 = (int)(r / q.ow * q.s) - (int)q.p, x0 = (int)(r % q.ow * q.s) - (int)q.p;
+  int y0 = (int)(r / q.ow * q.s) - (int)q.p,
+      x0 = (int)(r % q.ow * q.s) - (int)q.p;
   const float *xp = x + plane * q.h * q.w;
   uint32_t best = 0;
   float mx = 0;
@@ -665,8 +666,8 @@ void trn__gpu_free(trn__gpu *g) {
       (void)cudaEventDestroy(g->bev[i]);
     }
   }
-  void *bufs[] = {g->params, g->grads, g->buffers,   g->x,        g->y,
-                  g->loss,   g->hit,   g->ws,        g->lamb_part, g->lamb_step};
+  void *bufs[] = {g->params, g->grads, g->buffers, g->x,         g->y,
+                  g->loss,   g->hit,   g->ws,      g->lamb_part, g->lamb_step};
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
     (void)cudaFree(bufs[i]);
   (void)cudaFreeHost(g->h_loss);
@@ -776,8 +777,8 @@ static int conv_ws(trn__gpu *g, size_t i, bool train) {
   g->ws = NULL;
   g->ws_bytes = 0;
   char err[160];
-  int rc =
-      trn__dalloc(g, &g->ws, need, "the convolutions' workspace", err, sizeof err);
+  int rc = trn__dalloc(g, &g->ws, need, "the convolutions' workspace", err,
+                       sizeof err);
   if (rc) {
     trn__log(TRN_LOG_ERROR, "%s", err);
     return rc;
@@ -1130,8 +1131,8 @@ int trn__gpu_step(trn__gpu *g, float *state, const trn__step *s) {
                       2 * (blocks(n) + 1) * sizeof(double),
                       "LAMB's partial norms", err, sizeof err);
       if (!rc)
-        rc = trn__dalloc(g, (void **)&g->lamb_step, sizeof(float), "LAMB's step",
-                    err, sizeof err);
+        rc = trn__dalloc(g, (void **)&g->lamb_step, sizeof(float),
+                         "LAMB's step", err, sizeof err);
       if (rc) {
         trn__log(TRN_LOG_ERROR, "%s", err);
         return rc;
