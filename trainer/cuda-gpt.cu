@@ -146,13 +146,6 @@ static __global__ void g_rows(float *out, const float *bias, size_t n,
     out[i] = bias[i % OC];
 }
 
-static __global__ void g_add(float *y, const float *a, const float *b,
-                             size_t n) {
-  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n)
-    y[i] = a[i] + b[i];
-}
-
 /* The causal softmax of each row of scores (already scaled), a warp per
  * row (b, h, t) of T: columns past t are 0. */
 static __global__ void g_softmax(float *att, size_t rows, size_t T) {
@@ -562,7 +555,7 @@ static int forward(trn__gpu *g, size_t B, size_t T, bool train) {
     TRY(attn_fwd(g, atty, act(s, A_ATT, l), qkv, B, T));
     TRY(mm_fwd(g, s->tmp, atty, par(g, TRN__GPT_PROJW, l),
                par(g, TRN__GPT_PROJB, l), BT, C, C));
-    g_add<<<blocks(n), THREADS, 0, g->st>>>(res2, res, s->tmp, n);
+    k_add<<<blocks(n), THREADS, 0, g->st>>>(res, s->tmp, res2, n);
     g_ln<<<blocks(32 * BT), THREADS, 0, g->st>>>(
         ln2, act(s, A_LN2M, l), act(s, A_LN2R, l), res2,
         par(g, TRN__GPT_LN2W, l), par(g, TRN__GPT_LN2B, l), BT, C);
@@ -572,7 +565,7 @@ static int forward(trn__gpu *g, size_t B, size_t T, bool train) {
     g_gelu<<<blocks(4 * n), THREADS, 0, g->st>>>(ge, fch, 4 * n);
     TRY(mm_fwd(g, s->tmp, ge, par(g, TRN__GPT_FCPW, l),
                par(g, TRN__GPT_FCPB, l), BT, 4 * C, C));
-    g_add<<<blocks(n), THREADS, 0, g->st>>>(res3, res2, s->tmp, n);
+    k_add<<<blocks(n), THREADS, 0, g->st>>>(res2, s->tmp, res3, n);
     TRY(CK(cudaGetLastError()));
     res = res3;
   }

@@ -68,12 +68,6 @@ __global__ void k_relu_bwd(const float *y, const float *dy, float *dx,
   dx[i] = acc ? dx[i] + v : v;
 }
 
-__global__ void k_add(const float *a, const float *b, float *y, size_t n) {
-  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n)
-    y[i] = a[i] + b[i];
-}
-
 /* A sum's backward: both inputs take dy (each set, or with acc added;
  * NULL: the model's input, which needs none). */
 __global__ void k_add_bwd(const float *dy, float *da, bool acc_a, float *db,
@@ -317,7 +311,15 @@ static size_t nmemo;
  * the same bits in every process on the same GPU and cuDNN. */
 static bool conv_timed(void) {
   const char *e = getenv("TRN_CUDA_CONV");
-  return !e || strcmp(e, "heuristic") != 0;
+  if (!e || strcmp(e, "timed") == 0)
+    return true;
+  if (strcmp(e, "heuristic") == 0)
+    return false;
+  trn__log(TRN_LOG_WARN,
+           "TRN_CUDA_CONV=%.40s: expected timed or heuristic; timing the "
+           "convolutions' algorithms",
+           e);
+  return true;
 }
 
 /* The algorithms of convolution i from cudnnFind* (timed, sorted fastest
