@@ -86,8 +86,14 @@ typedef struct bee_config {
   unsigned revocation_interval_s; /* poll the DHT's revocation list */
   /* Training (train.c): on when run is set. */
   char run[PROTO_RUN_MAX + 1];
-  char model[8];                /* "mlp" or "cnn" */
-  char data[BEE_PATH_MAX];      /* Fashion-MNIST / MNIST directory */
+  char model[8];                /* "mlp", "cnn", "resnet" or "gpt" */
+  char data[BEE_PATH_MAX];      /* images: IDX or CIFAR-10 directory */
+  bool batchnorm;               /* cnn: its batch-norm variant */
+  bool augment;                 /* images: random crop (pad 4) and flip */
+  unsigned depth, width;        /* resnet; 0: the trainer's default */
+  char tokens[BEE_PATH_MAX];    /* gpt: the training token file */
+  char val_tokens[BEE_PATH_MAX]; /* gpt: the held-out one ("": no test) */
+  unsigned vocab, ctx, layers, heads, embd; /* gpt; 0: the default */
   unsigned batch_size;          /* samples per local step */
   unsigned target_batch_size;   /* samples the swarm gathers per epoch */
   double lr;                    /* 0: the optimizer's default (bee_config_lr) */

@@ -42,6 +42,17 @@ enum opt_id {
   O_RUN_ID,
   O_MODEL,
   O_DATA,
+  O_BATCHNORM,
+  O_AUGMENT,
+  O_DEPTH,
+  O_WIDTH,
+  O_TOKENS,
+  O_VAL_TOKENS,
+  O_VOCAB,
+  O_CTX,
+  O_LAYERS,
+  O_HEADS,
+  O_EMBD,
   O_BATCH_SIZE,
   O_TARGET_BATCH_SIZE,
   O_LR,
@@ -103,6 +114,17 @@ static const struct opt {
     {"run-id", O_RUN_ID, K_VALUE, true},
     {"model", O_MODEL, K_VALUE, true},
     {"data", O_DATA, K_VALUE, true},
+    {"batchnorm", O_BATCHNORM, K_BOOL, true},
+    {"augment", O_AUGMENT, K_BOOL, true},
+    {"depth", O_DEPTH, K_VALUE, true},
+    {"width", O_WIDTH, K_VALUE, true},
+    {"tokens", O_TOKENS, K_VALUE, true},
+    {"val-tokens", O_VAL_TOKENS, K_VALUE, true},
+    {"vocab", O_VOCAB, K_VALUE, true},
+    {"ctx", O_CTX, K_VALUE, true},
+    {"layers", O_LAYERS, K_VALUE, true},
+    {"heads", O_HEADS, K_VALUE, true},
+    {"embd", O_EMBD, K_VALUE, true},
     {"batch-size", O_BATCH_SIZE, K_VALUE, true},
     {"target-batch-size", O_TARGET_BATCH_SIZE, K_VALUE, true},
     {"lr", O_LR, K_VALUE, true},
@@ -440,12 +462,41 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
     return 0;
   }
   case O_MODEL:
-    if (strcmp(v, "mlp") != 0 && strcmp(v, "cnn") != 0)
-      return bee_failf(msg, cap, BEE_ECONFIG, "bad model '%.80s' (want mlp or cnn)",
-                  v);
+    if (strcmp(v, "mlp") != 0 && strcmp(v, "cnn") != 0 &&
+        strcmp(v, "resnet") != 0 && strcmp(v, "gpt") != 0)
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad model '%.80s' (want mlp, cnn, resnet or gpt)", v);
     snprintf(cfg->model, sizeof cfg->model, "%s", v);
     return 0;
   case O_DATA: return set_path(cfg->data, v, msg, cap);
+  case O_TOKENS: return set_path(cfg->tokens, v, msg, cap);
+  case O_VAL_TOKENS: return set_path(cfg->val_tokens, v, msg, cap);
+  case O_DEPTH:
+  case O_WIDTH:
+  case O_VOCAB:
+  case O_CTX:
+  case O_LAYERS:
+  case O_HEADS:
+  case O_EMBD: {
+    /* Ranges that keep the numbers sane; the trainer checks the
+     * architecture itself (resnet's depths, heads dividing embd). */
+    static const struct {
+      int id;
+      unsigned lo, hi;
+    } lim[] = {{O_DEPTH, 8, 200},  {O_WIDTH, 1, 1024}, {O_VOCAB, 2, 65536},
+               {O_CTX, 1, 8192},   {O_LAYERS, 1, 128}, {O_HEADS, 1, 256},
+               {O_EMBD, 1, 16384}};
+    size_t k = 0;
+    while (lim[k].id != o->id)
+      k++;
+    if (parse_uint(v, lim[k].lo, lim[k].hi, &u))
+      return bee_failf(msg, cap, BEE_ECONFIG, "bad number '%.80s' (want %u..%u)",
+                       v, lim[k].lo, lim[k].hi);
+    unsigned *dst[] = {&cfg->depth, &cfg->width, &cfg->vocab, &cfg->ctx,
+                       &cfg->layers, &cfg->heads, &cfg->embd};
+    *dst[k] = u;
+    return 0;
+  }
   case O_BATCH_SIZE:
     if (parse_uint(v, 1, BEE_BATCH_MAX, &u))
       return bee_failf(msg, cap, BEE_ECONFIG, "bad number '%.80s' (want 1..%d)", v,
@@ -608,6 +659,8 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
   case O_ERROR_FEEDBACK:
   case O_DELAY_AVERAGING:
   case O_RESUME:
+  case O_BATCHNORM:
+  case O_AUGMENT:
   case O_CLIENT: {
     bool b;
     if (strcmp(v, "true") == 0)
@@ -629,6 +682,10 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
       cfg->no_match_ahead = b;
     else if (o->id == O_ERROR_FEEDBACK)
       cfg->error_feedback = b;
+    else if (o->id == O_BATCHNORM)
+      cfg->batchnorm = b;
+    else if (o->id == O_AUGMENT)
+      cfg->augment = b;
     else
       cfg->no_listen = b;
     return 0;
@@ -851,6 +908,25 @@ int bee_config_check(const bee_config *cfg, char *err, size_t errlen) {
   if (cfg->resume && !cfg->checkpoint_dir[0])
     return bee_failf(err, errlen, BEE_ECONFIG,
                 "--resume needs --checkpoint-dir to resume from");
+  bool gpt = strcmp(cfg->model, "gpt") == 0;
+  if (gpt && !cfg->tokens[0] && cfg->run[0])
+    return bee_failf(err, errlen, BEE_ECONFIG,
+                     "--model gpt trains on --tokens FILE (and tests on "
+                     "--val-tokens FILE): tools/train/tokenize makes them");
+  if (!gpt && (cfg->tokens[0] || cfg->val_tokens[0] || cfg->vocab ||
+               cfg->ctx || cfg->layers || cfg->heads || cfg->embd))
+    return bee_failf(err, errlen, BEE_ECONFIG,
+                     "--tokens, --val-tokens, --vocab, --ctx, --layers, "
+                     "--heads and --embd are for --model gpt");
+  if (gpt && cfg->augment)
+    return bee_failf(err, errlen, BEE_ECONFIG,
+                     "--augment is for images; gpt reads tokens");
+  if (strcmp(cfg->model, "resnet") != 0 && (cfg->depth || cfg->width))
+    return bee_failf(err, errlen, BEE_ECONFIG,
+                     "--depth and --width are for --model resnet");
+  if (strcmp(cfg->model, "cnn") != 0 && cfg->batchnorm)
+    return bee_failf(err, errlen, BEE_ECONFIG,
+                     "--batchnorm is for --model cnn (resnet has its own)");
   bool decays = cfg->lr_schedule == BEE_SCHED_COSINE ||
                 cfg->lr_schedule == BEE_SCHED_LINEAR;
   if (decays && !cfg->total_epochs)
@@ -962,9 +1038,24 @@ void bee_config_usage(FILE *f) {
       f,
       "Training (on with --run-id; every bee of a run uses the same run id):\n"
       "  --run-id NAME            the run to train in: 1..%d of A-Z a-z 0-9 . _ -\n"
-      "  --model mlp|cnn          the model (default mlp)\n"
-      "  --data DIR               Fashion-MNIST or MNIST IDX files (default\n"
+      "  --model NAME             mlp, cnn, resnet or gpt (default mlp)\n"
+      "  --data DIR               images: Fashion-MNIST or MNIST IDX files, or\n"
+      "                           CIFAR-10's binary batches (default\n"
       "                           %s)\n"
+      "  --augment                images: random crops (padding 4) and flips\n"
+      "  --batchnorm              cnn: batch norm after each convolution\n"
+      "  --depth N, --width W     resnet: 18 (ImageNet's) or 6n + 2 (CIFAR's\n"
+      "                           ResNet-20, -56...; default 20); the first\n"
+      "                           stage's channels (default 16)\n"
+      "  --tokens FILE            gpt: the training tokens (tools/train/tokenize)\n"
+      "  --val-tokens FILE        gpt: held-out tokens for the test lines\n"
+      "  --vocab V, --ctx T       gpt: vocabulary (default 256) and window\n"
+      "                           (default 64); a sample is one window\n"
+      "  --layers L, --heads H, --embd C\n"
+      "                           gpt: its size (default 4, 4, 128)\n",
+      PROTO_RUN_MAX, BEE_DEFAULT_DATA);
+  fprintf(
+      f,
       "  --batch-size N           samples per local step (default %d)\n"
       "  --target-batch-size N    samples the swarm gathers per epoch (default %d)\n"
       "  --optimizer NAME         sgd (momentum 0.9), adamw or lamb (default\n"
@@ -1025,8 +1116,7 @@ void bee_config_usage(FILE *f) {
       "\n"
       "Exit status: 0 after a clean shutdown (SIGINT, SIGTERM), 1 when the\n"
       "node cannot start (key, token, address), 2 for a bad flag or config.\n",
-      PROTO_RUN_MAX,
-      BEE_DEFAULT_DATA, BEE_DEFAULT_BATCH, BEE_DEFAULT_TARGET_BATCH,
+      BEE_DEFAULT_BATCH, BEE_DEFAULT_TARGET_BATCH,
       BEE_DEFAULT_LR, BEE_DEFAULT_INNER_STEPS, BEE_DEFAULT_OUTER_LR,
       BEE_DEFAULT_OUTER_MOMENTUM, BEE_DEFAULT_MATCHMAKING_S);
 }

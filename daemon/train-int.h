@@ -54,10 +54,6 @@
 #define LEAVE_MS 2000      /* leaving: the last record's store, at most */
 #define RESYNC_MS 2000     /* diverged: the peers' metrics, read this often */
 
-/* Fashion-MNIST's training-set mean and deviation, as tools/train uses. */
-#define DATA_MEAN 0.2860f
-#define DATA_STD 0.3530f
-
 enum { AHEAD_NONE, AHEAD_MATCHING, AHEAD_HELD, AHEAD_FAILED };
 
 /* The first half of an epoch step, for the second (train.c). */
@@ -192,9 +188,10 @@ struct bee_train {
   struct pend delayed;
   float *sbuf;      /* state averaging: parameters and optimizer states */
   size_t sn;
-  trn_images tr, te;
-  trn_order ord;   /* where the loader started */
-  trn_loader *ld;  /* this bee's batches, made ahead on its own thread */
+  trn_source *src; /* this bee's batches (images: made ahead on a thread
+                      of their own) and the test set */
+  size_t per;       /* predictions per sample: 1, gpt's window */
+  char desc[160];   /* the model, as trn_model_describe says it */
   /* the loop's */
   proto_host *host;
   avg_node *avg;

@@ -89,10 +89,10 @@ static void snapshot_counts(bee_train *t, uint64_t c[3]) {
 
 /* BLAKE2b-256 of what gives the state's arrays their meaning. */
 static void snapshot_schema(bee_train *t, uint8_t out[32]) {
-  char s[128];
+  char s[256];
   snprintf(s, sizeof s, "beed snapshot fp32 %s %s %s %zu",
            bee_averaging_name(t->cfg->averaging),
-           bee_optimizer_name(t->cfg->optimizer), t->cfg->model,
+           bee_optimizer_name(t->cfg->optimizer), t->desc,
            trn_model_nparams(t->m));
   crypto_generichash(out, 32, (const uint8_t *)s, strlen(s), NULL, 0);
 }
@@ -106,7 +106,7 @@ const char *bee__snapshot_mismatch(bee_train *t, const uint8_t *b) {
            "averaging mode)";
   snapshot_schema(t, schema);
   if (memcmp(b + 32, schema, sizeof schema) != 0)
-    return "a state for another optimizer or averaging mode (the same "
+    return "a state for another model, optimizer or averaging mode (the same "
            "size, another meaning)";
   return NULL;
 }
@@ -136,7 +136,7 @@ void bee__make_snapshot(bee_train *t, uint64_t epoch) {
    * do not count), for this bee's checkpoints. */
   trn_order o;
   memset(s->local, 0, sizeof s->local);
-  if (t->ld && trn_loader_order(t->ld, &o) == 0) {
+  if (t->src && trn_source_order(t->src, &o) == 0) {
     s->local[0] = o.epoch;
     s->local[1] = o.pos;
     trn_order_free(&o);

@@ -284,7 +284,7 @@ static int epoch_step(bee_train *t) {
       s.sq_local += (double)g[i] * g[i];
     }
   } else if (s.n) { /* sums to means: the round weighs them by n */
-    float inv = 1.0f / (float)s.n;
+    float inv = 1.0f / ((float)s.n * (float)t->per);
     for (size_t i = 0; i < np; i++) {
       g[i] *= inv;
       s.sq_local += (double)g[i] * g[i];
@@ -320,7 +320,6 @@ static int epoch_step(bee_train *t) {
 /* The evaluator thread: the test set through the copy the worker made. */
 static void evaluator(void *arg) {
   bee_train *t = arg;
-  const float mean = DATA_MEAN, std = DATA_STD;
   for (;;) {
     uv_mutex_lock(&t->mu);
     while (!t->sh.eval_req && !t->sh.eval_stop)
@@ -334,7 +333,7 @@ static void evaluator(void *arg) {
     uint64_t epoch = t->sh.eval_req_epoch;
     uv_mutex_unlock(&t->mu);
     double el = 0, acc = 0;
-    int rc = trn_model_evaluate(t->em, &t->te, &mean, &std, &el, &acc);
+    int rc = trn_source_evaluate(t->src, t->em, &el, &acc);
     uv_mutex_lock(&t->mu);
     t->sh.eval_busy = false;
     if (rc == 0) {
@@ -420,14 +419,12 @@ static void worker(void *arg) {
       continue;
     }
     double t0 = mono_s(), loss = 0;
-    const float *x;
-    const int32_t *y;
-    rc = trn_loader_next(t->ld, &x, &y);
-    if (rc == 0)
-      rc = trn_model_train_batch(t->m, x, y, b, &loss);
+    rc = trn_source_train(t->src, t->m, &loss);
+    loss /= (double)t->per; /* gpt's: the mean over a window's tokens */
     if (rc == 0 && t->outer) { /* DiLoCo: a local step after each batch */
       trn_optim_set_lr(t->o, lr_at(t, t->sh.epoch)); /* ours to write */
-      rc = trn_model_step(t->m, t->o, 1.0f / (float)b); /* on its device */
+      rc = trn_model_step(t->m, t->o, /* on its device */
+                          1.0f / ((float)b * (float)t->per));
       trn_model_zero_grad(t->m);
     }
     if (rc) {
@@ -460,7 +457,7 @@ size_t bee_train_report(const bee_train *t, char *buf, size_t cap) {
       "target %u\nswarm-samples-per-second %.0f\neta-seconds %.1f\n"
       "peers %zu\npeers-at-epoch %zu\nsamples-per-second %.0f\n"
       "compression %s\nlast-step %s\nout-of-line %s\n",
-      t->cfg->run, t->cfg->model, (unsigned long long)w->epoch,
+      t->cfg->run, t->desc, (unsigned long long)w->epoch,
       (unsigned long long)w->samples, t->cfg->target_batch_size,
       w->samples_per_second, w->eta_s, w->peers, w->peers_at_epoch,
       bee_rate_get(&t->rate), avg_codec_name((avg_codec)t->cfg->compression),
@@ -522,7 +519,13 @@ static void async_cb(uv_async_t *h) {
       bee__publish_metrics(t, r);
   }
   bee__start_round(t); /* the worker may be waiting for one */
-  if (s.evaluated)
+  if (s.evaluated && t->per > 1)
+    bee_info(COMP,
+             "epoch %llu: test next-token accuracy %.2f%%, loss %.4f, "
+             "perplexity %.2f (%llu epochs not tested while it ran)",
+             (unsigned long long)s.eval_epoch, 100 * s.eval_acc, s.eval_loss,
+             exp(s.eval_loss), (unsigned long long)s.eval_skipped);
+  else if (s.evaluated)
     bee_info(COMP,
              "epoch %llu: test accuracy %.2f%%, loss %.4f (%llu epochs not "
              "tested while it ran)",
@@ -547,17 +550,39 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   t->cfg = cfg;
   t->id = id;
   *out = t;
-  int rc = trn_mnist_load(cfg->data, "train", &t->tr, err, sizeof err);
-  if (rc == 0)
-    rc = trn_mnist_load(cfg->data, "t10k", &t->te, err, sizeof err);
-  if (rc) {
-    bee_err(COMP, "data %s: %s", cfg->data, err);
-    return rc;
-  }
   trn_model_config mc;
   trn_model_config_default(&mc);
   mc.name = cfg->model;
   mc.max_batch = cfg->batch_size;
+  mc.batchnorm = cfg->batchnorm;
+  if (cfg->depth)
+    mc.depth = cfg->depth;
+  if (cfg->width)
+    mc.width = cfg->width;
+  else if (mc.depth == 18)
+    mc.width = 64; /* ImageNet's ResNet-18 */
+  unsigned *gpt[] = {&mc.vocab, &mc.ctx, &mc.layers, &mc.heads, &mc.embd};
+  const unsigned set[] = {cfg->vocab, cfg->ctx, cfg->layers, cfg->heads,
+                          cfg->embd};
+  for (size_t i = 0; i < 5; i++)
+    if (set[i])
+      *gpt[i] = set[i];
+  bool tokens = strcmp(cfg->model, "gpt") == 0;
+  trn_source_config sc = {
+      .data = cfg->data,
+      .tokens = cfg->tokens,
+      .test_tokens = cfg->val_tokens[0] ? cfg->val_tokens : NULL,
+      .vocab = mc.vocab,
+      .ctx = mc.ctx,
+      .batch = cfg->batch_size,
+      .aug = {.pad = cfg->augment ? 4 : 0, .flip = cfg->augment}};
+  int rc = trn_source_open(&sc, tokens, &t->src, err, sizeof err);
+  if (rc) {
+    bee_err(COMP, "data %s: %s", tokens ? cfg->tokens : cfg->data, err);
+    return rc;
+  }
+  trn_source_fit(t->src, &mc);
+  t->per = trn_source_per_item(t->src);
   trn_device dev;
   char why[256];
   if ((rc = trn_device_open(cfg->device, &dev, why, sizeof why))) {
@@ -583,7 +608,7 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     mc.device = TRN_DEV_CPU;
     rc = trn_model_new(&mc, &t->m, err, sizeof err);
   }
-  if (rc == 0 && cfg->eval_every) {
+  if (rc == 0 && cfg->eval_every && trn_source_test_items(t->src)) {
     rc = trn_model_new(&mc, &t->em, err, sizeof err);
     if (rc && mc.device == TRN_DEV_CUDA && fall_back) {
       bee_warn(COMP, "the test model on cuda:%d: %s; testing on the CPU",
@@ -597,6 +622,7 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     bee_err(COMP, "model %s: %s", cfg->model, err);
     return rc;
   }
+  trn_model_describe(t->m, t->desc, sizeof t->desc);
   static const int kinds[] = {[BEE_OPT_SGD] = TRN_SGD,
                               [BEE_OPT_ADAMW] = TRN_ADAMW,
                               [BEE_OPT_LAMB] = TRN_LAMB};
@@ -639,7 +665,9 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
       return -ENOMEM;
   }
   /* Each bee its own stream: the order's seed is its peer id. */
-  if ((rc = trn_order_init(&t->ord, t->tr.n, id->id, PROTO_ID_BYTES, 0, 0))) {
+  size_t items = trn_source_items(t->src);
+  trn_order ord = {0};
+  if ((rc = trn_order_init(&ord, items, id->id, PROTO_ID_BYTES, 0, 0))) {
     bee_err(COMP, "data order: %s", strerror(-rc));
     return rc;
   }
@@ -685,18 +713,19 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     uint64_t local[3] = {0, 0, 0};
     if (rc == 0)
       bee__ckpt_local(blob + snap, local);
-    if (!bad && rc == 0 && local[1] > t->tr.n)
+    if (!bad && rc == 0 && local[1] > items)
       bad = "a data position past the training set's end (another "
             "dataset?)";
     if (bad) {
       bee_err(COMP, "--resume: %s holds %s", path, bad);
       free(blob);
+      trn_order_free(&ord);
       return -EINVAL;
     }
     if (rc == 0) {
       /* The data order and the dropout masks go on where they were. */
-      trn_order_free(&t->ord);
-      if ((rc = trn_order_init(&t->ord, t->tr.n, id->id, PROTO_ID_BYTES,
+      trn_order_free(&ord);
+      if ((rc = trn_order_init(&ord, items, id->id, PROTO_ID_BYTES,
                                local[0], local[1]))) {
         free(blob);
         return rc;
@@ -708,19 +737,20 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
       bee_info(COMP, "resuming from %s (epoch %llu; data pass %llu at "
                "%llu of %zu)", path, (unsigned long long)epoch,
                (unsigned long long)local[0], (unsigned long long)local[1],
-               t->tr.n);
+               items);
     } else if (rc == -ENOENT) {
       bee_info(COMP, "--resume: %s; starting afresh", err);
     } else {
       bee_err(COMP, "--resume: %s", err);
+      trn_order_free(&ord);
       return rc;
     }
   }
-  /* The batches are made on the loader's thread, a few ahead, while the
-   * model trains (on a GPU the pass would otherwise wait for each). */
-  const float mean = DATA_MEAN, std = DATA_STD;
-  if ((rc = trn_loader_new(&t->tr, &t->ord, cfg->batch_size, &mean, &std,
-                           NULL, 4, &t->ld))) {
+  /* Images are made on the loader's thread, a few batches ahead, while
+   * the model trains (on a GPU the pass would otherwise wait for each). */
+  rc = trn_source_start(t->src, &ord);
+  trn_order_free(&ord);
+  if (rc) {
     bee_err(COMP, "data loader: %s", strerror(-rc));
     return rc;
   }
@@ -736,10 +766,12 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
              cfg->target_batch_size,
              cfg->delay_averaging ? " (averaged behind the next)" : "");
   bee_info(COMP,
-           "run '%s': %s (%zu parameters), %zu training and %zu test images "
-           "from %s, batch %u, %s, %s lr %g, %u thread%s",
-           cfg->run, cfg->model, trn_model_nparams(t->m), t->tr.n, t->te.n,
-           cfg->data, cfg->batch_size, how,
+           "run '%s': %s (%zu parameters), %s: %zu training and %zu test "
+           "%s from %s, batch %u, %s, %s lr %g, %u thread%s",
+           cfg->run, t->desc, trn_model_nparams(t->m),
+           trn_source_kind(t->src), items, trn_source_test_items(t->src),
+           tokens ? "windows" : "images", tokens ? cfg->tokens : cfg->data,
+           cfg->batch_size, how,
            bee_optimizer_name(cfg->optimizer), bee_config_lr(cfg),
            cfg->threads, cfg->threads == 1 ? "" : "s");
   if (cfg->compression != AVG_NONE)
@@ -747,6 +779,8 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
              t->outer ? "the change as" : "gradients as",
              avg_codec_name((avg_codec)cfg->compression),
              cfg->error_feedback ? ", with error feedback" : "");
+  if (cfg->eval_every && !t->em)
+    bee_info(COMP, "no test set (--val-tokens): no test lines");
   if (cfg->average_state_every)
     bee_info(COMP, "state averaging: every %u epochs",
              cfg->average_state_every);
@@ -783,19 +817,19 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
    * together, and that step them with the same optimizer (an AdamW bee
    * and a LAMB bee averaging would each take another step from the same
    * gradients). */
-  char schema[96];
+  char schema[256];
   avg_codec codec = (avg_codec)t->cfg->compression;
   snprintf(schema, sizeof schema, "beed %s %s %s %s %zu",
            t->outer ? "diloco" : "grads",
            codec == AVG_NONE ? "fp32" : avg_codec_name(codec),
-           bee_optimizer_name(t->cfg->optimizer), t->cfg->model,
+           bee_optimizer_name(t->cfg->optimizer), t->desc,
            trn_model_nparams(t->m));
   crypto_generichash(t->schema, sizeof t->schema, (const uint8_t *)schema,
                      strlen(schema), NULL, 0);
   /* State rounds: the optimizer and the mode decide the layout. */
   snprintf(schema, sizeof schema, "beed state fp32 %s %s %s %zu",
            bee_averaging_name(t->cfg->averaging),
-           bee_optimizer_name(t->cfg->optimizer), t->cfg->model, t->sn);
+           bee_optimizer_name(t->cfg->optimizer), t->desc, t->sn);
   crypto_generichash(t->state_schema, sizeof t->state_schema,
                      (const uint8_t *)schema, strlen(schema), NULL, 0);
   uint8_t self_id[PROTO_ID_BYTES];
@@ -969,9 +1003,6 @@ void bee_train_free(bee_train *t) {
   bee__snap_unref(t->sh.snap);
   free(t->sh.load);
   free(t->fbuf);
-  trn_loader_free(t->ld); /* before the images it reads */
-  trn_order_free(&t->ord);
-  trn_images_free(&t->tr);
-  trn_images_free(&t->te);
+  trn_source_free(t->src);
   free(t);
 }

@@ -93,6 +93,18 @@ expect 1 'open.key' --open --no-listen --identity open.key
 # Training data that cannot be read: the file is named, nothing starts.
 expect 1 'data .*nonexistent-data' --open --no-listen --identity t.key \
   --run-id r --data "$tmp/nonexistent-data"
+# A truncated CIFAR-10 batch; a token file that is not one; gpt without
+# its tokens, a model's setting given to another.
+mkdir "$tmp/cifar"
+head -c 5000 /dev/zero >"$tmp/cifar/data_batch_1.bin"
+expect 1 'data_batch_1.bin: offset 3073: truncated record 1' --open \
+  --no-listen --identity t.key --run-id r --model resnet --data "$tmp/cifar"
+printf 'not tokens' >"$tmp/bad.tok"
+expect 1 'data .*bad.tok: .*' --open --no-listen --identity t.key \
+  --run-id r --model gpt --tokens "$tmp/bad.tok"
+expect 2 '--model gpt trains on --tokens FILE' --open --run-id r --model gpt
+expect 2 '--depth and --width are for --model resnet' --open --run-id r \
+  --model cnn --depth 20
 fm=/usr/share/datasets/fashion-mnist
 if [ -r "$fm/train-images-idx3-ubyte.gz" ]; then
   mkdir -p "$tmp/cut"
@@ -111,7 +123,8 @@ if [ -r "$fm/train-images-idx3-ubyte.gz" ]; then
 fi
 expect 2 "--precision: bad precision 'fp16' .want fp32 or tf32." --open \
   --run-id r --precision fp16
-expect 2 "--model: bad model 'resnet'" --open --run-id r --model resnet
+expect 2 "--model: bad model 'vgg' .want mlp, cnn, resnet or gpt." --open \
+  --run-id r --model vgg
 expect 2 "--run-id: bad run name" --open --run-id 'a b'
 
 # ---- SIGTERM and SIGINT stop a running node with status 0 -----------------

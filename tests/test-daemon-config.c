@@ -143,7 +143,7 @@ static void test_training_flags(void) {
   memset(label, 'l', sizeof label - 1);
   label[PROTO_LABEL_MAX + 1] = '\0';
   expect_flag_error("--label", label);
-  expect_flag_error("--model", "resnet");
+  expect_flag_error("--model", "vgg");
   expect_flag_error("--model", "MLP");
   expect_flag_error("--data", "");
   const char *bad_batch[] = {"0", "4097", "-1", "1.5", "x"};
@@ -610,6 +610,51 @@ static void test_flag_errors(void) {
   expect_flag_error("--identity", longpath);
 }
 
+/* Each model's own settings, from flags and from a file, and the
+ * settings that belong to another model refused. */
+static void test_model_flags(void) {
+  bee_config c;
+  ASSERT_OK(parse(&c, "--open", "--run-id", "lm", "--model", "gpt",
+                  "--tokens", "t.bin", "--val-tokens", "v.bin", "--vocab",
+                  "65536", "--ctx", "1024", "--layers", "12", "--heads", "12",
+                  "--embd", "768", NULL));
+  ASSERT_STREQ(c.model, "gpt");
+  ASSERT_STREQ(c.tokens, "t.bin");
+  ASSERT_STREQ(c.val_tokens, "v.bin");
+  ASSERT(c.vocab == 65536 && c.ctx == 1024 && c.layers == 12 &&
+         c.heads == 12 && c.embd == 768);
+  const char *p = conf("open = true\nrun-id = img\nmodel = resnet\n"
+                       "depth = 56\nwidth = 16\naugment = true\n"
+                       "data = /d/cifar\n");
+  ASSERT_OK(parse(&c, "--config", p, NULL));
+  ASSERT(strcmp(c.model, "resnet") == 0 && c.depth == 56 && c.width == 16 &&
+         c.augment && !c.batchnorm);
+  ASSERT_OK(parse(&c, "--open", "--model", "cnn", "--batchnorm", NULL));
+  ASSERT(c.batchnorm);
+  expect_flag_error("--depth", "7");
+  expect_flag_error("--width", "0");
+  expect_flag_error("--vocab", "65537");
+  expect_flag_error("--ctx", "x");
+  expect_flag_error("--heads", "-1");
+  ASSERT_RC(parse(&c, "--open", "--run-id", "lm", "--model", "gpt", NULL),
+            BEE_ECONFIG);
+  ASSERT_ERR("--model gpt trains on --tokens FILE");
+  ASSERT_RC(parse(&c, "--open", "--tokens", "t.bin", NULL), BEE_ECONFIG);
+  ASSERT_ERR("are for --model gpt");
+  ASSERT_RC(parse(&c, "--open", "--model", "cnn", "--heads", "2", NULL),
+            BEE_ECONFIG);
+  ASSERT_ERR("are for --model gpt");
+  ASSERT_RC(parse(&c, "--open", "--model", "gpt", "--tokens", "t", "--augment",
+                  NULL),
+            BEE_ECONFIG);
+  ASSERT_ERR("--augment is for images");
+  ASSERT_RC(parse(&c, "--open", "--depth", "20", NULL), BEE_ECONFIG);
+  ASSERT_ERR("--depth and --width are for --model resnet");
+  ASSERT_RC(parse(&c, "--open", "--model", "resnet", "--batchnorm", NULL),
+            BEE_ECONFIG);
+  ASSERT_ERR("--batchnorm is for --model cnn");
+}
+
 static void test_combination_errors(void) {
   bee_config c;
   ASSERT_RC(parse(&c, NULL), BEE_ECONFIG);
@@ -723,6 +768,7 @@ int main(void) {
   test_long_lines();
   test_flag_errors();
   test_combination_errors();
+  test_model_flags();
   test_file_errors();
   test_addr_parse();
 

@@ -39,7 +39,7 @@ start b2 $((base + 2)) "${train[@]}" --optimizer adamw
 wait_log b2 'train: epoch 2 done' 90
 start b3 $((base + 3)) "${train[@]}" --optimizer lamb \
   --join "127.0.0.1:$((base + 2))"
-wait_log b3 'state from [0-9a-f]{8}: a state for another optimizer or averaging mode' 60
+wait_log b3 'state from [0-9a-f]{8}: a state for another model, optimizer or averaging mode' 60
 grep -q 'state: loaded epoch' "$work/b3.log" &&
   fail "the LAMB bee loaded the AdamW bee's state"
 stop_all

@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -510,6 +511,170 @@ static void test_synthetic(void) {
          hi - lo);
 }
 
+/* A tiny model of `name` fitted to the source s, batch b. */
+static trn_model *fitted(const trn_source *s, const char *name, size_t b) {
+  trn_model_config mc;
+  trn_model_config_default(&mc);
+  mc.name = name;
+  mc.sizes[1] = 8;
+  mc.layers = 1, mc.heads = 2, mc.embd = 8;
+  mc.max_batch = b;
+  trn_source_fit(s, &mc);
+  trn_model *m;
+  if (trn_model_new(&mc, &m, err, sizeof err))
+    FAIL("%s: %s", name, err);
+  return m;
+}
+
+/* Sources: images of either format, told apart by the files, or tokens;
+ * the batches they train on are the loader's (or the windows') in the
+ * order they are started on, normalized with the set's own figures. */
+static void test_source(void) {
+  char sub[128], p[160];
+  /* CIFAR-10: 5 training files of 4 records, a test file of 3. */
+  snprintf(sub, sizeof sub, "%s/cifar", dir);
+  ASSERT_EQ(mkdir(sub, 0700), 0);
+  static uint8_t b[4 * 3073];
+  for (int f = 1; f <= 6; f++) {
+    for (int r = 0; r < 4; r++) {
+      b[r * 3073] = (uint8_t)((f + 3 * r) % 10);
+      for (int j = 1; j < 3073; j++)
+        b[r * 3073 + j] = (uint8_t)(f * 29 + r * 11 + j * 7);
+    }
+    if (f < 6)
+      snprintf(p, sizeof p, "cifar/data_batch_%d.bin", f);
+    else
+      snprintf(p, sizeof p, "cifar/test_batch.bin");
+    put(p, b, (size_t)(f == 6 ? 3 : 4) * 3073);
+  }
+  trn_source_config c = {.data = sub, .batch = 4};
+  trn_source *s;
+  ASSERT_EQ(trn_source_open(&c, false, &s, err, sizeof err), 0);
+  ASSERT_STREQ(trn_source_kind(s), "CIFAR-10");
+  ASSERT_UEQ(trn_source_items(s), 20);
+  ASSERT_UEQ(trn_source_test_items(s), 3);
+  ASSERT_UEQ(trn_source_per_item(s), 1);
+  trn_model *m = fitted(s, "mlp", 4), *ref = fitted(s, "mlp", 4);
+  char desc[128];
+  trn_model_describe(m, desc, sizeof desc);
+  ASSERT_STREQ(desc, "mlp 3072-8-10");
+  double l;
+  ASSERT_EQ(trn_source_train(s, m, &l), -EINVAL); /* not started */
+  trn_order o, at;
+  ASSERT_EQ(trn_order_init(&o, 20, "src", 3, 0, 4), 0);
+  ASSERT_EQ(trn_source_start(s, &o), 0);
+  ASSERT_EQ(trn_source_start(s, &o), -EINVAL); /* twice */
+  /* The same batches as trn_images_batch with CIFAR-10's figures. */
+  trn_images d;
+  ASSERT_EQ(trn_cifar10_load(sub, "train", &d, err, sizeof err), 0);
+  static const float mean[] = {0.4914f, 0.4822f, 0.4465f};
+  static const float sd[] = {0.2470f, 0.2435f, 0.2616f};
+  static float x[4 * 3072];
+  int32_t y[4];
+  for (int k = 0; k < 2; k++) {
+    double lr;
+    ASSERT_EQ(trn_source_train(s, m, &l), 0);
+    ASSERT_EQ(trn_images_batch(&d, &o, 4, mean, sd, x, y), 0);
+    ASSERT_EQ(trn_model_train_batch(ref, x, y, 4, &lr), 0);
+    ASSERT(l == lr && l > 0);
+  }
+  ASSERT_EQ(trn_source_order(s, &at), 0);
+  ASSERT(at.epoch == 0 && at.pos == 12 && same(&at, &o));
+  trn_order_free(&at);
+  double tl, acc, rl, racc;
+  ASSERT_EQ(trn_source_evaluate(s, m, &tl, &acc), 0);
+  trn_images te;
+  ASSERT_EQ(trn_cifar10_load(sub, "test", &te, err, sizeof err), 0);
+  ASSERT_EQ(trn_model_evaluate(m, &te, mean, sd, &rl, &racc), 0);
+  ASSERT(tl == rl && acc == racc && acc >= 0 && acc <= 1);
+  trn_images_free(&te);
+  trn_images_free(&d);
+  trn_order_free(&o);
+  trn_model_free(m);
+  trn_model_free(ref);
+  m = fitted(s, "cnn", 4);
+  trn_model_describe(m, desc, sizeof desc);
+  ASSERT_STREQ(desc, "cnn 3x32x32 conv 32 64 dense 1024 dropout 0.5 classes 10");
+  trn_model_free(m);
+  m = fitted(s, "resnet", 4);
+  trn_model_describe(m, desc, sizeof desc);
+  ASSERT_STREQ(desc, "resnet-20 width 16 3x32x32 classes 10");
+  trn_model_free(m);
+  trn_source_free(s);
+  c.aug.pad = 32;
+  ASSERT_EQ(trn_source_open(&c, false, &s, err, sizeof err), -EINVAL);
+  ASSERT(strstr(err, "padding of 32") != NULL);
+  c.aug.pad = 0;
+
+  /* IDX files, in a folder of their own: 2x3 images. */
+  snprintf(sub, sizeof sub, "%s/idx", dir);
+  ASSERT_EQ(mkdir(sub, 0700), 0);
+  put_split("idx/train", 9, true);
+  put_split("idx/t10k", 5, false);
+  ASSERT_EQ(trn_source_open(&c, false, &s, err, sizeof err), 0);
+  ASSERT_STREQ(trn_source_kind(s), "Fashion-MNIST/MNIST");
+  ASSERT_UEQ(trn_source_items(s), 9);
+  m = fitted(s, "mlp", 4);
+  trn_model_describe(m, desc, sizeof desc);
+  ASSERT_STREQ(desc, "mlp 6-8-10");
+  trn_model_free(m);
+  trn_source_free(s);
+  c.data = "/nonexistent-beed";
+  ASSERT_EQ(trn_source_open(&c, false, &s, err, sizeof err), -ENOENT);
+  ASSERT(strstr(err, "/nonexistent-beed/train-images") != NULL && !s);
+  c.batch = 0;
+  ASSERT_EQ(trn_source_open(&c, false, &s, err, sizeof err), -EINVAL);
+  ASSERT(strstr(err, "a batch of 0") != NULL);
+
+  /* Tokens: tok.bin (test_tokens's: 101 tokens below 50), windows of 8. */
+  char tok[128];
+  snprintf(tok, sizeof tok, "%s/tok.bin", dir);
+  c = (trn_source_config){.tokens = tok, .test_tokens = tok, .vocab = 50,
+                          .ctx = 8, .batch = 3};
+  ASSERT_EQ(trn_source_open(&c, true, &s, err, sizeof err), 0);
+  ASSERT_STREQ(trn_source_kind(s), "tokens");
+  ASSERT_UEQ(trn_source_items(s), 12);
+  ASSERT_UEQ(trn_source_per_item(s), 8);
+  m = fitted(s, "gpt", 3);
+  trn_model_describe(m, desc, sizeof desc);
+  ASSERT_STREQ(desc, "gpt vocab 50 ctx 8 layers 1 heads 2 embd 8");
+  ASSERT_EQ(trn_order_init(&o, 12, "tok", 3, 2, 9), 0);
+  ASSERT_EQ(trn_source_start(s, &o), 0);
+  ASSERT_EQ(trn_source_train(s, m, &l), 0);
+  ASSERT(l > 0 && isfinite(l));
+  ASSERT_EQ(trn_source_order(s, &at), 0);
+  ASSERT(at.epoch == 2 && at.pos == 12);
+  trn_order_free(&at);
+  ASSERT_EQ(0, trn_source_train(s, m, &l)); /* into the next pass */
+  ASSERT_EQ(trn_source_order(s, &at), 0);
+  ASSERT(at.epoch == 3 && at.pos == 3);
+  trn_order_free(&at);
+  trn_order_free(&o);
+  trn_tokens t;
+  ASSERT_EQ(trn_tokens_load(tok, 50, &t, err, sizeof err), 0);
+  ASSERT_EQ(trn_source_evaluate(s, m, &tl, &acc), 0);
+  ASSERT_EQ(trn_model_evaluate_tokens(m, &t, 8, &rl, &racc), 0);
+  ASSERT(tl == rl && acc == racc && tl > 0);
+  ASSERT_EQ(trn_model_evaluate_tokens(m, &t, 9, &rl, &racc), -EINVAL);
+  trn_tokens_free(&t);
+  trn_model_free(m);
+  trn_source_free(s);
+  c.test_tokens = NULL;
+  ASSERT_EQ(trn_source_open(&c, true, &s, err, sizeof err), 0);
+  ASSERT_UEQ(trn_source_test_items(s), 0);
+  ASSERT_EQ(trn_source_evaluate(s, NULL, &tl, &acc), -ENOENT);
+  trn_source_free(s);
+  c.ctx = 101;
+  ASSERT_EQ(trn_source_open(&c, true, &s, err, sizeof err), -EINVAL);
+  refused(-EINVAL, -EINVAL, "tok.bin", "101 tokens, fewer than a window of 101");
+  c.ctx = 8, c.tokens = NULL;
+  ASSERT_EQ(trn_source_open(&c, true, &s, err, sizeof err), -EINVAL);
+  ASSERT(strstr(err, "token file") != NULL);
+  printf("sources: CIFAR-10 and IDX told apart, batches and tests as the "
+         "loader's with each set's normalization, token windows; 5 bad "
+         "settings refused\n");
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "%s/beed-data.XXXXXX",
            getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -522,6 +687,7 @@ int main(void) {
   test_aug();
   test_tokens();
   test_synthetic();
+  test_source();
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ASSERT_EQ(system(cmd), 0);

@@ -903,37 +903,81 @@ int trn_model_eval_tokens(trn_model *m, const int32_t *x, const int32_t *y,
   return 0;
 }
 
-int trn_model_evaluate(trn_model *m, const trn_images *d, const float *mean,
-                       const float *std, double *loss, double *accuracy) {
-  size_t B = m->cfg.max_batch;
-  if (!d->n || (size_t)d->c * d->h * d->w != m->in)
-    return -EINVAL;
-  float *x = malloc(B * m->in * sizeof *x);
-  int32_t *y = malloc(B * sizeof *y);
+/* Every item of the images d (normalized with mean, std) or every window
+ * of T tokens of t, in order, in batches of max_batch: the mean loss per
+ * prediction and the share predicted right. */
+static int evaluate(trn_model *m, const trn_images *d, const float *mean,
+                    const float *std, const trn_tokens *t, size_t T,
+                    double *loss, double *accuracy) {
+  size_t B = m->cfg.max_batch, n = d ? d->n : trn_tokens_windows(t, T);
+  size_t per = d ? 1 : T, width = d ? m->in : T;
+  float *x = d ? malloc(B * width * sizeof *x) : NULL;
+  int32_t *tx = d ? NULL : malloc(B * width * sizeof *tx);
+  int32_t *y = malloc(B * per * sizeof *y);
   trn_order seq = {0};
-  int rc = x && y ? trn_order_init(&seq, d->n, NULL, 0, 0, 0) : -ENOMEM;
-  for (size_t i = 0; !rc && i < d->n; i++)
+  int rc = (x || tx) && y ? trn_order_init(&seq, n, NULL, 0, 0, 0) : -ENOMEM;
+  for (size_t i = 0; !rc && i < n; i++)
     seq.idx[i] = (uint32_t)i; /* every item once, in order */
   double sum = 0;
   size_t right = 0;
-  for (size_t at = 0; !rc && at < d->n; at += B) {
-    size_t b = d->n - at < B ? d->n - at : B, r = 0;
+  for (size_t at = 0; !rc && at < n; at += B) {
+    size_t b = n - at < B ? n - at : B, r = 0;
     double l = 0;
-    rc = trn_images_batch(d, &seq, b, mean, std, x, y);
+    rc = d ? trn_images_batch(d, &seq, b, mean, std, x, y)
+           : trn_tokens_batch(t, &seq, b, T, tx, y);
     if (!rc)
-      rc = trn_model_eval_batch(m, x, y, b, &l, &r);
+      rc = d ? trn_model_eval_batch(m, x, y, b, &l, &r)
+             : trn_model_eval_tokens(m, tx, y, b, T, &l, &r);
     sum += l, right += r;
   }
   if (!rc) {
     if (loss)
-      *loss = sum / (double)d->n;
+      *loss = sum / (double)(n * per);
     if (accuracy)
-      *accuracy = (double)right / (double)d->n;
+      *accuracy = (double)right / (double)(n * per);
   }
   trn_order_free(&seq);
   free(x);
+  free(tx);
   free(y);
   return rc;
+}
+
+int trn_model_evaluate(trn_model *m, const trn_images *d, const float *mean,
+                       const float *std, double *loss, double *accuracy) {
+  if (!d->n || (size_t)d->c * d->h * d->w != m->in)
+    return -EINVAL;
+  return evaluate(m, d, mean, std, NULL, 0, loss, accuracy);
+}
+
+int trn_model_evaluate_tokens(trn_model *m, const trn_tokens *t, size_t T,
+                              double *loss, double *accuracy) {
+  if (!m->gpt || !T || T > m->cfg.ctx || !trn_tokens_windows(t, T))
+    return -EINVAL;
+  return evaluate(m, NULL, NULL, NULL, t, T, loss, accuracy);
+}
+
+int trn_model_describe(const trn_model *m, char *buf, size_t len) {
+  const trn_model_config *c = &m->cfg;
+  if (m->gpt)
+    return snprintf(buf, len, "gpt vocab %u ctx %u layers %u heads %u embd %u",
+                    c->vocab, c->ctx, c->layers, c->heads, c->embd);
+  if (m->resnet)
+    return snprintf(buf, len, "resnet-%u width %u %ux%ux%u classes %u",
+                    c->depth, c->width, c->in_c, c->in_h, c->in_w,
+                    c->classes);
+  if (strcmp(m->name, "cnn") == 0)
+    return snprintf(buf, len,
+                    "cnn %ux%ux%u conv %u %u dense %u dropout %g%s classes %u",
+                    c->in_c, c->in_h, c->in_w, c->conv[0], c->conv[1],
+                    c->dense, (double)c->dropout,
+                    c->batchnorm ? " batchnorm" : "", c->classes);
+  int n = snprintf(buf, len, "mlp");
+  for (size_t i = 0; i < c->nsizes; i++) {
+    size_t at = n > 0 && (size_t)n < len ? (size_t)n : len;
+    n += snprintf(buf + at, len - at, "%s%u", i ? "-" : " ", c->sizes[i]);
+  }
+  return n;
 }
 
 void trn_cpu_threads_set(int n) {

@@ -360,6 +360,17 @@ int trn_model_eval_batch(trn_model *m, const float *x, const int32_t *y,
  * 0, -EINVAL (the images do not fit the model's input), -ENOMEM. */
 int trn_model_evaluate(trn_model *m, const trn_images *d, const float *mean,
                        const float *std, double *loss, double *accuracy);
+/* gpt's: every whole window of T tokens of t in order (batches of
+ * max_batch): the mean loss per predicted token and the share of next
+ * tokens predicted right.  -EINVAL (another model, T out of range, fewer
+ * than T + 1 tokens), -ENOMEM. */
+int trn_model_evaluate_tokens(trn_model *m, const trn_tokens *t, size_t T,
+                              double *loss, double *accuracy);
+/* One line that names the architecture and every setting that gives the
+ * parameters their meaning ("cnn 1x28x28 conv 32 64 dense 1024 dropout
+ * 0.5 classes 10"): equal for two models exactly when their flat buffers
+ * mean the same.  Returns what snprintf returns. */
+int trn_model_describe(const trn_model *m, char *buf, size_t len);
 /* A model on a CUDA device keeps the parameters, gradients and buffers
  * in device memory too.  trn_model_params, _grads and _buffers bring the
  * host array up to date before they return it, and what the caller
@@ -395,6 +406,58 @@ void trn_cpu_threads_set(int n);
  * 0; why gets one line for the log either way. */
 int trn_blas_better_core(char *name, size_t name_len, char *why,
                          size_t why_len);
+
+/* ------------------------------------------------------------------------ */
+/* Sources: the data a model trains and is tested on, chosen by the model. */
+/* Images (mlp, cnn, resnet) come from a directory of Fashion-MNIST/MNIST    */
+/* IDX files or of CIFAR-10 binary batches, whichever it holds, normalized   */
+/* with the set's usual mean and deviation and made ahead by a loader;       */
+/* token windows (gpt) from token files, made on the caller's thread.        */
+
+typedef struct trn_source_config {
+  const char *data; /* images: the directory */
+  /* gpt: the training tokens and the held-out ones (NULL: no test), the
+   * vocabulary (every token below it) and the window. */
+  const char *tokens, *test_tokens;
+  uint32_t vocab;
+  size_t ctx;
+  size_t batch; /* the training batch */
+  trn_aug aug;  /* images: the training set's augmentation (zero: none) */
+} trn_source_config;
+
+typedef struct trn_source trn_source;
+
+/* Loads the data: tokens when `tokens` (gpt), else images.  Returns 0 and
+ * *out, or an error as the loaders' with err saying which file and why
+ * (-EINVAL also for a batch of 0, a window that no file holds). */
+int trn_source_open(const trn_source_config *c, bool tokens,
+                    trn_source **out, char *err, size_t err_len);
+void trn_source_free(trn_source *s);
+/* "Fashion-MNIST/MNIST", "CIFAR-10" or "tokens". */
+const char *trn_source_kind(const trn_source *s);
+/* Training items (images, or windows of ctx tokens) and test items (0:
+ * no test set). */
+size_t trn_source_items(const trn_source *s);
+size_t trn_source_test_items(const trn_source *s);
+/* Predictions per item: 1 for an image, ctx for a window. */
+size_t trn_source_per_item(const trn_source *s);
+/* Fits mc's input and classes to the images (mlp's first and last size,
+ * cnn's and resnet's in_c, in_h, in_w and classes) and gpt's vocab and
+ * ctx to the tokens. */
+void trn_source_fit(const trn_source *s, trn_model_config *mc);
+/* Starts the training pass at `from` (over trn_source_items; copied).
+ * 0, -EINVAL, -ENOMEM. */
+int trn_source_start(trn_source *s, const trn_order *from);
+/* Trains m on the next batch (trn_model_train_batch or _tokens: the
+ * gradients are added to), *loss the batch's summed loss. */
+int trn_source_train(trn_source *s, trn_model *m, double *loss);
+/* The order at the next batch trn_source_train takes, for a checkpoint
+ * (free with trn_order_free).  Call it from the training thread. */
+int trn_source_order(trn_source *s, trn_order *out);
+/* The test set's mean loss per prediction and accuracy; -ENOENT without
+ * one.  May run on another thread than training, with another model. */
+int trn_source_evaluate(const trn_source *s, trn_model *m, double *loss,
+                        double *accuracy);
 
 /* ------------------------------------------------------------------------ */
 /* Optimizers.  A step is separate from backward; the state is one flat      */

@@ -31,8 +31,6 @@
 #include <string.h>
 #include <time.h>
 
-static const float MEAN = 0.2860f, STD = 0.3530f; /* Fashion-MNIST train */
-
 typedef struct opts {
   const char *model, *data, *ckpt, *tokens, *val_tokens, *device;
   size_t ctx;
@@ -80,21 +78,6 @@ static double num(const char *flag, const char *v, double lo, double hi) {
     exit(2);
   }
   return x;
-}
-
-/* An error line into err (len bytes), returning rc. */
-static int trn__fail_hint(char *err, size_t len, int rc, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 4, 5)))
-#endif
-    ;
-static int trn__fail_hint(char *err, size_t len, int rc, const char *fmt,
-                          ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, len, fmt, ap);
-  va_end(ap);
-  return rc;
 }
 
 static void parse(int argc, char **argv, opts *o) {
@@ -190,123 +173,21 @@ static void parse(int argc, char **argv, opts *o) {
   }
 }
 
-/* ---- the data: images (mlp, cnn) or token windows (gpt) -------------- */
-
-typedef struct source {
-  bool tokens;
-  trn_images tr, te;     /* images */
-  trn_tokens ttr, tte;   /* tokens */
-  size_t T;              /* gpt: the window */
-  trn_order ord;         /* the training pass */
-  trn_loader *ld;        /* images: batches made ahead */
-  int32_t *x, *y;        /* tokens: one batch */
-} source;
-
-static int source_open(source *src, const opts *o, char *err, size_t len) {
-  int rc;
-  memset(src, 0, sizeof *src);
-  src->tokens = strcmp(o->model, "gpt") == 0;
-  if (src->tokens) {
-    if (!o->tokens || !o->val_tokens)
-      return trn__fail_hint(err, len, -EINVAL,
-                            "gpt needs --tokens FILE and --val-tokens FILE "
-                            "(tools/train/tokenize makes them)");
-    src->T = o->ctx;
-    if ((rc = trn_tokens_load(o->tokens, o->vocab, &src->ttr, err, len)) ||
-        (rc = trn_tokens_load(o->val_tokens, o->vocab, &src->tte, err, len)))
-      return rc;
-    if (!trn_tokens_windows(&src->ttr, src->T) ||
-        !trn_tokens_windows(&src->tte, src->T))
-      return trn__fail_hint(err, len, -EINVAL,
-                            "the token files hold fewer than %zu + 1 tokens",
-                            src->T);
-    src->x = malloc(o->batch * src->T * sizeof *src->x);
-    src->y = malloc(o->batch * src->T * sizeof *src->y);
-    if (!src->x || !src->y)
-      return trn__fail_hint(err, len, -ENOMEM, "out of memory");
-    return 0;
-  }
-  if ((rc = trn_mnist_load(o->data, "train", &src->tr, err, len)))
-    return rc;
-  return trn_mnist_load(o->data, "t10k", &src->te, err, len);
-}
-
-static size_t source_items(const source *src) {
-  return src->tokens ? trn_tokens_windows(&src->ttr, src->T) : src->tr.n;
-}
-
-/* After the order is set (fresh or from a checkpoint). */
-static int source_start(source *src, size_t batch) {
-  if (src->tokens)
-    return 0;
-  return trn_loader_new(&src->tr, &src->ord, batch, &MEAN, &STD, NULL, 4,
-                        &src->ld);
-}
-
-/* One training batch: the summed loss over its positions. */
-static int source_train(source *src, trn_model *m, size_t B, double *l) {
-  if (src->tokens) {
-    int rc = trn_tokens_batch(&src->ttr, &src->ord, B, src->T, src->x,
-                              src->y);
-    return rc ? rc
-              : trn_model_train_tokens(m, src->x, src->y, B, src->T, l);
-  }
-  const float *x;
-  const int32_t *y;
-  int rc = trn_loader_next(src->ld, &x, &y);
-  return rc ? rc : trn_model_train_batch(m, x, y, B, l);
-}
-
-/* The held-out data: the mean loss per prediction and the accuracy. */
-static int source_eval(source *src, trn_model *m, size_t B, double *loss,
-                       double *acc) {
-  if (!src->tokens)
-    return trn_model_evaluate(m, &src->te, &MEAN, &STD, loss, acc);
-  size_t n = trn_tokens_windows(&src->tte, src->T), right = 0;
-  trn_order seq;
-  int rc = trn_order_init(&seq, n, NULL, 0, 0, 0);
-  for (size_t i = 0; !rc && i < n; i++)
-    seq.idx[i] = (uint32_t)i;
-  double sum = 0;
-  for (size_t at = 0; !rc && at < n; at += B) {
-    size_t b = n - at < B ? n - at : B, r = 0;
-    double l = 0;
-    rc = trn_tokens_batch(&src->tte, &seq, b, src->T, src->x, src->y);
-    if (!rc)
-      rc = trn_model_eval_tokens(m, src->x, src->y, b, src->T, &l, &r);
-    sum += l, right += r;
-  }
-  trn_order_free(&seq);
-  *loss = sum / (double)(n * src->T);
-  *acc = (double)right / (double)(n * src->T);
-  return rc;
-}
-
-/* The order a checkpoint records: the next batch the trainer takes. */
-static int source_order(source *src, trn_order *out) {
-  if (src->ld)
-    return trn_loader_order(src->ld, out);
-  return trn_order_init(out, src->ord.n, src->ord.seed, sizeof src->ord.seed,
-                        src->ord.epoch, src->ord.pos);
-}
-
-static void source_close(source *src) {
-  trn_loader_free(src->ld);
-  trn_order_free(&src->ord);
-  trn_images_free(&src->tr);
-  trn_images_free(&src->te);
-  trn_tokens_free(&src->ttr);
-  trn_tokens_free(&src->tte);
-  free(src->x);
-  free(src->y);
-}
-
 int main(int argc, char **argv) {
   opts o;
   parse(argc, argv, &o);
   char err[512];
-  source src;
-  int rc = source_open(&src, &o, err, sizeof err);
+  bool tokens = strcmp(o.model, "gpt") == 0;
+  if (tokens && (!o.tokens || !o.val_tokens)) {
+    fprintf(stderr, "train: gpt needs --tokens FILE and --val-tokens FILE "
+                    "(tools/train/tokenize makes them)\n");
+    return 2;
+  }
+  trn_source_config scfg = {.data = o.data, .tokens = o.tokens,
+                            .test_tokens = o.val_tokens, .vocab = o.vocab,
+                            .ctx = o.ctx, .batch = o.batch};
+  trn_source *src;
+  int rc = trn_source_open(&scfg, tokens, &src, err, sizeof err);
   if (rc) {
     fprintf(stderr, "train: %s\n", err);
     return rc == -EINVAL ? 2 : 1;
@@ -324,6 +205,7 @@ int main(int argc, char **argv) {
   mc.vocab = o.vocab, mc.ctx = (unsigned)o.ctx, mc.layers = o.layers;
   mc.heads = o.heads, mc.embd = o.embd;
   mc.depth = o.depth, mc.width = o.width; /* resnet, on the images */
+  trn_source_fit(src, &mc); /* the images' shape and classes */
   mc.precision = o.tf32 ? TRN_TF32 : TRN_FP32;
   trn_device dev;
   if ((rc = trn_device_open(o.device, &dev, err, sizeof err))) {
@@ -351,14 +233,15 @@ int main(int argc, char **argv) {
   }
   char seed[32];
   snprintf(seed, sizeof seed, "train-%llu", (unsigned long long)o.seed);
-  if ((rc = trn_order_init(&src.ord, source_items(&src), seed, strlen(seed),
+  trn_order ord;
+  if ((rc = trn_order_init(&ord, trn_source_items(src), seed, strlen(seed),
                            0, 0))) {
     fprintf(stderr, "train: %s\n", strerror(-rc));
     return 1;
   }
   uint64_t done[4] = {0}; /* epochs done */
   if (o.resume) {
-    if ((rc = trn_ckpt_load(o.ckpt, m, opt, &src.ord, done, err,
+    if ((rc = trn_ckpt_load(o.ckpt, m, opt, &ord, done, err,
                             sizeof err))) {
       fprintf(stderr, "train: %s\n", err);
       return 1;
@@ -366,16 +249,18 @@ int main(int argc, char **argv) {
     printf("# resumed from %s after epoch %llu\n", o.ckpt,
            (unsigned long long)done[0]);
   }
-  if ((rc = source_start(&src, o.batch))) {
+  rc = trn_source_start(src, &ord);
+  trn_order_free(&ord);
+  if (rc) {
     fprintf(stderr, "train: data loader: %s\n", strerror(-rc));
     return 1;
   }
-  size_t steps_per_epoch = source_items(&src) / o.batch;
-  size_t per = src.tokens ? src.T : 1; /* predictions per sample */
+  size_t steps_per_epoch = trn_source_items(src) / o.batch;
+  size_t per = trn_source_per_item(src); /* predictions per sample */
   float scale = 1.0f / (float)(o.batch * per);
   if (steps_per_epoch == 0) {
     fprintf(stderr, "train: fewer items (%zu) than one batch (%zu)\n",
-            source_items(&src), o.batch);
+            trn_source_items(src), o.batch);
     return 2;
   }
   trn_sched sc = {.kind = o.sched, .lr = o.lr, .min_lr = 0,
@@ -392,7 +277,7 @@ int main(int argc, char **argv) {
       trn_optim_set_lr(opt, trn_sched_lr(&sc, trn_optim_steps(opt)));
       double l = 0;
       trn_model_zero_grad(m);
-      rc = source_train(&src, m, o.batch, &l);
+      rc = trn_source_train(src, m, &l);
       if (!rc && o.clip > 0)
         trn_grad_clip(trn_model_grads(m), trn_model_nparams(m), scale,
                       o.clip);
@@ -407,13 +292,13 @@ int main(int argc, char **argv) {
     }
     double dt = now_s() - t0, tl;
     total_s += dt;
-    if ((rc = source_eval(&src, m, o.batch, &tl, &acc))) {
+    if ((rc = trn_source_evaluate(src, m, &tl, &acc))) {
       fprintf(stderr, "train: evaluation: %s\n", strerror(-rc));
       return 1;
     }
     acc *= 100;
     double n = (double)(steps_per_epoch * o.batch);
-    if (src.tokens)
+    if (tokens)
       printf("epoch %llu: train loss %.4f, validation loss %.4f, perplexity "
              "%.2f, next-token accuracy %.2f%%, %.1f s, %.0f tokens/s\n",
              (unsigned long long)e + 1, loss / (n * (double)per), tl, exp(tl),
@@ -426,7 +311,7 @@ int main(int argc, char **argv) {
     done[0] = e + 1;
     if (o.ckpt) { /* the order at the next batch the trainer takes */
       trn_order at;
-      if ((rc = source_order(&src, &at)) ||
+      if ((rc = trn_source_order(src, &at)) ||
           (rc = trn_ckpt_save(o.ckpt, m, opt, &at, done, err, sizeof err))) {
         fprintf(stderr, "train: %s\n", rc == -ENOMEM ? "out of memory" : err);
         return 1;
@@ -435,8 +320,8 @@ int main(int argc, char **argv) {
     }
   }
   printf("# %.1f s of training; final %s accuracy %.2f%%\n", total_s,
-         src.tokens ? "next-token" : "test", acc);
-  source_close(&src);
+         tokens ? "next-token" : "test", acc);
+  trn_source_free(src);
   trn_optim_free(opt);
   trn_model_free(m);
   if (o.min_acc > 0 && acc < o.min_acc) {
