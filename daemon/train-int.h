@@ -139,6 +139,7 @@ typedef struct shared {
   size_t avg_group;
   double avg_by_all;
   bool avg_ahead;       /* the group had formed ahead */
+  bool avg_left;        /* the group went on without this bee */
   /* worker -> loop: this bee stepped without a round its peers averaged
    * (from diverged_epoch on) and has not loaded their state since */
   bool diverged;

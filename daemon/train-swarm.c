@@ -297,7 +297,7 @@ void bee__match_fetch(void *ctx, avg_node *node, const proto_match *info) {
  * samples are the weights its members gave the round (those declared in
  * the matchmaking, when it formed ahead, were estimates). */
 static void round_over(bee_train *t, int status, size_t group,
-                       double by_all, const avg_node_result *r) {
+                       double by_all, bool left, const avg_node_result *r) {
   t->averaging = false;
   uint64_t batch = 0;
   for (size_t i = 0; r && r->group && i < r->group->nmembers; i++)
@@ -311,6 +311,7 @@ static void round_over(bee_train *t, int status, size_t group,
   t->sh.avg_group = group;
   t->sh.avg_by_all = by_all;
   t->sh.avg_ahead = t->round_ahead && status == 0;
+  t->sh.avg_left = left;
   t->sh.avg_batch = batch;
   t->sh.avg_bytes_sent = r && r->summary ? r->summary->bytes_sent : 0;
   t->sh.avg_bytes_recv = r && r->summary ? r->summary->bytes_recv : 0;
@@ -346,12 +347,33 @@ static void zero_local(const avg_round_summary *s, float *buf, size_t n,
              (unsigned long long)epoch, 100.0 * (double)zeroed / (double)n);
 }
 
+/* Whether an update round's group went on without this bee: it dropped
+ * most of its peers (in a group of three or more), as a member that
+ * stalled does when it comes back to find their ABORTs.  Each of them
+ * dropped only it, zeroed its span and stepped alike; what it holds now
+ * is not theirs.  (In a group of two each dropped the other: neither can
+ * tell, and a peer that died leaves the other no wiser.) */
+static bool left_behind(const avg_round_summary *s, uint64_t epoch) {
+  size_t dropped = 0, others = s->nmembers ? s->nmembers - 1 : 0;
+  for (size_t i = 0; i < s->nmembers; i++)
+    dropped += s->members[i].dropped != AVG_DROP_NONE;
+  if (others < 2 || 2 * dropped <= others)
+    return false;
+  bee_warn(COMP,
+           "epoch %llu: %zu of the %zu other members of the group went on "
+           "without this bee (it stalled, or its links did): its step is "
+           "not theirs; it loads their state",
+           (unsigned long long)epoch, dropped, others);
+  return true;
+}
+
 static void round_cb(avg_node *n, const avg_node_result *r, void *arg) {
   (void)n;
   bee_train *t = arg;
   size_t group = r->group ? r->group->nmembers : 0;
   double by_all = 0;
   int status = r->status;
+  bool left = false;
   if (status == 0 && r->summary) {
     uv_mutex_lock(&t->mu);
     size_t np = t->sh.avg_n;
@@ -372,8 +394,9 @@ static void round_cb(avg_node *n, const avg_node_result *r, void *arg) {
       status = BEE_ETIMEOUT; /* nothing was averaged */
     else if (!state)
       zero_local(r->summary, buf, np, epoch);
+    left = !state && left_behind(r->summary, epoch);
   }
-  round_over(t, status, group, by_all, r);
+  round_over(t, status, group, by_all, left, r);
 }
 
 /* A request for the round of `round` (an epoch, or STATE_ROUND + epoch
@@ -529,7 +552,7 @@ void bee__start_round(bee_train *t) {
     if (rc) {
       bee_warn(COMP, "epoch %llu: cannot start the averaging: %s",
                (unsigned long long)epoch, bee_strerror(rc));
-      round_over(t, rc, 1, 0, NULL);
+      round_over(t, rc, 1, 0, false, NULL);
       return;
     }
     t->averaging = t->round_ahead = true;
@@ -547,7 +570,7 @@ void bee__start_round(bee_train *t) {
   size_t peers = t->candidates;
   t->round_ahead = false;
   if (!t->avg || peers < 2) {
-    round_over(t, -ENOENT, 1, 0, NULL);
+    round_over(t, -ENOENT, 1, 0, false, NULL);
     return;
   }
   avg_node_request req;
@@ -558,7 +581,7 @@ void bee__start_round(bee_train *t) {
     bee_warn(COMP, "epoch %llu: cannot start %s averaging: %s",
              (unsigned long long)epoch, state ? "state" : "the",
              bee_strerror(rc));
-    round_over(t, rc, 1, 0, NULL);
+    round_over(t, rc, 1, 0, false, NULL);
     return;
   }
   t->averaging = true;

@@ -55,6 +55,7 @@ typedef struct avg_out {
   double by_all;
   uint64_t sent, recv, batch;
   bool ahead;
+  bool left; /* the group went on without this bee (left_behind) */
 } avg_out;
 
 /* Sends buf to the loop for the epoch's round (or a state round) without
@@ -83,7 +84,7 @@ static int round_result(bee_train *t, bool wait, avg_out *out) {
   *out = (avg_out){t->sh.avg_status,     t->sh.avg_group,
                    t->sh.avg_by_all,     t->sh.avg_bytes_sent,
                    t->sh.avg_bytes_recv, t->sh.avg_batch,
-                   t->sh.avg_ahead};
+                   t->sh.avg_ahead,      t->sh.avg_left};
   uv_mutex_unlock(&t->mu);
   return rc;
 }
@@ -183,13 +184,15 @@ static int finish_step(bee_train *t, const struct pend *s, float *g,
   /* A step with this bee's own samples but without the round the peers
    * at the epoch averaged leaves the swarm's parameters until their state
    * is loaded (the loop looks for a peer that averaged it: bee__resync); a
-   * full state round brings them back too.  An empty step (no samples, no
+   * full state round brings them back too.  So does a round its group
+   * finished without this bee (a->left): their step is not this one.  An empty step (no samples, no
    * round: a bee catching up with a swarm one epoch past the state it
    * loaded) changes nothing and marks nothing: in a swarm whose epochs are
    * shorter than a download, marking it would load, fall one behind and
    * load again forever. */
   uv_mutex_lock(&t->mu);
-  if (a->status != 0 && n > 0 && t->sh.view.peers > 1 && !t->sh.diverged) {
+  if (((a->status != 0 && n > 0 && t->sh.view.peers > 1) || a->left) &&
+      !t->sh.diverged) {
     t->sh.diverged = true;
     t->sh.diverged_epoch = epoch;
   }

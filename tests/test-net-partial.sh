@@ -11,6 +11,8 @@
 # on both, as by every member) rather than step it each with its own
 # gradients, so they end the epoch with the same parameters.  (Should b2
 # be paused too late, after the round began, the next epoch is tried.)
+# Let go, b2 sees that the group went on without it, loads the others'
+# state and steps in line with them again.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
 
@@ -60,5 +62,21 @@ for b in b0 b1; do wait_log "$b" "train: epoch $((E + 1)) done" 90; done
 [ "$(hash_of b0 $((E + 1)))" = "$(hash_of b1 $((E + 1)))" ] ||
   fail "b0 and b1 differ after epoch $((E + 1))"
 kill -CONT "${pid[b2]}"
+# b2, let go, finds the others' ABORTs: they went on without it, and what
+# it holds after epoch E is not their parameters.  It says so at once,
+# loads their state, and steps in line with them again.
+wait_log b2 "train: epoch $E done" 60
+wait_log b2 "train: epoch $E: 2 of the 2 other members of the group went on without this bee" 5
+# Marked, it loads their state (from the peers that averaged the next
+# round, or as a bee two epochs behind, whichever comes first).
+wait_log b2 "train: (epoch $E was stepped here without the round its peers averaged: loading their state|state: loaded epoch)" 60
+F= f=$((E + 1))
+while [ -z "$F" ] && [ "$f" -lt $((E + 12)) ]; do
+  f=$((f + 1))
+  wait_log b2 "train: epoch $f done" 90
+  wait_log b0 "train: epoch $f done" 90
+  [ "$(hash_of b2 "$f")" = "$(hash_of b0 "$f")" ] && F=$f
+done
+[ -n "$F" ] || fail "b2 never came back in line after epoch $E"
 stop_all
-echo "partial: b2 paused in the group of epoch $E; b0 and b1: '$(done_line b0 "$E" | sed -E 's/, parameters.*//')', the same parameters ($(hash_of b0 "$E")), and after epoch $((E + 1))"
+echo "partial: b2 paused in the group of epoch $E; b0 and b1: '$(done_line b0 "$E" | sed -E 's/, parameters.*//')', the same parameters ($(hash_of b0 "$E")), and after epoch $((E + 1)); b2 let go, back in line after epoch $F"
