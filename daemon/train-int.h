@@ -53,6 +53,9 @@
 #define METRICS_TTL_S 300  /* a metrics record lives this long */
 #define LEAVE_MS 2000      /* leaving: the last record's store, at most */
 #define RESYNC_MS 2000     /* diverged: the peers' metrics, read this often */
+#define SPLIT_MS 4000      /* in line: the same, to see a split */
+#define LINES_RING 16      /* own steps remembered for that */
+#define SPLIT_PEERS_MAX 16 /* more peers than a group holds: no check */
 
 enum { AHEAD_NONE, AHEAD_MATCHING, AHEAD_HELD, AHEAD_FAILED };
 
@@ -109,7 +112,7 @@ typedef struct shared {
     bool delayed;         /* the round ran behind the next epoch's work */
     bool ahead;           /* its group formed ahead (bee__match_ahead) */
     bool diverged;        /* the parameters have left the swarm's */
-    uint8_t hash[8];      /* of the parameters after the step */
+    uint8_t hash[PROTO_PARAMS_HASH_BYTES]; /* of the parameters after it */
     /* for the metrics record */
     double compute_s, averaging_s;
     uint64_t bytes_sent, bytes_recv;
@@ -266,6 +269,19 @@ struct bee_train {
   uint64_t wait_logged_ms; /* --min-peers: the last "waiting" line */
   bool resync_busy;        /* bee__resync's read of the metrics */
   uint64_t resync_ms;      /* and when it was asked */
+  /* This bee's last averaged steps, for bee__split_check: the parameters'
+   * hash after each and its group's size. */
+  struct line {
+    uint64_t epoch;
+    uint8_t hash[PROTO_PARAMS_HASH_BYTES];
+    uint64_t group;
+  } lines[LINES_RING];
+  size_t nlines;
+  bool split_busy;
+  uint64_t split_ms;
+  /* after a split: the peers of the line that won, the only donors */
+  uint8_t split_ids[DONORS_MAX][PROTO_ID_BYTES];
+  size_t nsplit;
 };
 
 /* Clocks: monotonic seconds, wall-clock unix milliseconds. */

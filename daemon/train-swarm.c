@@ -712,7 +712,15 @@ void bee__publish_metrics(bee_train *t, const struct step_report *r) {
                      .time_ms = wall_ms(),
                      .has_by_all = true,
                      .by_all = r->avg_status == 0 ? r->by_all : 0,
-                     .diverged = r->diverged};
+                     .diverged = r->diverged,
+                     .has_params = true};
+  memcpy(m.params, r->hash, sizeof m.params);
+  if (r->avg_status == 0 && r->group >= 2 && !r->diverged) {
+    struct line *l = &t->lines[t->nlines++ % LINES_RING];
+    l->epoch = r->epoch;
+    l->group = r->group;
+    memcpy(l->hash, r->hash, sizeof l->hash);
+  }
   snprintf(m.run, sizeof m.run, "%s", t->cfg->run);
   uint8_t buf[PROTO_RECORD_MAX];
   size_t len;
@@ -764,20 +772,115 @@ static void resync_cb(dht_node *n, int status, const dht_value *v,
     bool other = false; /* its rounds are never ours (other_layout) */
     for (size_t j = 0; j < t->nlayout_warned; j++)
       other |= memcmp(t->layout_warned[j], id, PROTO_ID_BYTES) == 0;
+    bool won = t->nsplit == 0; /* after a split: one of the line that won */
+    for (size_t j = 0; j < t->nsplit; j++)
+      won |= memcmp(t->split_ids[j], id, PROTO_ID_BYTES) == 0;
+    other |= !won;
     for (size_t j = 0; !other && j < t->ndonors; j++)
       if (memcmp(t->donors[j], id, PROTO_ID_BYTES) == 0)
         memcpy(good[k++], id, PROTO_ID_BYTES);
   }
   if (k == 0)
     return; /* none yet: asked again in RESYNC_MS */
-  bee_info(COMP,
-           "epoch %llu was stepped here without the round its peers "
-           "averaged: loading their state (%zu of them at the swarm's "
-           "epoch)",
-           (unsigned long long)from, k);
+  if (t->nsplit)
+    bee_info(COMP,
+             "epoch %llu: loading the state of the line that goes on (%zu "
+             "of its peers at the swarm's epoch)",
+             (unsigned long long)from, k);
+  else
+    bee_info(COMP,
+             "epoch %llu was stepped here without the round its peers "
+             "averaged: loading their state (%zu of them at the swarm's "
+             "epoch)",
+             (unsigned long long)from, k);
   memcpy(t->donors, good, k * sizeof good[0]);
   t->ndonors = k;
   bee__start_fetch(t);
+}
+
+/* The peers' metrics, for a split: peers of the run at a step this bee
+ * averaged too, in a group, whose parameters came out otherwise.  Two
+ * groups formed for one epoch (a bee that started or caught up late found
+ * the first one closed and formed another with the other latecomers) left
+ * two lines of parameters, each in line with itself, and every later
+ * round, even one that joins them all, keeps them apart.  The line of the
+ * larger group (on a tie, the lower hash) goes on; a bee of the other
+ * marks itself out of line and loads the state from that line's peers. */
+/* Whether the line of a group of g with hash h goes on before one of bg
+ * with bh: the larger group, on a tie the lower hash. */
+static bool stronger(uint64_t g, const uint8_t *h, uint64_t bg,
+                     const uint8_t *bh) {
+  return g > bg || (g == bg && memcmp(h, bh, PROTO_PARAMS_HASH_BYTES) < 0);
+}
+
+static void split_cb(dht_node *n, int status, const dht_value *v,
+                     const dht_stats *st, void *arg) {
+  (void)n, (void)st;
+  bee_train *t = arg;
+  t->split_busy = false;
+  if (t->stopped || status || !v || t->fetching)
+    return;
+  uv_mutex_lock(&t->mu);
+  bool diverged = t->sh.diverged || t->sh.load;
+  uv_mutex_unlock(&t->mu);
+  if (diverged)
+    return;
+  const struct line *ours = NULL;
+  uint8_t best[PROTO_PARAMS_HASH_BYTES];
+  uint64_t best_group = 0;
+  for (size_t i = 0; i < v->n; i++) { /* the strongest line that is not ours */
+    const proto_dht_record *r = &v->records[i];
+    proto_metrics m;
+    if (r->subkey.n != sizeof t->sub ||
+        memcmp(r->subkey.p, t->sub, sizeof t->sub) == 0 ||
+        proto_metrics_decode(r->value.p, r->value.n, &m) ||
+        strcmp(m.run, t->cfg->run) != 0 || !m.has_params || m.diverged ||
+        m.group_size < 2)
+      continue;
+    const struct line *l = NULL;
+    size_t have = t->nlines < LINES_RING ? t->nlines : LINES_RING;
+    for (size_t j = 0; j < have; j++)
+      if (t->lines[j].epoch == m.step)
+        l = &t->lines[j];
+    if (!l || memcmp(l->hash, m.params, sizeof m.params) == 0)
+      continue;
+    if (!ours || l->epoch > ours->epoch || /* the latest step split wins */
+        (l->epoch == ours->epoch &&
+         stronger(m.group_size, m.params, best_group, best))) {
+      ours = l;
+      best_group = m.group_size;
+      memcpy(best, m.params, sizeof best);
+    }
+  }
+  if (!ours || !stronger(best_group, best, ours->group, ours->hash))
+    return; /* no split, or ours is the line that goes on */
+  t->nsplit = 0;
+  for (size_t i = 0; i < v->n && t->nsplit < DONORS_MAX; i++) {
+    const proto_dht_record *r = &v->records[i];
+    proto_metrics m;
+    if (r->subkey.n == sizeof t->sub &&
+        proto_metrics_decode(r->value.p, r->value.n, &m) == 0 &&
+        strcmp(m.run, t->cfg->run) == 0 && m.has_params &&
+        m.step == ours->epoch && memcmp(m.params, best, sizeof best) == 0)
+      proto_peer_id(r->subkey.p + 1, t->split_ids[t->nsplit++]);
+  }
+  char a[17], b[17];
+  proto_hex(ours->hash, sizeof ours->hash, a);
+  proto_hex(best, sizeof best, b);
+  bee_warn(COMP,
+           "epoch %llu: the swarm split: %zu peers stepped to parameters %s "
+           "in a group of %llu, this bee to %s in a group of %llu; it loads "
+           "theirs",
+           (unsigned long long)ours->epoch, t->nsplit, b,
+           (unsigned long long)best_group, a,
+           (unsigned long long)ours->group);
+  uv_mutex_lock(&t->mu);
+  if (!t->sh.diverged) {
+    t->sh.diverged = true;
+    t->sh.diverged_epoch = ours->epoch;
+  }
+  uv_mutex_unlock(&t->mu);
+  t->nlines = 0;
 }
 
 void bee__resync(bee_train *t) {
@@ -788,8 +891,17 @@ void bee__resync(bee_train *t) {
   uv_mutex_lock(&t->mu);
   bool diverged = t->sh.diverged && t->sh.go && !t->sh.load;
   uv_mutex_unlock(&t->mu);
-  if (!diverged)
+  if (!diverged) {
+    t->nsplit = 0; /* back in line: any donor again */
+    if (t->nlines && !t->split_busy && now - t->split_ms >= SPLIT_MS &&
+        t->view.peers <= SPLIT_PEERS_MAX) {
+      t->split_ms = now;
+      if (dht_get(t->dht, t->mkey, true, split_cb, t) == 0)
+        t->split_busy = true;
+    }
     return;
+  }
+  t->nlines = 0; /* the steps before the load are no line of the swarm's */
   t->resync_ms = now;
   if (dht_get(t->dht, t->mkey, true, resync_cb, t) == 0)
     t->resync_busy = true;

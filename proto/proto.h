@@ -495,6 +495,8 @@ typedef struct proto_progress {
                                   left the run (its last record) */
 } proto_progress;
 
+#define PROTO_PARAMS_HASH_BYTES 8
+
 typedef struct proto_metrics {
   char run[PROTO_RUN_MAX + 1];
   uint64_t step;
@@ -520,6 +522,11 @@ typedef struct proto_metrics {
                                   swarm's (it stepped without a round its
                                   peers averaged) and it has not loaded
                                   theirs since; written only when true */
+  bool has_params;             /* an optional seventeenth field, after */
+  uint8_t params[PROTO_PARAMS_HASH_BYTES]; /* diverged (then written even
+                                  when false): BLAKE2b-64 of the parameters
+                                  after the step, so that peers at one step
+                                  can see a swarm split in two lines */
 } proto_metrics;
 
 typedef struct proto_match {

@@ -356,7 +356,7 @@ static int metrics_check(const proto_metrics *m, size_t *run_n) {
       m->group_size > PROTO_GROUP_MAX || !f64_ok(m->grad_sq_local, F_NONNEG) ||
       !f64_ok(m->grad_sq_avg, F_NONNEG) ||
       (m->has_by_all && !(m->by_all >= 0 && m->by_all <= 1)) ||
-      (m->diverged && !m->has_by_all))
+      ((m->diverged || m->has_params) && !m->has_by_all))
     return BEE_ERANGE;
   return 0;
 }
@@ -370,7 +370,9 @@ int proto_metrics_encode(const proto_metrics *m, uint8_t *buf, size_t cap,
     return rc;
   proto__wr_init(&w, buf, cap);
   wr_head(&w, PROTO_REC_METRICS,
-          (m->has_by_all ? 1u : 0u) + (m->diverged ? 1u : 0u));
+          (m->has_by_all ? 1u : 0u) +
+              (m->diverged || m->has_params ? 1u : 0u) +
+              (m->has_params ? 1u : 0u));
   proto__wr_str(&w, m->run, run_n);
   proto__wr_uint(&w, m->step);
   if (m->has_loss)
@@ -390,8 +392,10 @@ int proto_metrics_encode(const proto_metrics *m, uint8_t *buf, size_t cap,
   proto__wr_uint(&w, m->time_ms);
   if (m->has_by_all) /* a fifteenth field, written when known */
     proto__wr_f64(&w, m->by_all);
-  if (m->diverged) /* a sixteenth, written only when true */
-    proto__wr_bool(&w, true);
+  if (m->diverged || m->has_params) /* a sixteenth: when true, or when */
+    proto__wr_bool(&w, m->diverged); /* a seventeenth follows */
+  if (m->has_params)
+    proto__wr_bin(&w, m->params, sizeof m->params);
   return wr_done(&w, len);
 }
 
@@ -430,10 +434,20 @@ int proto_metrics_decode(const uint8_t *buf, size_t len, proto_metrics *out) {
   }
   /* After by_all, a sixteenth field that is a bool says whether the
    * peer's parameters left its swarm's. */
+  bool sixteenth = false;
   if (extra && out->has_by_all) {
     rc = proto__rd_bool(&r, &out->diverged);
     if (rc == 0)
-      extra--;
+      extra--, sixteenth = true;
+    else if (rc != BEE_ETYPE)
+      goto fail;
+  }
+  /* After diverged, a seventeenth that is a bin is the parameters' hash
+   * (of its size exactly). */
+  if (extra && sixteenth) {
+    rc = proto__rd_fixbin(&r, out->params, sizeof out->params);
+    if (rc == 0)
+      extra--, out->has_params = true;
     else if (rc != BEE_ETYPE)
       goto fail;
   }

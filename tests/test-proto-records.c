@@ -1060,6 +1060,40 @@ static void test_diverged(void) {
   ASSERT_RC(proto_metrics_encode(&m, b, sizeof b, &bn), BEE_ERANGE);
 }
 
+/* The seventeenth field, after diverged (then written even when false):
+ * the parameters' hash, a bin of 8; another type there is a later
+ * version's field, another size refused. */
+static void test_params_hash(void) {
+  proto_metrics m = {.step = 9, .time_ms = 5, .has_by_all = true, .by_all = 1},
+                d;
+  snprintf(m.run, sizeof m.run, "run");
+  uint8_t a[PROTO_RECORD_MAX], b[PROTO_RECORD_MAX];
+  size_t an, bn;
+  ASSERT_OK(proto_metrics_encode(&m, a, sizeof a, &an));
+  m.has_params = true;
+  memcpy(m.params, "\x01\x02\x03\x04\x05\x06\x07\x08", 8);
+  ASSERT_OK(proto_metrics_encode(&m, b, sizeof b, &bn));
+  ASSERT_UEQ(bn, an + 1 + 2 + 8); /* false, then bin8 */
+  ASSERT_EQ(b[2], a[2] + 2);
+  ASSERT_EQ(b[an], 0xc2);
+  ASSERT_EQ(b[an + 1], 0xc4);
+  ASSERT_OK(proto_metrics_decode(b, bn, &d));
+  ASSERT(d.has_params && !d.diverged && memcmp(d.params, m.params, 8) == 0);
+  ASSERT_OK(proto_metrics_decode(a, an, &d));
+  ASSERT(!d.has_params);
+  m.diverged = true;
+  ASSERT_OK(proto_metrics_encode(&m, b, sizeof b, &bn));
+  ASSERT_OK(proto_metrics_decode(b, bn, &d));
+  ASSERT(d.has_params && d.diverged);
+  b[an + 1] = 0xa9; /* a str of 9 there: a later version's field */
+  ASSERT_OK(proto_metrics_decode(b, bn, &d));
+  ASSERT(!d.has_params && d.diverged);
+  b[an + 1] = 0xc4, b[an + 2] = 7; /* a bin of 7, one byte left over */
+  ASSERT_RC(proto_metrics_decode(b, bn, &d), BEE_ERANGE);
+  m.has_by_all = false;
+  ASSERT_RC(proto_metrics_encode(&m, b, sizeof b, &bn), BEE_ERANGE);
+}
+
 int main(void) {
   if (sodium_init() < 0)
     FAIL("sodium_init");
@@ -1075,6 +1109,7 @@ int main(void) {
   test_leaving();
   test_by_all();
   test_diverged();
+  test_params_hash();
   printf("typed records: all checks passed\n");
   return 0;
 }
