@@ -121,7 +121,7 @@ typedef struct bee_config {
   char label[PROTO_LABEL_MAX + 1];
   unsigned threads;
   char device[32];              /* trainer device spec: auto, cpu, cuda:N */
-  bool tf32;                    /* --precision tf32 (on CUDA) */
+  char precision[8];            /* --precision fp32, tf32 or bf16 */
   unsigned eval_every;          /* epochs; 0: never */
   char checkpoint_dir[BEE_PATH_MAX]; /* "": no checkpoints */
   unsigned checkpoint_every;    /* epochs */

@@ -200,6 +200,7 @@ void bee_config_init(bee_config *cfg) {
   cfg->max_state_uploads = BEE_DEFAULT_STATE_UPLOADS;
   cfg->threads = 1;
   snprintf(cfg->device, sizeof cfg->device, "auto");
+  snprintf(cfg->precision, sizeof cfg->precision, "fp32");
   cfg->eval_every = 1;
   cfg->checkpoint_every = 1;
   cfg->keep_checkpoints = 3;
@@ -630,10 +631,11 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
     return 0;
   }
   case O_PRECISION:
-    if (strcmp(v, "fp32") != 0 && strcmp(v, "tf32") != 0)
+    if (strcmp(v, "fp32") != 0 && strcmp(v, "tf32") != 0 &&
+        strcmp(v, "bf16") != 0)
       return bee_failf(msg, cap, BEE_ECONFIG,
-                       "bad precision '%.80s' (want fp32 or tf32)", v);
-    cfg->tf32 = v[0] == 't';
+                       "bad precision '%.80s' (want fp32, tf32 or bf16)", v);
+    snprintf(cfg->precision, sizeof cfg->precision, "%s", v);
     return 0;
   case O_EVAL_EVERY:
     if (parse_uint(v, 0, 1000000, &u))
@@ -1098,10 +1100,11 @@ void bee_config_usage(FILE *f) {
       "  --device D               auto, cpu, cuda or cuda:N: where the model\n"
       "                           trains (default auto: cuda:0 when a CUDA\n"
       "                           device is present, else the CPU)\n"
-      "  --precision P            fp32 or tf32: on CUDA, tf32 lets matrix\n"
-      "                           products and convolutions round their\n"
-      "                           inputs to TF32 on the tensor cores\n"
-      "                           (default fp32)\n"
+      "  --precision P            fp32, tf32 or bf16: on CUDA, tf32 lets\n"
+      "                           matrix products and convolutions round\n"
+      "                           their inputs to TF32 on the tensor cores;\n"
+      "                           bf16 gives the products bf16 inputs, the\n"
+      "                           convolutions TF32 (default fp32)\n"
       "  --eval-every N           test accuracy every N epochs; 0 = never\n"
       "                           (default 1)\n"
       "  --checkpoint-dir DIR     write checkpoints there, in the background\n"

@@ -595,7 +595,7 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   bee_info(COMP, "device: %s", why);
   mc.device = dev.kind;
   mc.device_index = dev.index;
-  mc.precision = cfg->tf32 ? TRN_TF32 : TRN_FP32;
+  mc.precision = trn_precision_parse(cfg->precision); /* config.c's */
   /* Every bee of the run starts from the same weights. */
   uint8_t h[8];
   crypto_generichash(h, sizeof h, (const uint8_t *)cfg->run, strlen(cfg->run),

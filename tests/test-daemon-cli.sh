@@ -121,7 +121,7 @@ if [ -r "$fm/train-images-idx3-ubyte.gz" ]; then
   expect 1 'device cuda:4095: ' --open --no-listen --identity t.key \
     --run-id r --device cuda:4095
 fi
-expect 2 "--precision: bad precision 'fp16' .want fp32 or tf32." --open \
+expect 2 "--precision: bad precision 'fp16' .want fp32, tf32 or bf16." --open \
   --run-id r --precision fp16
 expect 2 "--model: bad model 'vgg' .want mlp, cnn, resnet or gpt." --open \
   --run-id r --model vgg

@@ -653,6 +653,11 @@ static void test_model_flags(void) {
   ASSERT_RC(parse(&c, "--open", "--model", "resnet", "--batchnorm", NULL),
             BEE_ECONFIG);
   ASSERT_ERR("--batchnorm is for --model cnn");
+  ASSERT_OK(parse(&c, "--open", NULL));
+  ASSERT_STREQ(c.precision, "fp32");
+  ASSERT_OK(parse(&c, "--open", "--precision", "bf16", NULL));
+  ASSERT_STREQ(c.precision, "bf16");
+  expect_flag_error("--precision", "fp16");
 }
 
 static void test_combination_errors(void) {

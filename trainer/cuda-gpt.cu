@@ -384,7 +384,8 @@ static int build(trn__gpu *g, char *err, size_t err_len) {
 }
 
 int trn__gpu_new_gpt(int index, const trn_model_config *c, size_t nparams,
-                     bool tf32, trn__gpu **out, char *err, size_t err_len) {
+                     int precision, trn__gpu **out, char *err,
+                     size_t err_len) {
   *out = NULL;
   trn__gpu *g = (trn__gpu *)calloc(1, sizeof *g);
   ggpt *s = (ggpt *)calloc(1, sizeof *s);
@@ -394,7 +395,8 @@ int trn__gpu_new_gpt(int index, const trn_model_config *c, size_t nparams,
     return trn__fail(err, err_len, -ENOMEM, "out of memory");
   }
   g->index = index;
-  g->tf32 = tf32;
+  g->tf32 = precision != TRN_FP32;
+  g->bf16 = precision == TRN_BF16;
   g->nparams = nparams;
   g->max_batch = c->max_batch;
   g->in = c->ctx;
@@ -428,9 +430,9 @@ static int mm_fwd(trn__gpu *g, float *out, const float *inp, const float *w,
     g_rows<<<blocks(N * OC), THREADS, 0, g->st>>>(out, bias, N * OC, OC);
     TRY(CK(cudaGetLastError()));
   }
-  return BK(cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)OC, (int)N,
-                        (int)C, &one, w, (int)C, inp, (int)C,
-                        bias ? &one : &zero, out, (int)OC));
+  return BK(trn__gemm(g, CUBLAS_OP_T, CUBLAS_OP_N, (int)OC, (int)N, (int)C,
+                      &one, w, (int)C, inp, (int)C, bias ? &one : &zero, out,
+                      (int)OC));
 }
 
 /* dinp = dout W (set); dW += dout^T inp; dbias += dout's column sums. */
@@ -438,12 +440,10 @@ static int mm_bwd(trn__gpu *g, float *dinp, float *dw, float *dbias,
                   const float *dout, const float *inp, const float *w,
                   size_t N, size_t C, size_t OC) {
   const float one = 1.0f, zero = 0.0f;
-  TRY(BK(cublasSgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)C, (int)N,
-                     (int)OC, &one, w, (int)C, dout, (int)OC, &zero, dinp,
-                     (int)C)));
-  TRY(BK(cublasSgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)C, (int)OC,
-                     (int)N, &one, inp, (int)C, dout, (int)OC, &one, dw,
-                     (int)C)));
+  TRY(BK(trn__gemm(g, CUBLAS_OP_N, CUBLAS_OP_N, (int)C, (int)N, (int)OC, &one,
+                   w, (int)C, dout, (int)OC, &zero, dinp, (int)C)));
+  TRY(BK(trn__gemm(g, CUBLAS_OP_N, CUBLAS_OP_T, (int)C, (int)OC, (int)N, &one,
+                   inp, (int)C, dout, (int)OC, &one, dw, (int)C)));
   if (dbias)
     TRY(BK(cublasSgemv(g->blas, CUBLAS_OP_N, (int)OC, (int)N, &one, dout,
                        (int)OC, g->gpt->ones, 1, &one, dbias, 1)));
@@ -478,8 +478,8 @@ static int attn_fwd(trn__gpu *g, float *out, float *att, const float *qkv,
   long long sq = (long long)(T * 3 * C), sa = (long long)(NH * T * T);
   for (size_t h = 0; h < NH; h++) {
     const float *q = qkv + h * hs, *k = q + C;
-    TRY(BK(cublasSgemmStridedBatched(
-        g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)T, (int)T, (int)hs, &scale, k,
+    TRY(BK(trn__gemm_batched(
+        g, CUBLAS_OP_T, CUBLAS_OP_N, (int)T, (int)T, (int)hs, &scale, k,
         (int)(3 * C), sq, q, (int)(3 * C), sq, &zero, att + h * T * T, (int)T,
         sa, (int)B)));
   }
@@ -488,8 +488,8 @@ static int attn_fwd(trn__gpu *g, float *out, float *att, const float *qkv,
   TRY(CK(cudaGetLastError()));
   for (size_t h = 0; h < NH; h++) {
     const float *v = qkv + 2 * C + h * hs;
-    TRY(BK(cublasSgemmStridedBatched(
-        g->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)hs, (int)T, (int)T, &one, v,
+    TRY(BK(trn__gemm_batched(
+        g, CUBLAS_OP_N, CUBLAS_OP_N, (int)hs, (int)T, (int)T, &one, v,
         (int)(3 * C), sq, att + h * T * T, (int)T, sa, &zero, out + h * hs,
         (int)C, (long long)(T * C), (int)B)));
   }
@@ -508,11 +508,11 @@ static int attn_bwd(trn__gpu *g, float *dqkv, const float *dout,
   for (size_t h = 0; h < NH; h++) {
     const float *v = qkv + 2 * C + h * hs, *d = dout + h * hs;
     /* datt = dout v^T; dv = att^T dout. */
-    TRY(BK(cublasSgemmStridedBatched(
-        g->blas, CUBLAS_OP_T, CUBLAS_OP_N, t, t, n, &one, v, ld3, sq, d, ldo,
+    TRY(BK(trn__gemm_batched(
+        g, CUBLAS_OP_T, CUBLAS_OP_N, t, t, n, &one, v, ld3, sq, d, ldo,
         so, &zero, s->datt + h * T * T, t, sa, (int)B)));
-    TRY(BK(cublasSgemmStridedBatched(
-        g->blas, CUBLAS_OP_N, CUBLAS_OP_T, n, t, t, &one, d, ldo, so,
+    TRY(BK(trn__gemm_batched(
+        g, CUBLAS_OP_N, CUBLAS_OP_T, n, t, t, &one, d, ldo, so,
         att + h * T * T, t, sa, &zero, dqkv + 2 * C + h * hs, ld3, sq,
         (int)B)));
   }
@@ -524,11 +524,11 @@ static int attn_bwd(trn__gpu *g, float *dqkv, const float *dout,
     const float *q = qkv + h * hs, *k = q + C;
     const float *dp = s->datt + h * T * T;
     /* dq = dpre k; dk = dpre^T q. */
-    TRY(BK(cublasSgemmStridedBatched(
-        g->blas, CUBLAS_OP_N, CUBLAS_OP_N, n, t, t, &one, k, ld3, sq, dp, t, sa,
+    TRY(BK(trn__gemm_batched(
+        g, CUBLAS_OP_N, CUBLAS_OP_N, n, t, t, &one, k, ld3, sq, dp, t, sa,
         &zero, dqkv + h * hs, ld3, sq, (int)B)));
-    TRY(BK(cublasSgemmStridedBatched(
-        g->blas, CUBLAS_OP_N, CUBLAS_OP_T, n, t, t, &one, q, ld3, sq, dp, t, sa,
+    TRY(BK(trn__gemm_batched(
+        g, CUBLAS_OP_N, CUBLAS_OP_T, n, t, t, &one, q, ld3, sq, dp, t, sa,
         &zero, dqkv + C + h * hs, ld3, sq, (int)B)));
   }
   return 0;

@@ -62,6 +62,7 @@ struct trn__gpu {
   int index;
   struct ggpt *gpt; /* gpt (cuda-gpt.cu): its state; then nl is 0 */
   bool tf32;  /* TF32 on the tensor cores allowed */
+  bool bf16;  /* products with bf16 inputs (trn__gemm) */
   bool timed; /* convolution algorithms by timing (conv_timed) */
   cudaStream_t st;
   cublasHandle_t blas;
@@ -107,6 +108,41 @@ struct trn__gpu {
  * err: -ENOMEM with the sizes, or -EIO. */
 int trn__dalloc(trn__gpu *g, void **p, size_t bytes, const char *what,
                 char *err, size_t err_len);
+
+/* C = alpha op(A) op(B) + beta C over fp32 arrays, column-major, as
+ * cublasSgemm; with bf16 the products take bf16 inputs on the tensor
+ * cores (cuBLAS rounds A and B as it reads them) and sum in fp32: the
+ * arrays, and the master weights among them, stay fp32. */
+static inline cublasStatus_t trn__gemm(trn__gpu *g, cublasOperation_t ta,
+                                       cublasOperation_t tb, int m, int n,
+                                       int k, const float *alpha,
+                                       const float *a, int lda, const float *b,
+                                       int ldb, const float *beta, float *c,
+                                       int ldc) {
+  if (!g->bf16)
+    return cublasSgemm(g->blas, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta,
+                       c, ldc);
+  return cublasGemmEx(g->blas, ta, tb, m, n, k, alpha, a, CUDA_R_32F, lda, b,
+                      CUDA_R_32F, ldb, beta, c, CUDA_R_32F, ldc,
+                      CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
+}
+
+/* The same for `count` products, each array sa, sb, sc floats after the
+ * last (cublasSgemmStridedBatched). */
+static inline cublasStatus_t
+trn__gemm_batched(trn__gpu *g, cublasOperation_t ta, cublasOperation_t tb,
+                  int m, int n, int k, const float *alpha, const float *a,
+                  int lda, long long sa, const float *b, int ldb, long long sb,
+                  const float *beta, float *c, int ldc, long long sc,
+                  int count) {
+  if (!g->bf16)
+    return cublasSgemmStridedBatched(g->blas, ta, tb, m, n, k, alpha, a, lda,
+                                     sa, b, ldb, sb, beta, c, ldc, sc, count);
+  return cublasGemmStridedBatchedEx(
+      g->blas, ta, tb, m, n, k, alpha, a, CUDA_R_32F, lda, sa, b, CUDA_R_32F,
+      ldb, sb, beta, c, CUDA_R_32F, ldc, sc, count,
+      CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
+}
 
 #define DALLOC(p, n, what)                                                     \
   TRY(trn__dalloc(g, (void **)&(p), (n) * sizeof *(p), what, err, err_len))

@@ -586,8 +586,8 @@ static int gpu_build(trn__gpu *g, char *err, size_t err_len) {
 }
 
 int trn__gpu_new(int index, const trn__layer *l, size_t nl, size_t nparams,
-                 size_t nbuffers, size_t max_batch, bool tf32, trn__gpu **out,
-                 char *err, size_t err_len) {
+                 size_t nbuffers, size_t max_batch, int precision,
+                 trn__gpu **out, char *err, size_t err_len) {
   *out = NULL;
   if (nl == 0 || nl > 4096)
     return trn__fail(err, err_len, -EINVAL, "cuda: %zu layers", nl);
@@ -595,7 +595,8 @@ int trn__gpu_new(int index, const trn__layer *l, size_t nl, size_t nparams,
   if (!g)
     return trn__fail(err, err_len, -ENOMEM, "out of memory");
   g->index = index;
-  g->tf32 = tf32;
+  g->tf32 = precision != TRN_FP32; /* bf16: the convolutions on TF32 */
+  g->bf16 = precision == TRN_BF16;
   g->timed = conv_timed();
   g->nl = nl;
   g->nparams = nparams;
@@ -812,9 +813,9 @@ static int forward(trn__gpu *g, size_t B, bool train, uint64_t seed,
     case TRN__L_LINEAR:
       /* Row-major y (B, out) = x (B, in) W^T: column-major, y^T = W x^T
        * with W^T stored (in, out) column-major. */
-      TRY(BK(cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)L->out, (int)B,
-                         (int)L->in, &one, w, (int)L->in, in, (int)L->in, &zero,
-                         y, (int)L->out)));
+      TRY(BK(trn__gemm(g, CUBLAS_OP_T, CUBLAS_OP_N, (int)L->out, (int)B,
+                       (int)L->in, &one, w, (int)L->in, in, (int)L->in, &zero,
+                       y, (int)L->out)));
       k_bias<<<blocks(n), THREADS, 0, g->st>>>(y, b, n, (unsigned)L->out, 1,
                                                false);
       break;
@@ -901,15 +902,15 @@ static int backward(trn__gpu *g, size_t B) {
     switch (L->kind) {
     case TRN__L_LINEAR:
       /* dW (out, in) += dy^T x: column-major dW^T (in, out) = x^T dy. */
-      TRY(BK(cublasSgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)L->in,
-                         (int)L->out, (int)B, &one, in, (int)L->in, d,
-                         (int)L->out, &one, dw, (int)L->in)));
+      TRY(BK(trn__gemm(g, CUBLAS_OP_N, CUBLAS_OP_T, (int)L->in, (int)L->out,
+                       (int)B, &one, in, (int)L->in, d, (int)L->out, &one, dw,
+                       (int)L->in)));
       k_colsum<<<blocks(L->out), THREADS, 0, g->st>>>(d, db, B, L->out);
       /* dx (B, in) = dy W: column-major dx^T = W^T dy^T. */
       if (dx)
-        TRY(BK(cublasSgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)L->in,
-                           (int)B, (int)L->out, &one, w, (int)L->in, d,
-                           (int)L->out, beta, dx, (int)L->in)));
+        TRY(BK(trn__gemm(g, CUBLAS_OP_N, CUBLAS_OP_N, (int)L->in, (int)B,
+                         (int)L->out, &one, w, (int)L->in, d, (int)L->out,
+                         beta, dx, (int)L->in)));
       break;
     case TRN__L_CONV: {
       gconv *c = &g->conv[i];

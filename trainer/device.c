@@ -86,14 +86,15 @@ int trn__cuda_bind(int index) { return -ENOTSUP; }
 size_t trn__cudnn_version(void) { return 0; }
 
 int trn__gpu_new(int index, const trn__layer *l, size_t nl, size_t nparams,
-                 size_t nbuffers, size_t max_batch, bool tf32, trn__gpu **out,
-                 char *err, size_t err_len) {
+                 size_t nbuffers, size_t max_batch, int precision,
+                 trn__gpu **out, char *err, size_t err_len) {
   *out = NULL;
   return trn__fail(err, err_len, -ENOTSUP, "cuda:%d: this build has no CUDA "
                    "backend", index);
 }
 int trn__gpu_new_gpt(int index, const trn_model_config *c, size_t nparams,
-                     bool tf32, trn__gpu **out, char *err, size_t err_len) {
+                     int precision, trn__gpu **out, char *err,
+                     size_t err_len) {
   *out = NULL;
   return trn__fail(err, err_len, -ENOTSUP, "cuda:%d: this build has no CUDA "
                    "backend", index);

@@ -359,10 +359,10 @@ static int new_on_cuda(trn_model *m, const layer *l, size_t nl, char *err,
   if (rc || i < 0 || i >= n)
     return trn__fail(err, errlen, rc ? rc : -ENODEV, "cuda:%d: %s", i,
                      rc || n == 0 ? why : "no such device");
-  bool tf32 = m->cfg.precision == TRN_TF32;
-  rc = m->gpt ? trn__gpu_new_gpt(i, &m->cfg, m->nparams, tf32, &m->gpu, err,
+  int pr = m->cfg.precision;
+  rc = m->gpt ? trn__gpu_new_gpt(i, &m->cfg, m->nparams, pr, &m->gpu, err,
                                  errlen)
-              : trn__gpu_new(i, l, nl, m->nparams, m->nbuffers, B, tf32,
+              : trn__gpu_new(i, l, nl, m->nparams, m->nbuffers, B, pr,
                              &m->gpu, err, errlen);
   if (rc)
     return rc;
@@ -380,8 +380,9 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
   if (cfg->max_batch == 0 || cfg->max_batch > TRN_BATCH_MAX)
     return trn__fail(err, errlen, -EINVAL, "batch %zu: 1 to %d",
                      cfg->max_batch, TRN_BATCH_MAX);
-  if (cfg->precision != TRN_FP32 && cfg->precision != TRN_TF32)
-    return trn__fail(err, errlen, -EINVAL, "precision %d: fp32 or tf32",
+  if (cfg->precision != TRN_FP32 && cfg->precision != TRN_TF32 &&
+      cfg->precision != TRN_BF16)
+    return trn__fail(err, errlen, -EINVAL, "precision %d: fp32, tf32 or bf16",
                      cfg->precision);
   trn_model *m = calloc(1, sizeof *m);
   if (!m)
@@ -955,6 +956,19 @@ int trn_model_evaluate_tokens(trn_model *m, const trn_tokens *t, size_t T,
   if (!m->gpt || !T || T > m->cfg.ctx || !trn_tokens_windows(t, T))
     return -EINVAL;
   return evaluate(m, NULL, NULL, NULL, t, T, loss, accuracy);
+}
+
+static const char *const precisions[] = {"fp32", "tf32", "bf16"};
+
+int trn_precision_parse(const char *name) {
+  for (int i = 0; i < 3; i++)
+    if (name && strcmp(name, precisions[i]) == 0)
+      return i;
+  return -1;
+}
+
+const char *trn_precision_name(int precision) {
+  return precision >= 0 && precision < 3 ? precisions[precision] : "?";
 }
 
 int trn_model_describe(const trn_model *m, char *buf, size_t len) {

@@ -331,11 +331,12 @@ enum { TRN__GPU_PARAMS, TRN__GPU_GRADS, TRN__GPU_BUFFERS };
 
 /* Builds the device copy of the nl layers l (copied), nparams parameters,
  * nbuffers buffer floats, batches up to max_batch, on CUDA device index;
- * with tf32, products and convolutions may round their inputs to TF32.
- * Chooses each convolution's algorithms from cuDNN's heuristics. */
+ * precision TRN_FP32, TRN_TF32 (products and convolutions may round their
+ * inputs to TF32) or TRN_BF16 (products round them to bf16, convolutions
+ * to TF32).  Chooses each convolution's algorithms (conv_timed). */
 int trn__gpu_new(int index, const trn__layer *l, size_t nl, size_t nparams,
-                 size_t nbuffers, size_t max_batch, bool tf32, trn__gpu **out,
-                 char *err, size_t err_len);
+                 size_t nbuffers, size_t max_batch, int precision,
+                 trn__gpu **out, char *err, size_t err_len);
 void trn__gpu_free(trn__gpu *g);
 size_t trn__gpu_bytes(const trn__gpu *g); /* device memory it holds */
 /* Copies the host array which (TRN__GPU_*, its full length) to or from
@@ -357,7 +358,8 @@ int trn__gpu_pass(trn__gpu *g, const float *x, const int32_t *y, size_t B,
  * parameters laid out as trn__gpt_layout says, batches of up to
  * c->max_batch sequences of up to c->ctx tokens. */
 int trn__gpu_new_gpt(int index, const trn_model_config *c, size_t nparams,
-                     bool tf32, trn__gpu **out, char *err, size_t err_len);
+                     int precision, trn__gpu **out, char *err,
+                     size_t err_len);
 /* One pass of a gpt model on tokens x (B, T) and their next tokens y (B,
  * T), checked by the caller: forward, and with train backward (the
  * gradients added to the device's).  The summed loss (each position's in

@@ -295,12 +295,20 @@ typedef struct trn_model_config {
   int device, device_index;
   /* On CUDA: TRN_FP32 (the default) computes in plain fp32; TRN_TF32 lets
    * cuBLAS and cuDNN multiply on the tensor cores with TF32 inputs (10
-   * mantissa bits) and fp32 sums, as PyTorch's allow_tf32.  The CPU
-   * computes in fp32 either way. */
+   * mantissa bits) and fp32 sums, as PyTorch's allow_tf32; TRN_BF16 gives
+   * cuBLAS's products bf16 inputs (8 bits) with fp32 sums, as PyTorch's
+   * set_float32_matmul_precision("medium"), and cuDNN's convolutions TF32.
+   * Every array stays fp32 (the parameters are their own master copy; no
+   * loss scaling: bf16 has fp32's range).  The CPU computes in fp32 in
+   * every case. */
   int precision;
 } trn_model_config;
 
-enum { TRN_FP32 = 0, TRN_TF32 };
+enum { TRN_FP32 = 0, TRN_TF32, TRN_BF16 };
+/* "fp32", "tf32" or "bf16" to TRN_*, else -1; and back ("?" for another
+ * value). */
+int trn_precision_parse(const char *name);
+const char *trn_precision_name(int precision);
 
 typedef struct trn_model trn_model;
 

@@ -72,18 +72,22 @@ def main():
     p.add_argument("--width", type=int, default=16)
     p.add_argument("--device", default="cpu")
     p.add_argument("--step-every", type=int, default=1)
-    p.add_argument("--precision", default="fp32", choices=("fp32", "tf32"))
+    p.add_argument("--precision", default="fp32",
+                   choices=("fp32", "tf32", "bf16"))
     a = p.parse_args()
     dev = torch.device(a.device)
     if dev.type == "cuda":
         # --precision fp32: plain fp32 (no TF32 on the tensor cores), as
         # beed's CUDA backend computes by default; tf32: both allowed, as
-        # beed's --precision tf32.  cuDNN times its algorithms
-        # (benchmark), which beed's does not (it keeps its bits the same
-        # from one process to the next).
-        tf32 = a.precision == "tf32"
+        # beed's --precision tf32; bf16: fp32 tensors whose matrix
+        # products may take bf16 inputs ("medium"), convolutions on TF32,
+        # as beed's --precision bf16.  cuDNN times its algorithms
+        # (benchmark), as beed's does by default.
+        tf32 = a.precision != "fp32"
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
+        if a.precision == "bf16":
+            torch.set_float32_matmul_precision("medium")
         torch.backends.cudnn.benchmark = True
     if a.model not in ("mlp", "cnn", "resnet", "gpt"):
         p.error("--model is mlp, cnn, resnet or gpt")

@@ -46,7 +46,7 @@ static void usage(FILE *f) {
              "                   [--data DIR | --data synthetic:CxHxW:K]\n"
              "                   [--print-core] [--device cpu|cuda[:N]]\n"
              "                   [--step-every N] [--prefetch D]\n"
-             "                   [--precision fp32|tf32]\n"
+             "                   [--precision fp32|tf32|bf16]\n"
              "  defaults: mlp 784-256-10 (cnn, resnet: trainer.h's defaults;\n"
              "  --depth, --width set resnet's), batch 256, 1 thread, 400 steps after\n"
              "  20, Fashion-MNIST from " TRN_FASHION_MNIST_DIR ";\n"
@@ -144,11 +144,12 @@ int main(int argc, char **argv) {
   }
   fprintf(stderr, "bench-train: %s\n", why);
   mc.device = dv.kind, mc.device_index = dv.index;
-  if (strcmp(precision, "fp32") != 0 && strcmp(precision, "tf32") != 0) {
-    fprintf(stderr, "bench-train: --precision %s: fp32 or tf32\n", precision);
+  if (trn_precision_parse(precision) < 0) {
+    fprintf(stderr, "bench-train: --precision %s: fp32, tf32 or bf16\n",
+            precision);
     return 2;
   }
-  mc.precision = precision[0] == 't' ? TRN_TF32 : TRN_FP32;
+  mc.precision = trn_precision_parse(precision);
   mc.name = model;
   mc.max_batch = (size_t)batch;
   if (depth)

@@ -40,7 +40,8 @@ typedef struct opts {
   int optim, sched;
   float lr, momentum, wd, clip, min_acc;
   uint64_t warmup, seed;
-  bool resume, batchnorm, tf32;
+  bool resume, batchnorm;
+  int precision;
 } opts;
 
 static double now_s(void) {
@@ -58,7 +59,7 @@ static void usage(FILE *f) {
           "             [--warmup STEPS] [--clip NORM] [--threads T]\n"
           "             [--seed S] [--data DIR] [--checkpoint FILE]\n"
           "             [--resume] [--min-accuracy PCT]\n"
-          "             [--device auto|cpu|cuda[:N]] [--precision fp32|tf32]\n"
+          "             [--device auto|cpu|cuda[:N]] [--precision fp32|tf32|bf16]\n"
           "             gpt: --tokens FILE --val-tokens FILE [--vocab V]\n"
           "             [--ctx T] [--layers L] [--heads H] [--embd C]\n"
           "             resnet: [--depth 18|20|32|44|56|110] [--width W]\n"
@@ -138,11 +139,11 @@ static void parse(int argc, char **argv, opts *o) {
     case 't': o->threads = (int)num("threads", optarg, 1, 256); break;
     case 'G': o->device = optarg; break;
     case 'P':
-      if (strcmp(optarg, "fp32") != 0 && strcmp(optarg, "tf32") != 0) {
-        fprintf(stderr, "train: --precision %s: fp32 or tf32\n", optarg);
+      if ((o->precision = trn_precision_parse(optarg)) < 0) {
+        fprintf(stderr, "train: --precision %s: fp32, tf32 or bf16\n",
+                optarg);
         exit(2);
       }
-      o->tf32 = optarg[0] == 't';
       break;
     case 'S': o->seed = (uint64_t)num("seed", optarg, 0, 1e15); break;
     case 'd': o->data = optarg; break;
@@ -206,7 +207,7 @@ int main(int argc, char **argv) {
   mc.heads = o.heads, mc.embd = o.embd;
   mc.depth = o.depth, mc.width = o.width; /* resnet, on the images */
   trn_source_fit(src, &mc); /* the images' shape and classes */
-  mc.precision = o.tf32 ? TRN_TF32 : TRN_FP32;
+  mc.precision = o.precision;
   trn_device dev;
   if ((rc = trn_device_open(o.device, &dev, err, sizeof err))) {
     fprintf(stderr, "train: --device %s: %s\n", o.device, err);
