@@ -184,12 +184,12 @@ static int finish_step(bee_train *t, const struct pend *s, float *g,
   /* A step with this bee's own samples but without the round the peers
    * at the epoch averaged leaves the swarm's parameters until their state
    * is loaded (the loop looks for a peer that averaged it: bee__resync); a
-   * full state round brings them back too.  So does a round its group
-   * finished without this bee (a->left): their step is not this one.  An empty step (no samples, no
-   * round: a bee catching up with a swarm one epoch past the state it
-   * loaded) changes nothing and marks nothing: in a swarm whose epochs are
-   * shorter than a download, marking it would load, fall one behind and
-   * load again forever. */
+   * full state round brings them back too.  A round its group finished
+   * without this bee (a->left) marks it as well: their step is not this
+   * one.  An empty step (no samples, no round: a bee catching up with a
+   * swarm one epoch past the state it loaded) changes nothing and marks
+   * nothing: in a swarm whose epochs are shorter than a download, marking
+   * it would load, fall one behind and load again forever. */
   uv_mutex_lock(&t->mu);
   if (((a->status != 0 && n > 0 && t->sh.view.peers > 1) || a->left) &&
       !t->sh.diverged) {
