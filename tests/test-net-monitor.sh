@@ -18,7 +18,7 @@ set -euo pipefail
 MON=${TRAINMONITOR:?TRAINMONITOR must name the trainmonitor binary}
 WSC="$(dirname "${BASH_SOURCE[0]}")/ws-client.py"
 RUN=mon
-TARGET=131072
+TARGET=393216 # epochs of 2 s or more (records take 1 to 2 s to travel)
 TOKEN=s3cret-token
 http=$((base + 10))
 
