@@ -11,7 +11,6 @@
  */
 #include "trainer-int.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <float.h>
 #include <math.h>
@@ -110,13 +109,163 @@ static void col2im(const float *col, const trn__conv *cv, float *dx,
       }
 }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define CONV_AVX512 1
+#define TARGET __attribute__((target("avx512f")))
+
+static __mmask16 head_mask(size_t n) {
+  return (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
+}
+
+/* im2col and col2im for stride 1, rows of at most 32 floats and windows of
+ * at most 16: each image row is one or two vectors, and every patch
+ * position's share of it is one permute of them (lane j of output row i
+ * holds image column j + kj - pad), so a row is loaded once for all k^2
+ * positions and nothing is added into memory.  The same floats, and the
+ * same sums in the same order, as im2col and col2im above. */
+#define VEC_K_MAX 16
+
+static bool vector_fits(const trn__conv *cv) {
+  return cv->w <= 32 && cv->ow <= 32 && cv->k <= VEC_K_MAX;
+}
+
+/* For each kj: the lanes' sources (lane l of half h: 16 h + l + kj - pad
+ * for im2col, 16 h + l + pad - kj for col2im) and which lie in [0, lim). */
+TARGET static void shifts(const trn__conv *cv, bool back, unsigned lim,
+                          __m512i idx[][2], __mmask16 ok[][2]) {
+  for (unsigned kj = 0; kj < cv->k; kj++)
+    for (int h = 0; h < 2; h++) {
+      int32_t v[16];
+      unsigned m = 0;
+      for (int l = 0; l < 16; l++) {
+        int x = 16 * h + l +
+                (back ? (int)cv->pad - (int)kj : (int)kj - (int)cv->pad);
+        bool in = x >= 0 && x < (int)lim;
+        v[l] = in ? x : 0;
+        m |= (unsigned)in << l;
+      }
+      idx[kj][h] = _mm512_loadu_si512(v);
+      ok[kj][h] = (__mmask16)m;
+    }
+}
+
+TARGET static void im2col_s1(const float *x, const trn__conv *cv, float *col,
+                             size_t ld) {
+  unsigned k = cv->k, oh = cv->oh, ow = cv->ow, pad = cv->pad;
+  __m512i idx[VEC_K_MAX][2];
+  __mmask16 ok[VEC_K_MAX][2];
+  shifts(cv, false, cv->w, idx, ok);
+  __mmask16 in0 = head_mask(cv->w), in1 = head_mask(cv->w > 16 ? cv->w - 16 : 0);
+  __mmask16 out0 = head_mask(ow), out1 = head_mask(ow > 16 ? ow - 16 : 0);
+  for (unsigned c = 0; c < cv->c; c++)
+    /* Every image row with pad rows of zeros above and below: output row
+     * i of position (ki, kj) reads row i + ki - pad. */
+    for (int yi = -(int)pad; yi < (int)(oh + k - 1) - (int)pad; yi++) {
+      __m512 lo = _mm512_setzero_ps(), hi = lo;
+      if (yi >= 0 && yi < (int)cv->h) {
+        const float *src = x + ((size_t)c * cv->h + (unsigned)yi) * cv->w;
+        lo = _mm512_maskz_loadu_ps(in0, src);
+        hi = _mm512_maskz_loadu_ps(in1, src + 16);
+      }
+      for (unsigned ki = 0; ki < k; ki++) {
+        int i = yi - (int)ki + (int)pad;
+        if (i < 0 || i >= (int)oh)
+          continue;
+        for (unsigned kj = 0; kj < k; kj++) {
+          float *r = col + ((size_t)(c * k + ki) * k + kj) * ld +
+                     (size_t)i * ow;
+          _mm512_mask_storeu_ps(
+              r, out0, _mm512_maskz_permutex2var_ps(ok[kj][0], lo,
+                                                    idx[kj][0], hi));
+          if (ow > 16)
+            _mm512_mask_storeu_ps(
+                r + 16, out1, _mm512_maskz_permutex2var_ps(ok[kj][1], lo,
+                                                           idx[kj][1], hi));
+        }
+      }
+    }
+}
+
+TARGET static void col2im_s1(const float *col, const trn__conv *cv, float *dx,
+                             size_t ld) {
+  unsigned k = cv->k, oh = cv->oh, ow = cv->ow, w = cv->w;
+  __m512i idx[VEC_K_MAX][2];
+  __mmask16 ok[VEC_K_MAX][2];
+  shifts(cv, true, ow, idx, ok);
+  __mmask16 in0 = head_mask(ow), in1 = head_mask(ow > 16 ? ow - 16 : 0);
+  __mmask16 out0 = head_mask(w), out1 = head_mask(w > 16 ? w - 16 : 0);
+  for (unsigned c = 0; c < cv->c; c++)
+    for (unsigned yi = 0; yi < cv->h; yi++) {
+      __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+      for (unsigned ki = 0; ki < k; ki++) {
+        int i = (int)yi - (int)ki + (int)cv->pad;
+        if (i < 0 || i >= (int)oh)
+          continue;
+        for (unsigned kj = 0; kj < k; kj++) {
+          const float *r = col + ((size_t)(c * k + ki) * k + kj) * ld +
+                           (size_t)i * ow;
+          __m512 lo = _mm512_maskz_loadu_ps(in0, r);
+          __m512 hi = _mm512_maskz_loadu_ps(in1, r + 16);
+          acc0 = _mm512_add_ps(acc0, _mm512_maskz_permutex2var_ps(
+                                         ok[kj][0], lo, idx[kj][0], hi));
+          if (w > 16)
+            acc1 = _mm512_add_ps(acc1, _mm512_maskz_permutex2var_ps(
+                                           ok[kj][1], lo, idx[kj][1], hi));
+        }
+      }
+      float *dst = dx + ((size_t)c * cv->h + yi) * w;
+      _mm512_mask_storeu_ps(dst, out0, acc0);
+      if (w > 16)
+        _mm512_mask_storeu_ps(dst + 16, out1, acc1);
+    }
+}
+#endif
+
+static bool vectors_on = true; /* trn__conv_vectors_set */
+
+void trn__conv_vectors_set(bool on) { vectors_on = on; }
+
+/* Which im2col and col2im cv takes. */
+static bool vector_cols(const trn__conv *cv) {
+#ifdef CONV_AVX512
+  return vectors_on && stride(cv) == 1 && vector_fits(cv) &&
+         trn__cpu_avx512();
+#else
+  (void)cv;
+  return false;
+#endif
+}
+
+static void to_cols(const float *x, const trn__conv *cv, float *col,
+                    size_t ld) {
+#ifdef CONV_AVX512
+  if (vector_cols(cv)) {
+    im2col_s1(x, cv, col, ld);
+    return;
+  }
+#endif
+  im2col(x, cv, col, ld);
+}
+
+static void from_cols(const float *col, const trn__conv *cv, float *dx,
+                      size_t ld) {
+#ifdef CONV_AVX512
+  if (vector_cols(cv)) {
+    col2im_s1(col, cv, dx, ld);
+    return;
+  }
+#endif
+  col2im(col, cv, dx, ld);
+}
+
 /* The patches of samples n0 .. n0 + nb - 1 of x side by side: col (c k k,
  * nb oh ow).  Returns nb oh ow, the row length. */
 static size_t chunk_cols(const trn__conv *cv, const float *x, size_t n0,
                          size_t nb, float *col) {
   size_t in = (size_t)cv->c * cv->h * cv->w, px = (size_t)cv->oh * cv->ow;
   for (size_t s = 0; s < nb; s++)
-    im2col(x + (n0 + s) * in, cv, col + s * px, nb * px);
+    to_cols(x + (n0 + s) * in, cv, col + s * px, nb * px);
   return nb * px;
 }
 
@@ -222,9 +371,8 @@ static void fwd_chunk(const conv_job *j, size_t n0, float *col, float *tmp) {
   size_t ld = chunk_cols(cv, j->x, n0, nb, col);
   /* tmp (oc, nb px) = W (oc, kk) . col (kk, nb px): one product for the
    * chunk, then each sample's rows into y (n, oc, px) with the bias. */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)cv->oc,
-              (int)ld, (int)kk, 1.0f, j->w, (int)kk, col, (int)ld, 0.0f, tmp,
-              (int)ld);
+  trn__sgemm(false, false, cv->oc, ld, kk, 1.0f, j->w, kk, col, ld, 0.0f, tmp,
+             ld);
   for (size_t s = 0; s < nb; s++)
     for (unsigned o = 0; o < cv->oc; o++) {
       float *yo = j->out + ((n0 + s) * cv->oc + o) * px;
@@ -294,16 +442,15 @@ static void bwd_chunk(const conv_job *j, size_t n0, float *col, float *tmp,
       }
     }
   /* dW (oc, kk) += dy (oc, nb px) . col^T (nb px, kk) */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)cv->oc, (int)kk,
-              (int)ld, 1.0f, tmp, (int)ld, col, (int)ld, 1.0f, dw, (int)kk);
+  trn__sgemm(false, true, cv->oc, kk, ld, 1.0f, tmp, ld, col, ld, 1.0f, dw,
+             kk);
   if (!j->dx)
     return;
   /* dcol (kk, nb px) = W^T (kk, oc) . dy (oc, nb px), then into dx */
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kk, (int)ld,
-              (int)cv->oc, 1.0f, j->w, (int)kk, tmp, (int)ld, 0.0f, col,
-              (int)ld);
+  trn__sgemm(true, false, kk, ld, cv->oc, 1.0f, j->w, kk, tmp, ld, 0.0f, col,
+             ld);
   for (size_t s = 0; s < nb; s++)
-    col2im(col + s * px, cv, j->dx + (n0 + s) * in, ld);
+    from_cols(col + s * px, cv, j->dx + (n0 + s) * in, ld);
 }
 
 static void bwd_part(void *arg, int part, int parts) {
@@ -389,11 +536,64 @@ typedef struct pool_job {
   unsigned h, w, k;
 } pool_job;
 
+#ifdef CONV_AVX512
+/* maxpool2 for rows of at most 32: a row pair's windows at once, the
+ * four candidates taken apart by permutes and compared in maxpool2's
+ * order with its rule. */
+TARGET static void maxpool2_v(const float *x, float *y, uint32_t *arg,
+                              size_t planes, unsigned h, unsigned w) {
+  unsigned oh = h / 2, ow = w / 2;
+  __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3,
+                                  2, 1, 0);
+  __m512i even = _mm512_add_epi32(lane, lane);
+  __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  __mmask16 in0 = head_mask(w), in1 = head_mask(w > 16 ? w - 16 : 0);
+  __mmask16 out = head_mask(ow);
+  for (size_t n = 0; n < planes; n++) {
+    const float *xp = x + n * h * w;
+    for (unsigned i = 0; i < oh; i++) {
+      const float *r0 = xp + 2 * i * w, *r1 = r0 + w;
+      __m512 lo0 = _mm512_maskz_loadu_ps(in0, r0);
+      __m512 hi0 = _mm512_maskz_loadu_ps(in1, r0 + 16);
+      __m512 lo1 = _mm512_maskz_loadu_ps(in0, r1);
+      __m512 hi1 = _mm512_maskz_loadu_ps(in1, r1 + 16);
+      __m512 c[4] = {_mm512_permutex2var_ps(lo0, even, hi0),
+                     _mm512_permutex2var_ps(lo0, odd, hi0),
+                     _mm512_permutex2var_ps(lo1, even, hi1),
+                     _mm512_permutex2var_ps(lo1, odd, hi1)};
+      __m512i at0 = _mm512_add_epi32(_mm512_set1_epi32((int)(2 * i * w)),
+                                     even);
+      __m512i at[4] = {at0, _mm512_add_epi32(at0, _mm512_set1_epi32(1)),
+                       _mm512_add_epi32(at0, _mm512_set1_epi32((int)w)),
+                       _mm512_add_epi32(at0, _mm512_set1_epi32((int)w + 1))};
+      __m512 v = c[0];
+      __m512i a = at[0];
+      for (int q = 1; q < 4; q++) {
+        /* not c <= v, and v a number */
+        __mmask16 t = _mm512_cmp_ps_mask(c[q], v, _CMP_NLE_UQ) &
+                      _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q);
+        v = _mm512_mask_blend_ps(t, v, c[q]);
+        a = _mm512_mask_blend_epi32(t, a, at[q]);
+      }
+      _mm512_mask_storeu_ps(y + (n * oh + i) * ow, out, v);
+      _mm512_mask_storeu_epi32(arg + (n * oh + i) * ow, out, a);
+    }
+  }
+}
+#endif
+
 /* Planes [p0, p1) forward. */
 static void maxpool_planes(void *job, size_t p0, size_t p1) {
   const pool_job *j = job;
   unsigned h = j->h, w = j->w, k = j->k, oh = h / k, ow = w / k;
   size_t in = (size_t)h * w, out = (size_t)oh * ow;
+#ifdef CONV_AVX512
+  if (k == 2 && w <= 32 && vectors_on && trn__cpu_avx512()) {
+    maxpool2_v(j->x + p0 * in, j->y + p0 * out, j->arg + p0 * out, p1 - p0,
+               h, w);
+    return;
+  }
+#endif
   if (k == 2) {
     maxpool2(j->x + p0 * in, j->y + p0 * out, j->arg + p0 * out, p1 - p0, h,
              w);

@@ -332,6 +332,14 @@ int trn_blas_better_core(char *name, size_t name_len, char *why,
     name[0] = 0;
   if (!now)
     now = "?";
+  if (strcmp(trn__sgemm_name(), "openblas") != 0) {
+    /* gemm.c's kernel does the products: OpenBLAS's choice is moot. */
+    trn__fail(why, why_len, 0,
+              "matrix products run in the trainer's AVX-512 kernel "
+              "(OpenBLAS, with its %s kernels, only where that is off)",
+              now);
+    return 0;
+  }
 #if defined(__x86_64__) && defined(__GNUC__)
   /* OpenBLAS's AVX-512 kernels (SkylakeX, Cooperlake, SapphireRapids)
    * need AVX-512 F, BW, DQ and VL. */

@@ -15,7 +15,6 @@
  */
 #include "trainer-int.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -98,18 +97,16 @@ static void matmul_fwd(float *out, const float *inp, const float *w,
   if (bias)
     for (size_t n = 0; n < N; n++)
       memcpy(out + n * OC, bias, OC * sizeof *out);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)C,
-              1.0f, inp, (int)C, w, (int)C, bias ? 1.0f : 0.0f, out, (int)OC);
+  trn__sgemm(false, true, N, OC, C, 1.0f, inp, C, w, C, bias ? 1.0f : 0.0f,
+             out, OC);
 }
 
 /* dinp += dout W; dW += dout^T inp; dbias += the sum of dout's rows. */
 static void matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
                        const float *inp, const float *w, size_t N, size_t C,
                        size_t OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)C,
-              (int)OC, 1.0f, dout, (int)OC, w, (int)C, 1.0f, dinp, (int)C);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)OC, (int)C, (int)N,
-              1.0f, dout, (int)OC, inp, (int)C, 1.0f, dw, (int)C);
+  trn__sgemm(false, false, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
+  trn__sgemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
   if (dbias)
     for (size_t n = 0; n < N; n++)
       for (size_t o = 0; o < OC; o++)

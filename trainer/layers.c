@@ -10,7 +10,6 @@
  */
 #include "trainer-int.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
@@ -19,23 +18,20 @@ void trn__linear_fwd(const float *x, const float *w, const float *b, float *y,
   for (size_t i = 0; i < B; i++)
     memcpy(y + i * out, b, out * sizeof *y);
   /* y (B, out) += x (B, in) . W^T (in, out) */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)B, (int)out,
-              (int)in, 1.0f, x, (int)in, w, (int)in, 1.0f, y, (int)out);
+  trn__sgemm(false, true, B, out, in, 1.0f, x, in, w, in, 1.0f, y, out);
 }
 
 void trn__linear_bwd(const float *x, const float *w, const float *dy,
                      float *dx, float *dw, float *db, size_t B, size_t in,
                      size_t out) {
   /* dW (out, in) += dy^T (out, B) . x (B, in) */
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out, (int)in,
-              (int)B, 1.0f, dy, (int)out, x, (int)in, 1.0f, dw, (int)in);
+  trn__sgemm(true, false, out, in, B, 1.0f, dy, out, x, in, 1.0f, dw, in);
   for (size_t i = 0; i < B; i++)
     for (size_t j = 0; j < out; j++)
       db[j] += dy[i * out + j];
   /* dx (B, in) = dy (B, out) . W (out, in) */
   if (dx)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)B, (int)in,
-                (int)out, 1.0f, dy, (int)out, w, (int)in, 0.0f, dx, (int)in);
+    trn__sgemm(false, false, B, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
 }
 
 void trn__relu_fwd(const float *x, float *y, size_t n) {

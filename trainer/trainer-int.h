@@ -87,6 +87,24 @@ void trn__pool_range(size_t n, int part, int parts, size_t *a, size_t *b);
 void trn__pool_for(size_t n, size_t grain,
                    void (*fn)(void *arg, size_t a, size_t b), void *arg);
 
+/* ---- gemm.c: matrix products ----------------------------------------------- */
+
+/* C (m, n) = alpha op(A) op(B) + beta C, row-major, as cblas_sgemm with
+ * CblasRowMajor: op(A) (m, k) is A, or A^T when ta (A stored (k, m));
+ * op(B) (k, n) likewise with tb; lda, ldb, ldc are the stored rows'
+ * strides.  C is not read when beta is 0.  Our AVX-512 kernel where the
+ * CPU has it (each element of C the same bits however the work is
+ * shared), else OpenBLAS; from outside a pool job it shares the product
+ * among the pool's threads. */
+void trn__sgemm(bool ta, bool tb, size_t m, size_t n, size_t k, float alpha,
+                const float *a, size_t lda, const float *b, size_t ldb,
+                float beta, float *c, size_t ldc);
+/* Which of the two runs the products: "beed avx512" or "openblas". */
+const char *trn__sgemm_name(void);
+/* Whether this CPU (and its OS) runs AVX-512F: the other vector paths'
+ * test (conv.c's im2col). */
+bool trn__cpu_avx512(void);
+
 /* ---- model.c ------------------------------------------------------------- */
 
 /* A hash of the model's layer list (kinds, shapes, parameter offsets):
@@ -205,7 +223,7 @@ typedef struct trn__conv {
 
 /* Samples whose patches go into one matrix product: large enough to keep
  * OpenBLAS's kernels busy, small enough for the workspace. */
-#define TRN__CONV_CHUNK 16
+#define TRN__CONV_CHUNK 4
 
 /* A model's convolution workspace, one set per thread part: col and tmp
  * (c k k and oc floats per output pixel of TRN__CONV_CHUNK samples, the
@@ -239,6 +257,10 @@ void trn__conv_fwd(const trn__conv *cv, const float *x, const float *w,
 void trn__conv_bwd(const trn__conv *cv, const float *x, const float *w,
                    const float *y, const float *dy, float *dx, float *dw,
                    float *db, size_t B, trn__conv_ws *ws);
+/* Whether the convolutions and 2 x 2 pooling may take their AVX-512 paths
+ * where the CPU has it (the default): off, the plain loops.  Both give
+ * the same bits; for the test that checks so. */
+void trn__conv_vectors_set(bool on);
 /* k x k windows, stride k: y (B, c, h / k, w / k) and where each maximum
  * was (its index in its channel's plane). */
 void trn__maxpool_fwd(const float *x, float *y, uint32_t *arg, size_t B,

@@ -407,11 +407,14 @@ void trn_model_set_dropout_calls(trn_model *m, uint64_t n);
  * pooling and optimizer steps (at most 64).  Results are the same bits for
  * the same n.  Call it at start-up or between steps, from one thread. */
 void trn_cpu_threads_set(int n);
-/* Whether OpenBLAS runs weaker kernels than this CPU has: it picks them
- * when it loads, from the CPU or from OPENBLAS_CORETYPE in the environment
- * (which may force older ones).  Returns 1 and the OPENBLAS_CORETYPE
- * value that would select the better ones in name (name_len bytes), else
- * 0; why gets one line for the log either way. */
+/* Whether OpenBLAS runs the matrix products with weaker kernels than this
+ * CPU has: it picks them when it loads, from the CPU or from
+ * OPENBLAS_CORETYPE in the environment (which may force older ones).
+ * Returns 1 and the OPENBLAS_CORETYPE value that would select the better
+ * ones in name (name_len bytes), else 0 (also when the trainer's own
+ * AVX-512 kernel does the products, as it does on any CPU with AVX-512
+ * unless TRN_GEMM=openblas is in the environment); why gets one line for
+ * the log either way. */
 int trn_blas_better_core(char *name, size_t name_len, char *why,
                          size_t why_len);
 

@@ -8,9 +8,10 @@
  * thread or, with --prefetch D, D batches ahead on the loader's thread),
  * forward and backward, and every --step-every batches an SGD step with
  * momentum 0.9 (trn_model_step: on the model's device) over the
- * gradients accumulated since the last.  A note on stderr says when
- * OpenBLAS runs weaker kernels than the CPU has (an OPENBLAS_CORETYPE in
- * the environment).
+ * gradients accumulated since the last.  A line on stderr says what runs
+ * the matrix products (the trainer's AVX-512 kernel, or OpenBLAS) and
+ * notes when OpenBLAS runs weaker kernels than the CPU has (an
+ * OPENBLAS_CORETYPE in the environment).
  * Prints one line: "RESULT impl=beed device=cpu step_every=1 model=mlp
  * batch=B threads=T samples_per_s=... loss=... ... cores=C batch_ms=...
  * pass_ms=...", C being CPU time over wall time in the timed steps,
@@ -102,10 +103,13 @@ int main(int argc, char **argv) {
     return 2;
   }
   char err[512], core[32];
-  /* Say so when OpenBLAS was made to run weaker kernels than the CPU has
-   * (OPENBLAS_CORETYPE in the environment): the figures depend on it. */
+  /* Say what runs the matrix products, and so when OpenBLAS was made to
+   * run weaker kernels than the CPU has (OPENBLAS_CORETYPE in the
+   * environment): the figures depend on it. */
   if (trn_blas_better_core(core, sizeof core, err, sizeof err) == 1)
     fprintf(stderr, "bench-train: note: %s\n", err);
+  else
+    fprintf(stderr, "bench-train: %s\n", err);
   trn_images tr = {0};
   unsigned sc = 0, sh = 0, sw = 0, sk = 0; /* synthetic: its shape */
   int rc = 0;
