@@ -219,6 +219,29 @@ static void pool_same(unsigned h, unsigned w) {
   checked++;
 }
 
+static void tanh_close(void) {
+  double worst = 0, at = 0;
+  for (double d = -20; d <= 20; d += 1e-5) {
+    float x = (float)d;
+    double want = tanh((double)x), e = fabs(trn__tanhf(x) - want);
+    if (want != 0)
+      e /= fabs(want);
+    if (e > worst)
+      worst = e, at = x;
+  }
+  for (float x = 1e-30f; x < 1; x *= 1.001f) {
+    double e = fabs(trn__tanhf(x) - tanh((double)x)) / tanh((double)x);
+    if (e > worst)
+      worst = e, at = x;
+  }
+  printf("tanh within %.3g of its value (at %.9g)\n", worst, at);
+  if (!(worst <= 2.5e-7))
+    FAIL("trn__tanhf(%.9g) is %.3g off", at, worst);
+  ASSERT(isnan(trn__tanhf(NAN)));
+  ASSERT(trn__tanhf(INFINITY) == 1 && trn__tanhf(-INFINITY) == -1);
+  ASSERT(trn__tanhf(0) == 0 && signbit(trn__tanhf(-0.0f)));
+}
+
 int main(void) {
   printf("products by %s\n", trn__sgemm_name());
   static const size_t ms[] = {1, 5, 12, 13, 40};
@@ -265,5 +288,6 @@ int main(void) {
   pool_same(5, 31);
   pool_same(4, 34); /* past 32: plain */
   printf("%d layers checked\n", checked);
+  tanh_close();
   return 0;
 }

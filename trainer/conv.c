@@ -620,6 +620,7 @@ static void maxpool_planes(void *job, size_t p0, size_t p1) {
 }
 
 /* Planes [p0, p1) backward. */
+TRN__VECTOR_CLONES
 static void maxpool_back_planes(void *job, size_t p0, size_t p1) {
   const pool_job *j = job;
   size_t in = (size_t)j->h * j->w, out = (size_t)(j->h / j->k) * (j->w / j->k);
@@ -689,6 +690,7 @@ typedef struct bn_job {
   bool train;
 } bn_job;
 
+TRN__VECTOR_CLONES
 static void bn_fwd_channels(void *job, size_t c0, size_t c1) {
   const bn_job *j = job;
   const trn__bn *bn = j->bn;
@@ -743,6 +745,7 @@ void trn__bn_fwd(const trn__bn *bn, const float *x, const float *gamma,
   trn__pool_for(bn->c, 2, bn_fwd_channels, &j);
 }
 
+TRN__VECTOR_CLONES
 static void bn_bwd_channels(void *job, size_t c0, size_t c1) {
   const bn_job *j = job;
   const trn__bn *bn = j->bn;

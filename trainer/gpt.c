@@ -9,9 +9,9 @@
  * the averager and checkpoints see one buffer like any other model's.
  * The math is GPT-2's: layer norm with eps 1e-5, attention scaled by
  * 1 / sqrt(head size) with the causal mask, GELU's tanh approximation.
- * Matrix products go to OpenBLAS; the rest are plain loops.  Shapes in
- * the comments: B batch, T positions, C channels, NH heads, V vocabulary,
- * L layers.
+ * Matrix products go through trn__sgemm; the rest are plain loops.
+ * Shapes in the comments: B batch, T positions, C channels, NH heads, V
+ * vocabulary, L layers.
  */
 #include "trainer-int.h"
 
@@ -47,6 +47,7 @@ static void encoder_bwd(float *dwte, float *dwpe, const float *dout,
 
 /* out (N, C) = (inp - mean) / sqrt(var + 1e-5) w + b, per row; mean and
  * rstd (N) kept for backward. */
+TRN__VECTOR_CLONES
 static void layernorm_fwd(float *out, float *mean, float *rstd,
                           const float *inp, const float *w, const float *b,
                           size_t N, size_t C) {
@@ -67,6 +68,7 @@ static void layernorm_fwd(float *out, float *mean, float *rstd,
   }
 }
 
+TRN__VECTOR_CLONES
 static void layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
                           const float *inp, const float *w, const float *mean,
                           const float *rstd, size_t N, size_t C) {
@@ -124,6 +126,7 @@ typedef struct att_job {
   size_t T, C, NH;
 } att_job;
 
+TRN__VECTOR_CLONES
 static void attention_fwd_range(void *job, size_t b0, size_t b1) {
   const att_job *j = job;
   float *out = j->out, *att = j->att;
@@ -170,6 +173,7 @@ static void attention_fwd(float *out, float *att, const float *qkv, size_t B,
   trn__pool_for(B, 1, attention_fwd_range, &j);
 }
 
+TRN__VECTOR_CLONES
 static void attention_bwd_range(void *job, size_t b0, size_t b1) {
   const att_job *j = job;
   float *dqkv = j->dqkv;
@@ -228,13 +232,15 @@ typedef struct gelu_job {
   const float *inp, *dout;
 } gelu_job;
 
+TRN__VECTOR_CLONES
 static void gelu_fwd_range(void *job, size_t i0, size_t i1) {
   const gelu_job *j = job;
   float *out = j->out;
   const float *inp = j->inp;
   for (size_t i = i0; i < i1; i++) {
     float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+    out[i] = 0.5f * x *
+             (1.0f + trn__tanhf(GELU_K * (x + 0.044715f * x * x * x)));
   }
 }
 
@@ -243,13 +249,14 @@ static void gelu_fwd(float *out, const float *inp, size_t n) {
   trn__pool_for(n, 1 << 12, gelu_fwd_range, &j);
 }
 
+TRN__VECTOR_CLONES
 static void gelu_bwd_range(void *job, size_t i0, size_t i1) {
   const gelu_job *j = job;
   float *dinp = j->out;
   const float *inp = j->inp, *dout = j->dout;
   for (size_t i = i0; i < i1; i++) {
     float x = inp[i], u = GELU_K * (x + 0.044715f * x * x * x);
-    float th = tanhf(u), sech2 = 1.0f - th * th;
+    float th = trn__tanhf(u), sech2 = 1.0f - th * th;
     float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
     dinp[i] += dout[i] * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du);
   }

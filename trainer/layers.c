@@ -34,16 +34,26 @@ void trn__linear_bwd(const float *x, const float *w, const float *dy,
     trn__sgemm(false, false, B, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
 }
 
-void trn__relu_fwd(const float *x, float *y, size_t n) {
+/* The loops in copies for AVX-512 and the baseline (TRN__VECTOR_CLONES),
+ * static: clang resolves a multiversioned function only in its own file. */
+TRN__VECTOR_CLONES
+static void relu_fwd(const float *x, float *y, size_t n) {
   for (size_t i = 0; i < n; i++)
     y[i] = x[i] > 0 ? x[i] : 0;
 }
 
-void trn__relu_bwd(const float *y, const float *dy, float *dx, size_t n) {
+TRN__VECTOR_CLONES
+static void relu_bwd(const float *y, const float *dy, float *dx, size_t n) {
   for (size_t i = 0; i < n; i++) {
     float v = dy[i]; /* read either way: a select, not a branch */
     dx[i] = y[i] > 0 ? v : 0;
   }
+}
+
+void trn__relu_fwd(const float *x, float *y, size_t n) { relu_fwd(x, y, n); }
+
+void trn__relu_bwd(const float *y, const float *dy, float *dx, size_t n) {
+  relu_bwd(y, dy, dx, n);
 }
 
 double trn__softmax_ce(const float *logits, const int32_t *labels, float *dl,

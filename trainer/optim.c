@@ -155,6 +155,7 @@ typedef struct step_job {
   float step, bc2s, decay;
 } step_job;
 
+TRN__VECTOR_CLONES
 static void sgd_range(void *arg, size_t a, size_t b) {
   const step_job *j = arg;
   const trn_optim_config *c = &j->o->cfg;
@@ -179,6 +180,7 @@ static void sgd(trn_optim *o, float *p, const float *g, float scale) {
   trn__pool_for(o->n, 1 << 14, sgd_range, &j);
 }
 
+TRN__VECTOR_CLONES
 static void adamw_range(void *arg, size_t a, size_t b) {
   const step_job *j = arg;
   const trn_optim_config *c = &j->o->cfg;

@@ -63,6 +63,19 @@ int trn__dnn_check(cudnnStatus_t s, const char *call, const char *file,
                    int line);
 #endif
 
+/* On a hot loop of plain C: a copy compiled for AVX-512 beside the
+ * baseline one, picked when the program loads by what the CPU has (GCC's
+ * and clang's function multiversioning).  Both round alike: no fused
+ * multiply-adds (-ffp-contract=off in trainer/meson.build), no
+ * reassociation; only the vectors are wider.  Static functions only:
+ * clang 14 resolves a multiversioned function only within its own file. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) &&       \
+    !defined(__CUDACC__)
+#define TRN__VECTOR_CLONES __attribute__((target_clones("avx512f", "default")))
+#else
+#define TRN__VECTOR_CLONES
+#endif
+
 /* ---- pool.c: the CPU backend's worker threads ------------------------------ */
 
 /* The most threads one job is split over. */
@@ -104,6 +117,53 @@ const char *trn__sgemm_name(void);
 /* Whether this CPU (and its OS) runs AVX-512F: the other vector paths'
  * test (conv.c's im2col). */
 bool trn__cpu_avx512(void);
+
+/* ---- tanh for GELU ----------------------------------------------------------- */
+
+/* tanh(x) within 3e-7 of its value (a few float ulps; test-trainer-simd
+ * sweeps it against tanh in double), in plain arithmetic that the
+ * compiler turns into vectors: libm's tanhf, a call per element, was a
+ * third of gpt's time on the CPU.  For |x| < 0.4 its odd Taylor series
+ * to x^15; beyond, 1 - 2 / (e^2|x| + 1) with e^y as 2^n times a degree-7
+ * series in y - n ln 2 (|x| held to 10, where tanh is 1 in float), the
+ * sign put back.  NaN gives NaN. */
+#ifndef __cplusplus /* C's union initializer; the .cu files have tanhf */
+static inline float trn__tanhf(float x) {
+  float a = __builtin_fabsf(x), z = x * x;
+  /* The series' coefficients, each rounded once from its exact ratio. */
+  const float t3 = (float)(-1.0 / 3), t5 = (float)(2.0 / 15),
+              t7 = (float)(-17.0 / 315), t9 = (float)(62.0 / 2835),
+              t11 = (float)(-1382.0 / 155925),
+              t13 = (float)(21844.0 / 6081075),
+              t15 = (float)(-929569.0 / 638512875);
+  float small = __builtin_copysignf( /* the sign: -0 gives -0 */
+      x + x * z *
+              (t3 + z * (t5 + z * (t7 + z * (t9 + z * (t11 + z * (t13 +
+                                                              z * t15)))))),
+      x);
+  float y = 2 * (a < 10.0f ? a : 10.0f); /* NaN: 10, put back below */
+  /* n = round(y / ln 2) by adding 1.5 2^23, whose float then holds n in
+   * its low bits: no float-to-int conversion (which keeps GCC from
+   * making vectors of the loop with AVX-512). */
+  union {
+    float f;
+    uint32_t u;
+  } m = {.f = y * 1.44269504f + 12582912.0f};
+  float nf = m.f - 12582912.0f; /* n, in [0, 29] */
+  float r = y - nf * 0.693359375f + nf * 2.12194440e-4f;
+  const float e3 = (float)(1.0 / 6), e4 = (float)(1.0 / 24),
+              e5 = (float)(1.0 / 120), e6 = (float)(1.0 / 720),
+              e7 = (float)(1.0 / 5040);
+  float p = 1 + r * (1 + r * (0.5f + r * (e3 + r * (e4 + r * (e5 + r * (e6 +
+                                                               r * e7))))));
+  union {
+    uint32_t u;
+    float f;
+  } two_n = {.u = (m.u + 127u) << 23}; /* 2^n: the 1.5 2^23 shifts out */
+  float big = __builtin_copysignf(1 - 2 / (p * two_n.f + 1), x);
+  return a < 0.4f ? small : a == a ? big : x;
+}
+#endif
 
 /* ---- model.c ------------------------------------------------------------- */
 
