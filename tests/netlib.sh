@@ -30,6 +30,13 @@ fail() {
   exit 1
 }
 
+# epoch_target FAST SANITIZED: the --target-batch-size for epochs of a few
+# seconds, FAST in a plain build, SANITIZED in an ASan/UBSan one (its
+# trainer is many times slower; meson sets BEE_TEST_SANITIZED).
+epoch_target() {
+  if [ "${BEE_TEST_SANITIZED:-0}" = 1 ]; then echo "$2"; else echo "$1"; fi
+}
+
 field() { awk -v k="$1" '$1 == k { print $2; exit }' "$2"; }
 
 # key NAME [--moderator]: makes NAME.key, sets pk_NAME.

@@ -18,7 +18,8 @@ set -euo pipefail
 MON=${TRAINMONITOR:?TRAINMONITOR must name the trainmonitor binary}
 WSC="$(dirname "${BASH_SOURCE[0]}")/ws-client.py"
 RUN=mon
-TARGET=393216 # epochs of 2 s or more (records take 1 to 2 s to travel)
+# Epochs of 2 s or more (records take 1 to 2 s to travel).
+TARGET=$(epoch_target 786432 393216)
 TOKEN=s3cret-token
 http=$((base + 10))
 

@@ -20,7 +20,8 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
 
 RUN=t3
-TARGET=655360 # an epoch of 2.5 s or more: the view travels in 1 to 2 s
+# An epoch of 2.5 s or more: the view travels in 1 to 2 s.
+TARGET=$(epoch_target 1310720 655360)
 EPOCHS=4 # epochs every bee must finish
 
 for b in b0 b1 b2; do key "$b"; done
