@@ -1,5 +1,6 @@
 /* conv.c: the CPU layers for images (trainer-int.h): 2-D convolution by
- * im2col and OpenBLAS, max pooling, dropout, batch normalization.
+ * im2col and trn__sgemm (gemm.c), max pooling, dropout, batch
+ * normalization.
  *
  * Tensors are NCHW, row-major, as PyTorch's default layout, so weights
  * (out channels, in channels, kh, kw) move between the two as they are.
@@ -156,7 +157,8 @@ TARGET static void im2col_s1(const float *x, const trn__conv *cv, float *col,
   __m512i idx[VEC_K_MAX][2];
   __mmask16 ok[VEC_K_MAX][2];
   shifts(cv, false, cv->w, idx, ok);
-  __mmask16 in0 = head_mask(cv->w), in1 = head_mask(cv->w > 16 ? cv->w - 16 : 0);
+  __mmask16 in0 = head_mask(cv->w);
+  __mmask16 in1 = head_mask(cv->w > 16 ? cv->w - 16 : 0);
   __mmask16 out0 = head_mask(ow), out1 = head_mask(ow > 16 ? ow - 16 : 0);
   for (unsigned c = 0; c < cv->c; c++)
     /* Every image row with pad rows of zeros above and below: output row

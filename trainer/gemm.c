@@ -5,9 +5,9 @@
  * environment, it calls OpenBLAS.  Why our own: OpenBLAS picks its kernels
  * by the CPU's name when it loads, and where OPENBLAS_CORETYPE holds it to
  * Haswell's (machines whose CPU an older OpenBLAS misjudges, as this
- * project's do) a CPU with two 512-bit FMA pipes runs 256-bit ones: half
- * its arithmetic.  The convolutions, which are nearly all products, were
- * 0.72 of PyTorch's oneDNN there.
+ * project's do) an AVX-512 CPU runs 256-bit kernels.  The cnn, whose
+ * convolutions are nearly all products, was 0.72 of PyTorch (oneDNN's
+ * AVX-512 convolutions) there; 1.32 with this kernel.
  *
  * The kernel is the usual blocked one (Goto and van de Geijn): B in blocks
  * of KC rows and NC columns is packed into panels of NR columns, A in
@@ -53,11 +53,11 @@ static void blas(bool ta, bool tb, size_t m, size_t n, size_t k, float alpha,
 #ifdef GEMM_AVX512
 
 #define TARGET __attribute__((target("avx512f")))
-/* The micro-kernel reads only the packed panels gemm_block allocated and
- * writes C through masks; instrumented (ASan, UBSan), its 14 checks per 24
- * multiply-adds made a sanitizer build's products 20 times slower than
- * OpenBLAS's uninstrumented ones.  The packing, which reads the caller's
- * matrices, stays checked. */
+/* The micro-kernel reads only the packed panels gemm_block sized and
+ * writes C through masks; instrumented (ASan, UBSan) it would check 14
+ * loads per 24 multiply-adds, where a sanitizer build used to run
+ * OpenBLAS's uninstrumented kernels.  The packing, which reads the
+ * caller's matrices, stays checked. */
 #if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 8)
 #define UNCHECKED __attribute__((no_sanitize("address", "undefined")))
 #else

@@ -118,7 +118,7 @@ const char *trn__sgemm_name(void);
  * test (conv.c's im2col). */
 bool trn__cpu_avx512(void);
 
-/* ---- tanh for GELU ----------------------------------------------------------- */
+/* ---- tanh for GELU --------------------------------------------------------- */
 
 /* tanh(x) within 3e-7 of its value (a few float ulps; test-trainer-simd
  * sweeps it against tanh in double), in plain arithmetic that the
