@@ -10,8 +10,9 @@
  * - The same product on 1 and 2 threads, shared by columns and by rows:
  *   the same bits; and a block of C computed alone (other offsets, other
  *   tiles): the same bits as inside the whole.
- * Which implementation ran (ours on AVX-512, else OpenBLAS) is printed;
- * the bounds hold for both, the same bits only for ours.
+ * A TRN_GEMM value other than auto or openblas is warned about and taken
+ * as auto.  Which implementation ran (ours on AVX-512, else OpenBLAS) is
+ * printed; the bounds hold for both, the same bits only for ours.
  *
  * conv.c's AVX-512 im2col, col2im and 2 x 2 max pooling against its plain
  * loops (trn__conv_vectors_set): a convolution's forward and backward
@@ -242,8 +243,25 @@ static void tanh_close(void) {
   ASSERT(trn__tanhf(0) == 0 && signbit(trn__tanhf(-0.0f)));
 }
 
+static char warned[256];
+
+static void on_log(int level, const char *msg, void *data) {
+  (void)data;
+  if (level == TRN_LOG_WARN)
+    snprintf(warned, sizeof warned, "%s", msg);
+}
+
 int main(void) {
-  printf("products by %s\n", trn__sgemm_name());
+  /* A TRN_GEMM the trainer does not know is warned about, and taken as
+   * auto: the choice by the CPU. */
+  setenv("TRN_GEMM", "bogus", 1);
+  trn_log_set(on_log, NULL);
+  const char *name = trn__sgemm_name();
+  trn_log_set(NULL, NULL);
+  if (!strstr(warned, "TRN_GEMM=bogus: expected auto or openblas"))
+    FAIL("no warning for TRN_GEMM=bogus (got '%s')", warned);
+  ASSERT(strcmp(name, trn__cpu_avx512() ? "beed avx512" : "openblas") == 0);
+  printf("products by %s\n", name);
   static const size_t ms[] = {1, 5, 12, 13, 40};
   static const size_t ns[] = {1, 17, 32, 33, 70};
   static const size_t ks[] = {1, 7, 320, 321, 700};

@@ -2,7 +2,8 @@
  *
  * trn__sgemm is cblas_sgemm's row-major call.  On a CPU with AVX-512 it
  * runs our own kernel; elsewhere, or with TRN_GEMM=openblas in the
- * environment, it calls OpenBLAS.  Why our own: OpenBLAS picks its kernels
+ * environment, it calls OpenBLAS (TRN_GEMM=auto, or unset: the choice by
+ * the CPU; anything else is warned about once and taken as auto).  Why our own: OpenBLAS picks its kernels
  * by the CPU's name when it loads, and where OPENBLAS_CORETYPE holds it to
  * Haswell's (machines whose CPU an older OpenBLAS misjudges, as this
  * project's do) an AVX-512 CPU runs 256-bit kernels.  The cnn, whose
@@ -334,7 +335,13 @@ static bool own(void) {
   int u = __atomic_load_n(&use_own, __ATOMIC_RELAXED);
   if (u < 0) {
     const char *e = getenv("TRN_GEMM");
-    u = trn__cpu_avx512() && !(e && !strcmp(e, "openblas"));
+    bool blas_asked = e && !strcmp(e, "openblas");
+    if (e && *e && !blas_asked && strcmp(e, "auto") != 0)
+      trn__log(TRN_LOG_WARN,
+               "TRN_GEMM=%.40s: expected auto or openblas; taking auto "
+               "(our kernel where the CPU has AVX-512)",
+               e);
+    u = trn__cpu_avx512() && !blas_asked;
     __atomic_store_n(&use_own, u, __ATOMIC_RELAXED);
   }
   return u;
