@@ -20,7 +20,7 @@ for b in b0 b1 b2; do key "$b"; done
 # time + 2 s), or b2 would be two epochs behind and load the state for
 # that reason instead.
 train=(--open --run-id resync
-  --target-batch-size "$(epoch_target 2621440 1310720)" --eval-every 0
+  --target-batch-size "$(epoch_target 2621440 786432)" --eval-every 0
   --matchmaking-time 1 --min-peers 3)
 start b0 "$base" "${train[@]}"
 wait_log b0 'listening on' 10

@@ -19,7 +19,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
 
 for b in b0 b1 b2 b3 b4; do key "$b"; done
-train=(--open --run-id split --target-batch-size "$(epoch_target 2097152 1048576)"
+train=(--open --run-id split --target-batch-size "$(epoch_target 2097152 524288)"
   --eval-every 0)
 start b0 "$base" "${train[@]}"
 start b2 $((base + 2)) "${train[@]}"
