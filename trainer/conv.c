@@ -110,14 +110,9 @@ static void col2im(const float *col, const trn__conv *cv, float *dx,
       }
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
+#ifdef TRN__X86
 #define CONV_AVX512 1
-#define TARGET __attribute__((target("avx512f")))
-
-static __mmask16 head_mask(size_t n) {
-  return (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
-}
+#define TARGET TRN__AVX512
 
 /* im2col and col2im for stride 1, rows of at most 32 floats and windows of
  * at most 16: each image row is one or two vectors, and every patch
@@ -157,9 +152,9 @@ TARGET static void im2col_s1(const float *x, const trn__conv *cv, float *col,
   __m512i idx[VEC_K_MAX][2];
   __mmask16 ok[VEC_K_MAX][2];
   shifts(cv, false, cv->w, idx, ok);
-  __mmask16 in0 = head_mask(cv->w);
-  __mmask16 in1 = head_mask(cv->w > 16 ? cv->w - 16 : 0);
-  __mmask16 out0 = head_mask(ow), out1 = head_mask(ow > 16 ? ow - 16 : 0);
+  __mmask16 in0 = trn__head_mask(cv->w);
+  __mmask16 in1 = trn__high_mask(cv->w);
+  __mmask16 out0 = trn__head_mask(ow), out1 = trn__high_mask(ow);
   for (unsigned c = 0; c < cv->c; c++)
     /* Every image row with pad rows of zeros above and below: output row
      * i of position (ki, kj) reads row i + ki - pad. */
@@ -195,8 +190,8 @@ TARGET static void col2im_s1(const float *col, const trn__conv *cv, float *dx,
   __m512i idx[VEC_K_MAX][2];
   __mmask16 ok[VEC_K_MAX][2];
   shifts(cv, true, ow, idx, ok);
-  __mmask16 in0 = head_mask(ow), in1 = head_mask(ow > 16 ? ow - 16 : 0);
-  __mmask16 out0 = head_mask(w), out1 = head_mask(w > 16 ? w - 16 : 0);
+  __mmask16 in0 = trn__head_mask(ow), in1 = trn__high_mask(ow);
+  __mmask16 out0 = trn__head_mask(w), out1 = trn__high_mask(w);
   for (unsigned c = 0; c < cv->c; c++)
     for (unsigned yi = 0; yi < cv->h; yi++) {
       __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
@@ -549,8 +544,8 @@ TARGET static void maxpool2_v(const float *x, float *y, uint32_t *arg,
                                   2, 1, 0);
   __m512i even = _mm512_add_epi32(lane, lane);
   __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-  __mmask16 in0 = head_mask(w), in1 = head_mask(w > 16 ? w - 16 : 0);
-  __mmask16 out = head_mask(ow);
+  __mmask16 in0 = trn__head_mask(w), in1 = trn__high_mask(w);
+  __mmask16 out = trn__head_mask(ow);
   for (size_t n = 0; n < planes; n++) {
     const float *xp = x + n * h * w;
     for (unsigned i = 0; i < oh; i++) {

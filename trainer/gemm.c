@@ -3,10 +3,11 @@
  * trn__sgemm is cblas_sgemm's row-major call.  On a CPU with AVX-512 it
  * runs our own kernel; elsewhere, or with TRN_GEMM=openblas in the
  * environment, it calls OpenBLAS (TRN_GEMM=auto, or unset: the choice by
- * the CPU; anything else is warned about once and taken as auto).  Why our own: OpenBLAS picks its kernels
- * by the CPU's name when it loads, and where OPENBLAS_CORETYPE holds it to
- * Haswell's (machines whose CPU an older OpenBLAS misjudges, as this
- * project's do) an AVX-512 CPU runs 256-bit kernels.  The cnn, whose
+ * the CPU; anything else is warned about once and taken as auto).  Why
+ * our own: OpenBLAS picks its kernels by the CPU's name when it loads,
+ * and where OPENBLAS_CORETYPE holds it to Haswell's (machines whose CPU
+ * an older OpenBLAS misjudges, as this project's do) an AVX-512 CPU runs
+ * 256-bit kernels.  The cnn, whose
  * convolutions are nearly all products, was 0.72 of PyTorch (oneDNN's
  * AVX-512 convolutions) there; 1.32 with this kernel.
  *
@@ -29,10 +30,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define GEMM_AVX512 1
-#include <immintrin.h>
-#endif
 
 #define MR 12   /* rows of A per panel, of C per tile */
 #define NR 32   /* columns of B per panel: two vectors of 16 */
@@ -51,9 +48,9 @@ static void blas(bool ta, bool tb, size_t m, size_t n, size_t k, float alpha,
               a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
 
-#ifdef GEMM_AVX512
+#ifdef TRN__X86
 
-#define TARGET __attribute__((target("avx512f")))
+#define TARGET TRN__AVX512
 /* The micro-kernel reads only the packed panels gemm_block sized and
  * writes C through masks; instrumented (ASan, UBSan) it would check 14
  * loads per 24 multiply-adds, where a sanitizer build used to run
@@ -95,19 +92,15 @@ TARGET static inline void transpose16(__m512 r[16]) {
     r[q] = t[q];
 }
 
-static __mmask16 head_mask(size_t n) {
-  return (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
-}
-
 /* dst[p w + r] = src[r ld + p] for r < rows (<= 16; zero for rows <= r <
  * w), p < kc: rows read along p, 16 by 16 through transpose16, each
  * column stored as w floats (w is 12 or 16). */
 TARGET static void pack_rows(const float *src, size_t ld, size_t rows,
                              size_t kc, float *dst, size_t w) {
-  __mmask16 mw = head_mask(w);
+  __mmask16 mw = trn__head_mask(w);
   for (size_t p = 0; p < kc; p += 16) {
     size_t np = kc - p < 16 ? kc - p : 16;
-    __mmask16 mp = head_mask(np);
+    __mmask16 mp = trn__head_mask(np);
     __m512 r[16];
     for (size_t i = 0; i < 16; i++)
       r[i] = i < rows ? _mm512_maskz_loadu_ps(mp, src + i * ld + p)
@@ -149,7 +142,7 @@ TARGET static void pack_b(bool tb, const float *b, size_t ldb, size_t p0,
   for (size_t jp = 0; jp < nc; jp += NR) {
     size_t cols = nc - jp < NR ? nc - jp : NR;
     if (!tb) {
-      __mmask16 m0 = head_mask(cols), m1 = head_mask(cols > 16 ? cols - 16 : 0);
+      __mmask16 m0 = trn__head_mask(cols), m1 = trn__high_mask(cols);
       for (size_t p = 0; p < kc; p++) {
         const float *src = b + (p0 + p) * ldb + j0 + jp;
         _mm512_store_ps(dst + p * NR, _mm512_maskz_loadu_ps(m0, src));
@@ -194,7 +187,7 @@ TARGET UNCHECKED static void tile(size_t kc, const float *restrict a,
   __m512 acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31},
                        {c40, c41}, {c50, c51}, {c60, c61}, {c70, c71},
                        {c80, c81}, {c90, c91}, {ca0, ca1}, {cb0, cb1}};
-  __mmask16 m[2] = {head_mask(nr), head_mask(nr > 16 ? nr - 16 : 0)};
+  __mmask16 m[2] = {trn__head_mask(nr), trn__high_mask(nr)};
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   for (size_t i = 0; i < mr; i++)
     for (int h = 0; h < 2; h++) {
@@ -238,6 +231,19 @@ static void packs_init(void) {
   packs_keyed = pthread_key_create(&packs_key, packs_free) == 0;
 }
 
+/* *p holds at least n floats, 64-byte aligned (*have: how many it holds;
+ * 0 and *p NULL after a failed allocation).  0, or -1. */
+static int grow(float **p, size_t *have, size_t n) {
+  if (*have >= n)
+    return 0;
+  free(*p);
+  *have = 0;
+  if (!(*p = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64)))
+    return -1;
+  *have = n;
+  return 0;
+}
+
 /* Room for a_n and b_n floats, 64-byte aligned, in *pa and *pb: 0, or -1
  * when memory (or a thread key) is short. */
 static int packs(size_t a_n, size_t b_n, float **pa, float **pb) {
@@ -253,20 +259,8 @@ static int packs(size_t a_n, size_t b_n, float **pa, float **pb) {
       return -1;
     }
   }
-  if (w->a_n < a_n) {
-    free(w->a);
-    w->a_n = 0;
-    if (!(w->a = aligned_alloc(64, (a_n * sizeof(float) + 63) / 64 * 64)))
-      return -1;
-    w->a_n = a_n;
-  }
-  if (w->b_n < b_n) {
-    free(w->b);
-    w->b_n = 0;
-    if (!(w->b = aligned_alloc(64, (b_n * sizeof(float) + 63) / 64 * 64)))
-      return -1;
-    w->b_n = b_n;
-  }
+  if (grow(&w->a, &w->a_n, a_n) || grow(&w->b, &w->b_n, b_n))
+    return -1;
   *pa = w->a, *pb = w->b;
   return 0;
 }

@@ -71,9 +71,25 @@ int trn__dnn_check(cudnnStatus_t s, const char *call, const char *file,
  * clang 14 resolves a multiversioned function only within its own file. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) &&       \
     !defined(__CUDACC__)
+#define TRN__X86 1
 #define TRN__VECTOR_CLONES __attribute__((target_clones("avx512f", "default")))
 #else
 #define TRN__VECTOR_CLONES
+#endif
+
+#ifdef TRN__X86
+#include <immintrin.h>
+/* The AVX-512 intrinsics paths (gemm.c, conv.c): compiled for it, run
+ * only where trn__cpu_avx512 says so. */
+#define TRN__AVX512 __attribute__((target("avx512f")))
+/* The first n of 16 lanes (all 16 from n = 16 on). */
+static inline __mmask16 trn__head_mask(size_t n) {
+  return (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
+}
+/* The second vector's lanes of the first n of 32. */
+static inline __mmask16 trn__high_mask(size_t n) {
+  return trn__head_mask(n > 16 ? n - 16 : 0);
+}
 #endif
 
 /* ---- pool.c: the CPU backend's worker threads ------------------------------ */
