@@ -635,6 +635,10 @@ void avg_node_leave(avg_node *n, const avg_group *g, const char *why);
  * run now with BEE_ECANCELED (a round's members see us leave); the node
  * stays open.  Nothing under way, or NULL: nothing happens. */
 void avg_node_cancel(avg_node *n);
+/* Whether the averaging under way is still in its matchmaking: no group
+ * has formed yet (an avg_node_average or avg_node_match call whose
+ * callback has not run, and no round begun).  False for NULL. */
+bool avg_node_matching(const avg_node *n);
 /* The round alone, for a group formed elsewhere (the same group id,
  * member list and order at every member; g->self is us): no matchmaking.
  * g is copied.  Errors as avg_node_average, and BEE_ERANGE for a group

@@ -915,6 +915,10 @@ void avg_node_cancel(avg_node *n) {
   arm(n);
 }
 
+bool avg_node_matching(const avg_node *n) {
+  return n && !n->closing && n->busy && n->m && !n->r;
+}
+
 int avg_node_round(avg_node *n, const avg_group *g, const avg_node_request *req,
                    avg_node_cb cb, void *arg) {
   if (n->closing || n->busy || !g || g->nmembers == 0 ||

@@ -349,6 +349,14 @@ uint64_t bee_progress_published(bee_publisher *p, uint64_t now_ms,
 size_t bee_round_candidates(const proto_progress *v, size_t n,
                             const char *run, uint64_t epoch,
                             uint64_t now_ms);
+/* Whether nobody among v[0..n) (the others' records, not the caller's)
+ * may still come to the group of the step that ends epoch: no peer of run
+ * that bee_round_candidates expects there, nor, with delayed
+ * (--delay-averaging: a peer averages an epoch while it computes the
+ * next), one at epoch + 1.  A matchmaking for such an epoch waits for
+ * nobody: the swarm has left it. */
+bool bee_round_deserted(const proto_progress *v, size_t n, const char *run,
+                        uint64_t epoch, bool delayed, uint64_t now_ms);
 /* Whether a bee at epoch with samples gathered takes the epoch step, by
  * the last view v and the samples others had gathered at v's epoch then
  * (v->samples less its own share): when the swarm's epoch is past its

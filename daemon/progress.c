@@ -17,7 +17,8 @@
  *   - when to take the epoch step: once this bee's samples and the
  *     others' at its epoch reach the target, or as soon as the swarm has
  *     stepped past it; and whom to expect in the step's group: the peers
- *     at its epoch and those one behind, who step as soon as they see it;
+ *     at its epoch and those one behind, who step as soon as they see it,
+ *     and when nobody is left to come (the swarm has left the epoch);
  *   - the swarm view (records of peers that left, their last ones, do
  *     not count): the global epoch is the highest among peers that
  *     are not clients (clients follow; with none but clients, the highest
@@ -91,6 +92,15 @@ size_t bee_round_candidates(const proto_progress *v, size_t n,
       k++;
   }
   return k;
+}
+
+bool bee_round_deserted(const proto_progress *v, size_t n, const char *run,
+                        uint64_t epoch, bool delayed, uint64_t now_ms) {
+  if (bee_round_candidates(v, n, run, epoch, now_ms) > 0)
+    return false;
+  /* At epoch + 1 (epoch itself has none, by the above). */
+  return !delayed || epoch == UINT64_MAX ||
+         bee_round_candidates(v, n, run, epoch + 1, now_ms) == 0;
 }
 
 bool bee_epoch_ready(uint64_t epoch, uint64_t samples,

@@ -33,6 +33,9 @@
                                the local step */
 #define STATE_ROUND (UINT64_C(1) << 63) /* a state round's number: this
                                            plus the epoch */
+#define DESERTED_VIEWS 2 /* views in a row with nobody else at the epoch
+                            of a matchmaking: it ends (a read of the DHT
+                            may miss a record now and then) */
 #define ROUND_DEADLINE_MS 30000
 #define MIN_EPOCH_S 2.0 /* epochs shorter than this are not shared */
 #define STATE_METHOD "state.get"
@@ -250,6 +253,12 @@ struct bee_train {
   size_t nlayout_warned;
   uint64_t started_ms; /* bee_train_start's loop time */
   size_t candidates;   /* bee_round_candidates, by the last view */
+  /* A matchmaking whose epoch the swarm left (end_deserted): the views in
+   * a row that found nobody else for it, the epoch they were for, and
+   * whether the cancel that ends it is ours (its round_cb says alone). */
+  unsigned deserted;
+  uint64_t deserted_epoch;
+  bool deserted_cancel;
   bool have_view;
   bool short_warned; /* epochs too short to share: said once */
   uint64_t metrics_exp; /* the last metrics record's expiration */

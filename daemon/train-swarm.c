@@ -60,6 +60,58 @@ static void publish(bee_train *t, uint64_t epoch, uint64_t samples) {
   t->put_busy = true;
 }
 
+/* A matchmaking for an epoch the swarm has left: nobody else is there to
+ * come to its group (bee_round_deserted over the others' records, two
+ * views in a row, lest a missed record end it).  A bee that finds itself
+ * there (it stalled, or loaded a state and asked for that epoch's round
+ * while the others were already in theirs) would otherwise wait out
+ * --matchmaking-time and its grace for nobody, and in a swarm whose
+ * epochs are about that long, fall behind again each time.  It ends now:
+ * the candidates at the worker's epoch are counted afresh (fresh, so no
+ * new matchmaking starts there), and the worker steps alone ("alone at
+ * its epoch"); if the peers averaged that epoch without it, it then loads
+ * their state (bee__resync). */
+static void end_deserted(bee_train *t, const proto_progress *others,
+                         size_t n, uint64_t now_ms, size_t fresh) {
+  uint64_t epoch;
+  bool delayed = t->dgrad != NULL, round = false;
+  if (t->averaging && avg_node_matching(t->avg)) {
+    uv_mutex_lock(&t->mu);
+    epoch = t->sh.avg_epoch;
+    delayed &= !t->sh.avg_state; /* the state travels at the epoch's start */
+    uv_mutex_unlock(&t->mu);
+    round = true;
+  } else if (t->ahead.state == AHEAD_MATCHING) {
+    epoch = t->ahead.epoch;
+  } else {
+    t->deserted = 0;
+    return;
+  }
+  if (epoch != t->deserted_epoch)
+    t->deserted = 0;
+  t->deserted_epoch = epoch;
+  if (!bee_round_deserted(others, n, t->cfg->run, epoch, delayed, now_ms)) {
+    t->deserted = 0;
+    return;
+  }
+  if (++t->deserted < DESERTED_VIEWS)
+    return;
+  t->deserted = 0;
+  bee_info(COMP,
+           "epoch %llu: no other peer can come to its group any more (the "
+           "swarm is at epoch %llu): its matchmaking ends, the step is "
+           "taken alone",
+           (unsigned long long)epoch, (unsigned long long)t->view.epoch);
+  t->candidates = fresh;
+  if (round) {
+    t->deserted_cancel = true; /* round_cb runs inside: alone, not failed */
+    avg_node_cancel(t->avg);
+    t->deserted_cancel = false;
+  } else {
+    bee__ahead_drop(t, "the swarm left its epoch");
+  }
+}
+
 /* The swarm view from the records found (v may be NULL) and our own
  * current progress; asks for the epoch step when the target is met. */
 static void update_view(bee_train *t, const dht_value *v) {
@@ -92,8 +144,9 @@ static void update_view(bee_train *t, const dht_value *v) {
   /* A read of the DHT may miss a record now and then; at the same epoch
    * the count only grows, lest a round close without a peer that is
    * there (one that is gone costs the round --matchmaking-time). */
-  size_t cand =
+  size_t fresh =
       bee_round_candidates(all, n, t->cfg->run, epoch, all[n - 1].time_ms);
+  size_t cand = fresh;
   if (t->have_view && t->cand_epoch == epoch && cand < t->candidates)
     cand = t->candidates;
   t->candidates = cand;
@@ -116,6 +169,7 @@ static void update_view(bee_train *t, const dht_value *v) {
     t->sh.others_rate = 0;
   t->sh.view_s = mono_s();
   uv_mutex_unlock(&t->mu);
+  end_deserted(t, all, n - 1, all[n - 1].time_ms, fresh);
   free(all);
   t->have_view = true;
   /* Behind the swarm (at start, or more than one epoch later on): the
@@ -373,6 +427,8 @@ static void round_cb(avg_node *n, const avg_node_result *r, void *arg) {
   size_t group = r->group ? r->group->nmembers : 0;
   double by_all = 0;
   int status = r->status;
+  if (status == BEE_ECANCELED && t->deserted_cancel)
+    status = -ENOENT; /* end_deserted: nobody else at its epoch */
   bool left = false;
   if (status == 0 && r->summary) {
     uv_mutex_lock(&t->mu);

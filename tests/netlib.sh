@@ -73,6 +73,31 @@ wait_log() {
   fail "$1: no log line matching '$2' within ${3:-10} s"
 }
 
+# done_line NAME EPOCH: the epoch's step line in NAME's log, from
+# "training loss" on; hash_of NAME EPOCH: the parameters' hash it ends with.
+done_line() {
+  sed -nE "s/.*train: epoch $2 done: [0-9]+ local samples, (.*)/\1/p" \
+    "$work/$1.log" | head -n 1
+}
+hash_of() { local l; l=$(done_line "$1" "$2"); echo "${l##*parameters }"; }
+
+# back_in_line NAME REF FROM: the first epoch after FROM (up to FROM + 11)
+# after which NAME holds REF's parameters, waiting up to 90 s for each
+# epoch's step in both logs; fails if none.
+back_in_line() {
+  local f=$3
+  while [ "$f" -lt $(($3 + 12)) ]; do
+    f=$((f + 1))
+    wait_log "$1" "train: epoch $f done" 90
+    wait_log "$2" "train: epoch $f done" 90
+    if [ "$(hash_of "$1" "$f")" = "$(hash_of "$2" "$f")" ]; then
+      echo "$f"
+      return 0
+    fi
+  done
+  fail "$1 never came back in line with $2 after epoch $3"
+}
+
 # stop_all: SIGTERM to every node; each must exit 0.
 stop_all() {
   local n rc

@@ -257,6 +257,7 @@ static void run_case(int N, size_t n, bool zero_weight, uint64_t round,
   double wsum = 0;
   for (int i = 0; i < N; i++) {
     ASSERT_RC(mem[i].status, 0);
+    ASSERT(!avg_node_matching(mem[i].node));
     ASSERT_UEQ(mem[i].nmembers, (uint64_t)N);
     /* A zero-weight member sends no data: every mean has N - 1. */
     ASSERT_UEQ(mem[i].by_k[zero_weight ? N - 1 : N], n);
@@ -392,6 +393,7 @@ static void ahead_go(uv_timer_t *t) {
     req.round.deadline_ms = ahead_timeout_ms + 10000;
   }
   ASSERT_RC(avg_node_round(m->node, &m->g, &req, on_done, m), 0);
+  ASSERT(!avg_node_matching(m->node)); /* a round, not a matchmaking */
 }
 
 static void run_ahead(void) {
@@ -403,11 +405,13 @@ static void run_ahead(void) {
     request(&mem[i], i, n, 7, &req);
     req.match.info.weight = 1; /* a guess made before the buffer */
     ASSERT_RC(avg_node_match(mem[i].node, &req, on_matched, &mem[i]), 0);
+    ASSERT(avg_node_matching(mem[i].node));
     ASSERT_RC(avg_node_average(mem[i].node, &req, on_done, &mem[i]),
               BEE_ERANGE); /* one at a time */
   }
   ASSERT(test_run_until(loop, all_matched, NULL, 20000));
   for (int i = 0; i < N; i++) {
+    ASSERT(!avg_node_matching(mem[i].node)); /* the group is ours now */
     ASSERT_UEQ(mem[i].g.nmembers, (uint64_t)N);
     ASSERT(memcmp(mem[i].g.id, mem[0].g.id, sizeof mem[0].g.id) == 0);
     ASSERT(!mem[i].done); /* no round yet */
@@ -571,15 +575,21 @@ static void run_cancel(void) {
   request(&mem[0], 0, 16, 9, &req);
   req.match.min_size = 2;
   req.match.target_size = 2;
+  ASSERT(!avg_node_matching(mem[0].node));
+  ASSERT(!avg_node_matching(NULL));
   ASSERT_RC(avg_node_match(mem[0].node, &req, on_done, &mem[0]), 0);
+  ASSERT(avg_node_matching(mem[0].node));
   avg_node_cancel(mem[0].node);
   ASSERT(mem[0].done);
   ASSERT_RC(mem[0].status, BEE_ECANCELED);
+  ASSERT(!avg_node_matching(mem[0].node));
   avg_node_cancel(mem[0].node); /* nothing under way */
   avg_node_cancel(NULL);
   mem[0].done = false;
   ASSERT_RC(avg_node_average(mem[0].node, &req, on_done, &mem[0]), 0);
+  ASSERT(avg_node_matching(mem[0].node));
   avg_node_cancel(mem[0].node);
+  ASSERT(!avg_node_matching(mem[0].node));
   ASSERT(mem[0].done);
   ASSERT_RC(mem[0].status, BEE_ECANCELED);
   printf("cancel: a matchmaking ends at once, the node takes the next\n");

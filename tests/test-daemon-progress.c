@@ -207,6 +207,37 @@ static void test_candidates(void) {
   ASSERT_EQ(bee_round_candidates(p, 6, "q", 5, now), 1);
 }
 
+/* Nobody left to come to an epoch's group: the others all past it (or
+ * two and more behind), or of another run. */
+static void test_deserted(void) {
+  const uint64_t now = 1700000000000ull;
+  proto_progress p[4] = {
+      rec("r", 7, 0, 0, now, PROTO_MODE_NODE),
+      rec("r", 7, 0, 0, now, PROTO_MODE_CLIENT),
+      rec("r", 3, 0, 0, now, PROTO_MODE_NODE), /* loads the swarm's state */
+      rec("q", 6, 0, 0, now, PROTO_MODE_NODE), /* another run */
+  };
+  ASSERT(bee_round_deserted(p, 4, "r", 5, false, now));
+  ASSERT(!bee_round_deserted(p, 4, "r", 7, false, now));
+  ASSERT(!bee_round_deserted(p, 4, "r", 8, false, now)); /* 7 step soon */
+  ASSERT(!bee_round_deserted(p, 4, "r", 4, false, now)); /* 3 steps to 4 */
+  ASSERT(bee_round_deserted(p, 4, "r", 9, false, now));
+  ASSERT(bee_round_deserted(p, 4, "q", 8, false, now));
+  ASSERT(!bee_round_deserted(p, 4, "q", 6, false, now));
+  /* With delayed averaging a peer one epoch ahead still averages ours. */
+  ASSERT(bee_round_deserted(p, 4, "r", 5, true, now));
+  ASSERT(!bee_round_deserted(p, 4, "r", 6, true, now));
+  ASSERT(bee_round_deserted(p, 4, "r", 6, false, now));
+  ASSERT(bee_round_deserted(p, 4, "r", UINT64_MAX, true, now));
+  /* No one else at all. */
+  ASSERT(bee_round_deserted(p, 0, "r", 7, true, now));
+  /* One that left is awaited for a while: it may be back. */
+  proto_progress l = rec("r", 5, 0, 0, now, PROTO_MODE_NODE);
+  l.leaving = true;
+  ASSERT(!bee_round_deserted(&l, 1, "r", 5, false, now));
+  ASSERT(bee_round_deserted(&l, 1, "r", 5, false, now + BEE_LEAVE_GRACE_MS));
+}
+
 static void count_unpin(void *pin, void *arg) {
   (*(int *)pin)++;
   (*(unsigned *)arg)++;
@@ -277,5 +308,6 @@ int main(void) {
   test_view();
   test_epoch_ready();
   test_candidates();
+  test_deserted();
   return 0;
 }

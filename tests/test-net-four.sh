@@ -39,11 +39,6 @@ last_done() { # LOG: the last epoch it finished, or -1
   e=$(sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/$1.log" | tail -n 1)
   echo "${e:--1}"
 }
-# hash LOG EPOCH: the parameters' hash after the epoch's step, or nothing.
-hash_of() {
-  sed -nE "s/.*train: epoch $2 done: .*, parameters ([0-9a-f]+)$/\1/p" \
-    "$work/$1.log"
-}
 # A group of four, b4 in it, for 3 epochs: b4 steps in line.
 b4_in_line() {
   [ "$(grep -c 'averaged in a group of 4 (100.0% by all)' "$work/b4.log" 2>/dev/null)" -ge 3 ]

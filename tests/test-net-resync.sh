@@ -28,12 +28,6 @@ for i in 1 2; do
   start "b$i" $((base + i)) "${train[@]}" --join "127.0.0.1:$base"
 done
 
-done_line() { # LOG EPOCH: the epoch's step line, from "training loss" on
-  sed -nE "s/.*train: epoch $2 done: [0-9]+ local samples, (.*)/\1/p" \
-    "$work/$1.log" | head -n 1
-}
-hash_of() { local l; l=$(done_line "$1" "$2"); echo "${l##*parameters }"; }
-
 # K: the first epoch from 1 on that all three finished.
 for b in b0 b1 b2; do wait_log "$b" 'train: epoch 1 done' 120; done
 K=$(sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/b2.log" | tail -n 1)

@@ -17,13 +17,9 @@ start b0 "$base" --open --run-id sched --target-batch-size 4096 \
 wait_log b0 'learning rate: 0 epochs of warmup, then linear to 0 at epoch 3' 20
 wait_log b0 'train: epoch 5 done' 60
 stop_all
-hash_of() { # EPOCH
-  sed -nE "s/.*train: epoch $1 done: .*, parameters ([0-9a-f]+)$/\1/p" \
-    "$work/b0.log"
-}
 for e in 0 1 2 3 4 5; do
-  printf -v "h$e" '%s' "$(hash_of "$e")"
-  [ -n "$(hash_of "$e")" ] || fail "no step line for epoch $e"
+  printf -v "h$e" '%s' "$(hash_of b0 "$e")"
+  [ -n "$(hash_of b0 "$e")" ] || fail "no step line for epoch $e"
 done
 [ "$h0" != "$h1" ] && [ "$h1" != "$h2" ] && [ "$h0" != "$h2" ] ||
   fail "epochs 0 to 2 did not all move the parameters: $h0 $h1 $h2"

@@ -29,10 +29,6 @@ start b1 $((base + 1)) "${train[@]}" --join "127.0.0.1:$base"
 start b3 $((base + 3)) "${train[@]}" --join "127.0.0.1:$((base + 2))"
 for b in b0 b1 b2 b3; do wait_log "$b" 'train: epoch 2 done' 120; done
 
-hash_of() { # LOG EPOCH
-  sed -nE "s/.*train: epoch $2 done: .*parameters ([0-9a-f]+).*/\1/p" \
-    "$work/$1.log" | head -n 1
-}
 a=$(hash_of b0 2) b=$(hash_of b2 2)
 [ "$a" = "$(hash_of b1 2)" ] || fail "b0 and b1 differ after epoch 2"
 [ "$b" = "$(hash_of b3 2)" ] || fail "b2 and b3 differ after epoch 2"
