@@ -16,11 +16,12 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
 
 for b in b0 b1 b2; do key "$b"; done
-# An epoch must outlast b2's failed round after the pause (--matchmaking-
-# time + 2 s), or b2 would be two epochs behind and load the state for
-# that reason instead.
+# An epoch (about 3 s with gcc) must outlast b2's failed round after the
+# pause, or b2 would be two epochs behind and load the state for that
+# reason instead: nobody else is at its epoch, so its matchmaking ends
+# within two views (test-net-catchup).
 train=(--open --run-id resync
-  --target-batch-size "$(epoch_target 2621440 786432)" --eval-every 0
+  --target-batch-size "$(epoch_target 1310720 786432)" --eval-every 0
   --matchmaking-time 1 --min-peers 3)
 start b0 "$base" "${train[@]}"
 wait_log b0 'listening on' 10
