@@ -357,6 +357,27 @@ size_t bee_round_candidates(const proto_progress *v, size_t n,
  * nobody: the swarm has left it. */
 bool bee_round_deserted(const proto_progress *v, size_t n, const char *run,
                         uint64_t epoch, bool delayed, uint64_t now_ms);
+/* A line of parameters: their hash after a bee's step at epoch, averaged
+ * in a group of group members. */
+typedef struct bee_line {
+  uint64_t epoch;
+  uint64_t group;
+  uint8_t hash[PROTO_PARAMS_HASH_BYTES];
+} bee_line;
+
+/* The split check.  ours[0..nours): this bee's lines of late (steps it
+ * averaged in a group); seen[0..nseen): the other peers' last ones (of
+ * the run, in groups of 2 or more, not out of line).  The swarm split at
+ * the latest of our epochs where some peer's hash differs from ours; of
+ * the lines there, the one that goes on has the larger group, then more
+ * holders (the peers seen with that hash at that epoch, this bee for its
+ * own: within one group, whose members came in with different
+ * parameters, the majority), then the lower hash.  Returns the line of
+ * ours that lost, with *winner the one that goes on; NULL when there is
+ * no split or ours goes on. */
+const bee_line *bee_split_loser(const bee_line *ours, size_t nours,
+                                const bee_line *seen, size_t nseen,
+                                bee_line *winner);
 /* Whether a bee at epoch with samples gathered takes the epoch step, by
  * the last view v and the samples others had gathered at v's epoch then
  * (v->samples less its own share): when the swarm's epoch is past its

@@ -2,7 +2,7 @@
  *
  * Every bee publishes a signed "bee.progress" record under "<run>_progress"
  * (subkey: its own key) and reads everyone's back.  This file holds the
- * three decisions around that, each a pure function of its inputs so the
+ * decisions around that, each a pure function of its inputs so the
  * tests drive them on a fake clock:
  *
  *   - the local rate: samples per second of computing, an exponential
@@ -19,6 +19,9 @@
  *     stepped past it; and whom to expect in the step's group: the peers
  *     at its epoch and those one behind, who step as soon as they see it,
  *     and when nobody is left to come (the swarm has left the epoch);
+ *   - after a split (peers that averaged the same epoch came out with
+ *     other parameters), which line goes on: the larger group's, then
+ *     the one more peers hold, then the lower hash;
  *   - the swarm view (records of peers that left, their last ones, do
  *     not count): the global epoch is the highest among peers that
  *     are not clients (clients follow; with none but clients, the highest
@@ -101,6 +104,56 @@ bool bee_round_deserted(const proto_progress *v, size_t n, const char *run,
   /* At epoch + 1 (epoch itself has none, by the above). */
   return !delayed || epoch == UINT64_MAX ||
          bee_round_candidates(v, n, run, epoch + 1, now_ms) == 0;
+}
+
+static size_t holders(const bee_line *seen, size_t nseen, uint64_t epoch,
+                      const uint8_t *hash) {
+  size_t k = 0;
+  for (size_t i = 0; i < nseen; i++)
+    k += seen[i].epoch == epoch &&
+         memcmp(seen[i].hash, hash, PROTO_PARAMS_HASH_BYTES) == 0;
+  return k;
+}
+
+/* Whether line a (with na holders) goes on before line b (nb). */
+static bool stronger(const bee_line *a, size_t na, const bee_line *b,
+                     size_t nb) {
+  if (a->group != b->group)
+    return a->group > b->group;
+  if (na != nb)
+    return na > nb;
+  return memcmp(a->hash, b->hash, PROTO_PARAMS_HASH_BYTES) < 0;
+}
+
+const bee_line *bee_split_loser(const bee_line *ours, size_t nours,
+                                const bee_line *seen, size_t nseen,
+                                bee_line *winner) {
+  const bee_line *at = NULL; /* ours at the latest epoch that split */
+  for (size_t i = 0; i < nseen; i++)
+    for (size_t j = 0; j < nours; j++)
+      if (ours[j].epoch == seen[i].epoch &&
+          memcmp(ours[j].hash, seen[i].hash, PROTO_PARAMS_HASH_BYTES) != 0 &&
+          (!at || ours[j].epoch > at->epoch))
+        at = &ours[j];
+  if (!at)
+    return NULL;
+  const bee_line *best = NULL;
+  size_t nbest = 0;
+  for (size_t i = 0; i < nseen; i++) {
+    if (seen[i].epoch != at->epoch ||
+        memcmp(seen[i].hash, at->hash, PROTO_PARAMS_HASH_BYTES) == 0)
+      continue;
+    size_t k = holders(seen, nseen, at->epoch, seen[i].hash);
+    if (!best || stronger(&seen[i], k, best, nbest)) {
+      best = &seen[i];
+      nbest = k;
+    }
+  }
+  size_t mine = 1 + holders(seen, nseen, at->epoch, at->hash);
+  if (!stronger(best, nbest, at, mine))
+    return NULL;
+  *winner = *best;
+  return at;
 }
 
 bool bee_epoch_ready(uint64_t epoch, uint64_t samples,

@@ -280,11 +280,7 @@ struct bee_train {
   uint64_t resync_ms;      /* and when it was asked */
   /* This bee's last averaged steps, for bee__split_check: the parameters'
    * hash after each and its group's size. */
-  struct line {
-    uint64_t epoch;
-    uint8_t hash[PROTO_PARAMS_HASH_BYTES];
-    uint64_t group;
-  } lines[LINES_RING];
+  bee_line lines[LINES_RING];
   size_t nlines;
   bool split_busy;
   uint64_t split_ms;

@@ -772,7 +772,7 @@ void bee__publish_metrics(bee_train *t, const struct step_report *r) {
                      .has_params = true};
   memcpy(m.params, r->hash, sizeof m.params);
   if (r->avg_status == 0 && r->group >= 2 && !r->diverged) {
-    struct line *l = &t->lines[t->nlines++ % LINES_RING];
+    bee_line *l = &t->lines[t->nlines++ % LINES_RING];
     l->epoch = r->epoch;
     l->group = r->group;
     memcpy(l->hash, r->hash, sizeof l->hash);
@@ -859,16 +859,11 @@ static void resync_cb(dht_node *n, int status, const dht_value *v,
  * groups formed for one epoch (a bee that started or caught up late found
  * the first one closed and formed another with the other latecomers) left
  * two lines of parameters, each in line with itself, and every later
- * round, even one that joins them all, keeps them apart.  The line of the
- * larger group (on a tie, the lower hash) goes on; a bee of the other
- * marks itself out of line and loads the state from that line's peers. */
-/* Whether the line of a group of g with hash h goes on before one of bg
- * with bh: the larger group, on a tie the lower hash. */
-static bool stronger(uint64_t g, const uint8_t *h, uint64_t bg,
-                     const uint8_t *bh) {
-  return g > bg || (g == bg && memcmp(h, bh, PROTO_PARAMS_HASH_BYTES) < 0);
-}
-
+ * round, even one that joins them all, keeps them apart; so does one
+ * group whose members came in with different parameters.  The line of
+ * the larger group, then of more peers, then the lower hash goes on
+ * (bee_split_loser); a bee of another marks itself out of line and loads
+ * the state from that line's peers. */
 static void split_cb(dht_node *n, int status, const dht_value *v,
                      const dht_stats *st, void *arg) {
   (void)n, (void)st;
@@ -879,12 +874,13 @@ static void split_cb(dht_node *n, int status, const dht_value *v,
   uv_mutex_lock(&t->mu);
   bool diverged = t->sh.diverged || t->sh.load;
   uv_mutex_unlock(&t->mu);
-  if (diverged)
+  if (diverged || v->n == 0)
     return;
-  const struct line *ours = NULL;
-  uint8_t best[PROTO_PARAMS_HASH_BYTES];
-  uint64_t best_group = 0;
-  for (size_t i = 0; i < v->n; i++) { /* the strongest line that is not ours */
+  bee_line *seen = malloc(v->n * sizeof *seen);
+  if (!seen)
+    return; /* asked again in SPLIT_MS */
+  size_t nseen = 0;
+  for (size_t i = 0; i < v->n; i++) {
     const proto_dht_record *r = &v->records[i];
     proto_metrics m;
     if (r->subkey.n != sizeof t->sub ||
@@ -893,22 +889,16 @@ static void split_cb(dht_node *n, int status, const dht_value *v,
         strcmp(m.run, t->cfg->run) != 0 || !m.has_params || m.diverged ||
         m.group_size < 2)
       continue;
-    const struct line *l = NULL;
-    size_t have = t->nlines < LINES_RING ? t->nlines : LINES_RING;
-    for (size_t j = 0; j < have; j++)
-      if (t->lines[j].epoch == m.step)
-        l = &t->lines[j];
-    if (!l || memcmp(l->hash, m.params, sizeof m.params) == 0)
-      continue;
-    if (!ours || l->epoch > ours->epoch || /* the latest step split wins */
-        (l->epoch == ours->epoch &&
-         stronger(m.group_size, m.params, best_group, best))) {
-      ours = l;
-      best_group = m.group_size;
-      memcpy(best, m.params, sizeof best);
-    }
+    seen[nseen].epoch = m.step;
+    seen[nseen].group = m.group_size;
+    memcpy(seen[nseen].hash, m.params, sizeof m.params);
+    nseen++;
   }
-  if (!ours || !stronger(best_group, best, ours->group, ours->hash))
+  bee_line won;
+  size_t have = t->nlines < LINES_RING ? t->nlines : LINES_RING;
+  const bee_line *ours = bee_split_loser(t->lines, have, seen, nseen, &won);
+  free(seen);
+  if (!ours)
     return; /* no split, or ours is the line that goes on */
   t->nsplit = 0;
   for (size_t i = 0; i < v->n && t->nsplit < DONORS_MAX; i++) {
@@ -917,18 +907,19 @@ static void split_cb(dht_node *n, int status, const dht_value *v,
     if (r->subkey.n == sizeof t->sub &&
         proto_metrics_decode(r->value.p, r->value.n, &m) == 0 &&
         strcmp(m.run, t->cfg->run) == 0 && m.has_params &&
-        m.step == ours->epoch && memcmp(m.params, best, sizeof best) == 0)
+        m.step == ours->epoch &&
+        memcmp(m.params, won.hash, sizeof won.hash) == 0)
       proto_peer_id(r->subkey.p + 1, t->split_ids[t->nsplit++]);
   }
   char a[17], b[17];
   proto_hex(ours->hash, sizeof ours->hash, a);
-  proto_hex(best, sizeof best, b);
+  proto_hex(won.hash, sizeof won.hash, b);
   bee_warn(COMP,
            "epoch %llu: the swarm split: %zu peers stepped to parameters %s "
            "in a group of %llu, this bee to %s in a group of %llu; it loads "
            "theirs",
            (unsigned long long)ours->epoch, t->nsplit, b,
-           (unsigned long long)best_group, a,
+           (unsigned long long)won.group, a,
            (unsigned long long)ours->group);
   uv_mutex_lock(&t->mu);
   if (!t->sh.diverged) {

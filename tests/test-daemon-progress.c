@@ -238,6 +238,66 @@ static void test_deserted(void) {
   ASSERT(bee_round_deserted(&l, 1, "r", 5, false, now + BEE_LEAVE_GRACE_MS));
 }
 
+static bee_line line(uint64_t epoch, uint64_t group, uint8_t h) {
+  bee_line l = {.epoch = epoch, .group = group};
+  memset(l.hash, h, sizeof l.hash);
+  return l;
+}
+
+/* Which line of parameters goes on after a split. */
+static void test_split(void) {
+  bee_line won;
+  bee_line ours[3] = {line(4, 3, 0x40), line(5, 2, 0x50), line(6, 3, 0x60)};
+  /* Everyone on our lines, or at epochs we did not average: no split. */
+  bee_line same[3] = {line(5, 2, 0x50), line(6, 3, 0x60), line(9, 3, 0x01)};
+  ASSERT(bee_split_loser(ours, 3, same, 3, &won) == NULL);
+  ASSERT(bee_split_loser(ours, 3, same, 0, &won) == NULL);
+  ASSERT(bee_split_loser(ours, 0, same, 3, &won) == NULL);
+  /* Two groups at epoch 5: ours of 2, theirs of 3 (a higher hash): we
+   * lose, whatever the hashes. */
+  bee_line two[3] = {line(5, 2, 0x50), line(5, 3, 0x70), line(5, 3, 0x70)};
+  const bee_line *l = bee_split_loser(ours, 2, two, 3, &won);
+  ASSERT(l == &ours[1]);
+  ASSERT_UEQ(won.group, 3);
+  ASSERT_EQ(won.hash[0], 0x70);
+  /* Seen from the group of 3: it goes on. */
+  bee_line big[1] = {line(5, 3, 0x70)}, small[2] = {line(5, 2, 0x50),
+                                                     line(5, 2, 0x50)};
+  ASSERT(bee_split_loser(big, 1, small, 2, &won) == NULL);
+  /* One group of 3 whose members came in with different parameters:
+   * the two that agree go on, also with the higher hash. */
+  bee_line g3[1] = {line(7, 3, 0x10)};
+  bee_line pair[2] = {line(7, 3, 0x90), line(7, 3, 0x90)};
+  l = bee_split_loser(g3, 1, pair, 2, &won);
+  ASSERT(l == &g3[0]);
+  ASSERT_EQ(won.hash[0], 0x90);
+  bee_line g3b[1] = {line(7, 3, 0x90)};
+  bee_line mixed[2] = {line(7, 3, 0x90), line(7, 3, 0x10)};
+  ASSERT(bee_split_loser(g3b, 1, mixed, 2, &won) == NULL);
+  /* Groups and holders alike: the lower hash. */
+  bee_line hi[1] = {line(8, 2, 0x90)}, lo[1] = {line(8, 2, 0x10)};
+  ASSERT(bee_split_loser(hi, 1, lo, 1, &won) == &hi[0]);
+  ASSERT_EQ(won.hash[0], 0x10);
+  ASSERT(bee_split_loser(lo, 1, hi, 1, &won) == NULL);
+  /* One more peer on the higher hash outweighs it. */
+  bee_line with_hi[2] = {line(8, 2, 0x10), line(8, 2, 0x90)};
+  ASSERT(bee_split_loser(hi, 1, with_hi, 2, &won) == NULL);
+  bee_line hi2[2] = {line(8, 2, 0x90), line(8, 2, 0x90)};
+  ASSERT(bee_split_loser(lo, 1, hi2, 2, &won) == &lo[0]);
+  ASSERT_EQ(won.hash[0], 0x90);
+  /* The latest epoch that split decides: lost at 5, won at 6. */
+  bee_line late[4] = {line(5, 3, 0x70), line(5, 3, 0x70), line(6, 2, 0x61),
+                      line(6, 2, 0x61)};
+  ASSERT(bee_split_loser(ours, 3, late, 4, &won) == NULL);
+  /* And the strongest of several other lines at that epoch. */
+  bee_line three[4] = {line(6, 2, 0x05), line(6, 4, 0x80), line(6, 4, 0x80),
+                       line(6, 4, 0x81)};
+  l = bee_split_loser(ours, 3, three, 4, &won);
+  ASSERT(l == &ours[2]);
+  ASSERT_UEQ(won.group, 4);
+  ASSERT_EQ(won.hash[0], 0x80);
+}
+
 static void count_unpin(void *pin, void *arg) {
   (*(int *)pin)++;
   (*(unsigned *)arg)++;
@@ -309,5 +369,6 @@ int main(void) {
   test_epoch_ready();
   test_candidates();
   test_deserted();
+  test_split();
   return 0;
 }
