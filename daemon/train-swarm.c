@@ -62,9 +62,10 @@ static void publish(bee_train *t, uint64_t epoch, uint64_t samples) {
 
 /* A matchmaking for an epoch the swarm has left: nobody else is there to
  * come to its group (bee_round_deserted over the others' records, two
- * views in a row, lest a missed record end it).  A bee that finds itself
- * there (it stalled, or loaded a state and asked for that epoch's round
- * while the others were already in theirs) would otherwise wait out
+ * reads of them in a row, lest a missed record end it; a read that
+ * failed counts for nothing).  A bee that finds itself there (it
+ * stalled, or loaded a state and asked for that epoch's round while the
+ * others were already in theirs) would otherwise wait out
  * --matchmaking-time and its grace for nobody, and in a swarm whose
  * epochs are about that long, fall behind again each time.  It ends now:
  * the candidates at the worker's epoch are counted afresh (fresh, so no
@@ -169,7 +170,10 @@ static void update_view(bee_train *t, const dht_value *v) {
     t->sh.others_rate = 0;
   t->sh.view_s = mono_s();
   uv_mutex_unlock(&t->mu);
-  end_deserted(t, all, n - 1, all[n - 1].time_ms, fresh);
+  if (v) /* a failed read says nothing of the others */
+    end_deserted(t, all, n - 1, all[n - 1].time_ms, fresh);
+  else
+    t->deserted = 0;
   free(all);
   t->have_view = true;
   /* Behind the swarm (at start, or more than one epoch later on): the
