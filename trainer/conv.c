@@ -111,7 +111,6 @@ static void col2im(const float *col, const trn__conv *cv, float *dx,
 }
 
 #ifdef TRN__X86
-#define CONV_AVX512 1
 #define TARGET TRN__AVX512
 
 /* im2col and col2im for stride 1, rows of at most 32 floats and windows of
@@ -225,7 +224,7 @@ void trn__conv_vectors_set(bool on) { vectors_on = on; }
 
 /* Which im2col and col2im cv takes. */
 static bool vector_cols(const trn__conv *cv) {
-#ifdef CONV_AVX512
+#ifdef TRN__X86
   return vectors_on && stride(cv) == 1 && vector_fits(cv) &&
          trn__cpu_avx512();
 #else
@@ -236,7 +235,7 @@ static bool vector_cols(const trn__conv *cv) {
 
 static void to_cols(const float *x, const trn__conv *cv, float *col,
                     size_t ld) {
-#ifdef CONV_AVX512
+#ifdef TRN__X86
   if (vector_cols(cv)) {
     im2col_s1(x, cv, col, ld);
     return;
@@ -247,7 +246,7 @@ static void to_cols(const float *x, const trn__conv *cv, float *col,
 
 static void from_cols(const float *col, const trn__conv *cv, float *dx,
                       size_t ld) {
-#ifdef CONV_AVX512
+#ifdef TRN__X86
   if (vector_cols(cv)) {
     col2im_s1(col, cv, dx, ld);
     return;
@@ -533,7 +532,7 @@ typedef struct pool_job {
   unsigned h, w, k;
 } pool_job;
 
-#ifdef CONV_AVX512
+#ifdef TRN__X86
 /* maxpool2 for rows of at most 32: a row pair's windows at once, the
  * four candidates taken apart by permutes and compared in maxpool2's
  * order with its rule. */
@@ -584,7 +583,7 @@ static void maxpool_planes(void *job, size_t p0, size_t p1) {
   const pool_job *j = job;
   unsigned h = j->h, w = j->w, k = j->k, oh = h / k, ow = w / k;
   size_t in = (size_t)h * w, out = (size_t)oh * ow;
-#ifdef CONV_AVX512
+#ifdef TRN__X86
   if (k == 2 && w <= 32 && vectors_on && trn__cpu_avx512()) {
     maxpool2_v(j->x + p0 * in, j->y + p0 * out, j->arg + p0 * out, p1 - p0,
                h, w);

@@ -7,9 +7,9 @@
  * our own: OpenBLAS picks its kernels by the CPU's name when it loads,
  * and where OPENBLAS_CORETYPE holds it to Haswell's (machines whose CPU
  * an older OpenBLAS misjudges, as this project's do) an AVX-512 CPU runs
- * 256-bit kernels.  The cnn, whose
- * convolutions are nearly all products, was 0.72 of PyTorch (oneDNN's
- * AVX-512 convolutions) there; 1.32 with this kernel.
+ * 256-bit kernels.  The cnn, whose convolutions are nearly all
+ * products, was 0.72 of PyTorch (oneDNN's AVX-512 convolutions) there;
+ * 1.32 with this kernel.
  *
  * The kernel is the usual blocked one (Goto and van de Geijn): B in blocks
  * of KC rows and NC columns is packed into panels of NR columns, A in
@@ -29,7 +29,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-
 
 #define MR 12   /* rows of A per panel, of C per tile */
 #define NR 32   /* columns of B per panel: two vectors of 16 */
