@@ -31,8 +31,11 @@ fail() {
 }
 
 # epoch_target FAST SANITIZED: the --target-batch-size for epochs of a few
-# seconds, FAST in a plain build, SANITIZED in an ASan/UBSan one (its
-# trainer is many times slower; meson sets BEE_TEST_SANITIZED).
+# seconds, FAST in a plain build, SANITIZED in an ASan/UBSan one (meson
+# sets BEE_TEST_SANITIZED).  There beed trains at about 0.6 of the plain
+# build's speed (its trainer's arithmetic is built uninstrumented,
+# trainer/meson.build), so SANITIZED is about 0.6 of FAST and the epochs
+# last about as long in both.
 epoch_target() {
   if [ "${BEE_TEST_SANITIZED:-0}" = 1 ]; then echo "$2"; else echo "$1"; fi
 }

@@ -18,7 +18,7 @@ set -euo pipefail
 MM=10
 for b in b0 b1 b2; do key "$b"; done
 train=(--open --run-id catchup --no-match-ahead --matchmaking-time "$MM"
-  --target-batch-size "$(epoch_target 2621440 786432)" --eval-every 0
+  --target-batch-size "$(epoch_target 1310720 786432)" --eval-every 0
   --min-peers 3)
 start b0 "$base" "${train[@]}"
 wait_log b0 'listening on' 10

@@ -31,7 +31,7 @@ tc qdisc add dev lo root tbf rate 4mbit burst 32kb latency 200ms 2>/dev/null ||
 RUN=don
 for b in q n1 n2; do key "$b"; done
 train=(--open --run-id "$RUN" --optimizer adamw
-  --target-batch-size "$(epoch_target 262144 65536)" --eval-every 0)
+  --target-batch-size "$(epoch_target 262144 163840)" --eval-every 0)
 start q "$base" "${train[@]}" --max-state-uploads 1
 wait_log q 'train: epoch 3 done' 60
 start n1 $((base + 1)) "${train[@]}" --join "127.0.0.1:$base"

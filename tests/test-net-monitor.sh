@@ -19,7 +19,7 @@ MON=${TRAINMONITOR:?TRAINMONITOR must name the trainmonitor binary}
 WSC="$(dirname "${BASH_SOURCE[0]}")/ws-client.py"
 RUN=mon
 # Epochs of 2 s or more (records take 1 to 2 s to travel).
-TARGET=$(epoch_target 786432 393216)
+TARGET=$(epoch_target 655360 393216)
 TOKEN=s3cret-token
 http=$((base + 10))
 

@@ -17,11 +17,11 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
 
 for b in b0 b1 b2; do key "$b"; done
-# Epochs of about 6 s with gcc.  b2, let go, may find itself in a
+# Epochs of several seconds.  b2, let go, may find itself in a
 # matchmaking for an epoch the others have left: it ends within two views
 # (test-net-catchup), not after --matchmaking-time + 2 s, so b2 keeps up.
 train=(--open --run-id partial
-  --target-batch-size "$(epoch_target 2621440 786432)" --eval-every 0
+  --target-batch-size "$(epoch_target 1310720 786432)" --eval-every 0
   --matchmaking-time 4 --min-peers 3)
 start b0 "$base" "${train[@]}"
 wait_log b0 'listening on' 10

@@ -21,7 +21,7 @@ set -euo pipefail
 
 RUN=t3
 # An epoch of 2.5 s or more: the view travels in 1 to 2 s.
-TARGET=$(epoch_target 1310720 393216)
+TARGET=$(epoch_target 655360 393216)
 EPOCHS=4 # epochs every bee must finish
 
 for b in b0 b1 b2; do key "$b"; done
