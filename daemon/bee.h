@@ -357,6 +357,24 @@ size_t bee_round_candidates(const proto_progress *v, size_t n,
  * nobody: the swarm has left it. */
 bool bee_round_deserted(const proto_progress *v, size_t n, const char *run,
                         uint64_t epoch, bool delayed, uint64_t now_ms);
+/* After a round: the members of the group that averaged epoch - 1 step
+ * to epoch right away, but their records say epoch - 1 for a second or
+ * two more (a record goes out at most every BEE_PROGRESS_MIN_MS and is
+ * read once a second), and a view that took them as they read would have
+ * each bee gather the next target alone.  Rewrites v[i] (whose owner is
+ * ids[i]) for every member among members[0..nmembers) whose record of run
+ * is behind epoch, not a leaving one, and older than the step (time_ms,
+ * unix ms, this bee's clock) as the record it will write: at epoch, no
+ * samples yet, at time_ms, at its rate.  Only within BEE_STEPPED_MS of the
+ * step (now_ms): a member whose own record at epoch has not come by then
+ * is not counted there on our word.  Returns how many it rewrote. */
+#define BEE_STEPPED_MS 4000
+size_t bee_progress_stepped(proto_progress *v,
+                            const uint8_t (*ids)[PROTO_ID_BYTES], size_t n,
+                            const char *run, uint64_t epoch,
+                            uint64_t time_ms,
+                            const uint8_t (*members)[PROTO_ID_BYTES],
+                            size_t nmembers, uint64_t now_ms);
 /* A line of parameters: their hash after a bee's step at epoch, averaged
  * in a group of group members. */
 typedef struct bee_line {

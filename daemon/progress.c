@@ -19,6 +19,8 @@
  *     stepped past it; and whom to expect in the step's group: the peers
  *     at its epoch and those one behind, who step as soon as they see it,
  *     and when nobody is left to come (the swarm has left the epoch);
+ *   - right after a round, where its group's members are: at the next
+ *     epoch, though their records still say otherwise for a second;
  *   - after a split (peers that averaged the same epoch came out with
  *     other parameters), which line goes on: the larger group's, then
  *     the one more peers hold, then the lower hash;
@@ -93,6 +95,31 @@ size_t bee_round_candidates(const proto_progress *v, size_t n,
     if (strcmp(v[i].run, run) == 0 &&
         (v[i].epoch == epoch || v[i].epoch + 1 == epoch))
       k++;
+  }
+  return k;
+}
+
+size_t bee_progress_stepped(proto_progress *v,
+                            const uint8_t (*ids)[PROTO_ID_BYTES], size_t n,
+                            const char *run, uint64_t epoch,
+                            uint64_t time_ms,
+                            const uint8_t (*members)[PROTO_ID_BYTES],
+                            size_t nmembers, uint64_t now_ms) {
+  if (nmembers == 0 || now_ms >= time_ms + BEE_STEPPED_MS)
+    return 0;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (v[i].leaving || v[i].epoch >= epoch || v[i].time_ms >= time_ms ||
+        strcmp(v[i].run, run) != 0)
+      continue;
+    for (size_t j = 0; j < nmembers; j++)
+      if (memcmp(ids[i], members[j], PROTO_ID_BYTES) == 0) {
+        v[i].epoch = epoch;
+        v[i].samples = 0;
+        v[i].time_ms = time_ms;
+        k++;
+        break;
+      }
   }
   return k;
 }

@@ -38,6 +38,7 @@
                             may miss a record now and then) */
 #define ROUND_DEADLINE_MS 30000
 #define MIN_EPOCH_S 2.0 /* epochs shorter than this are not shared */
+#define STEPPED_MIN_EPOCH_S 0.25 /* note_stepped: no shorter epochs */
 #define STATE_METHOD "state.get"
 #define STATE_CHUNK (1u << 20)     /* bytes asked per request */
 #define STATE_CALL_MS 10000        /* one chunk's answer */
@@ -287,6 +288,16 @@ struct bee_train {
   /* after a split: the peers of the line that won, the only donors */
   uint8_t split_ids[DONORS_MAX][PROTO_ID_BYTES];
   size_t nsplit;
+  /* The others' records of the last read and their owners, for the view
+   * taken again right after a step (bee__view_again). */
+  proto_progress *seen;
+  uint8_t (*seen_ids)[PROTO_ID_BYTES];
+  size_t nseen, seen_cap;
+  /* The other members of the group of the last update round, stepping to
+   * stepped_epoch at stepped_ms (unix ms): bee_progress_stepped. */
+  uint8_t (*stepped_ids)[PROTO_ID_BYTES];
+  size_t nstepped, stepped_cap;
+  uint64_t stepped_epoch, stepped_ms;
 };
 
 /* Clocks: monotonic seconds, wall-clock unix milliseconds. */
@@ -363,6 +374,10 @@ void bee__start_round(bee_train *t);
 void bee__match_ahead(bee_train *t);
 void bee__ahead_drop(bee_train *t, const char *why);
 void bee__resync(bee_train *t);
+/* The view again from the last read's records, right after an epoch step
+ * that note_stepped counted the group of: its members at the epoch they
+ * stepped to with this bee. */
+void bee__view_again(bee_train *t);
 /* One epoch's metrics record. */
 void bee__publish_metrics(bee_train *t, const struct step_report *r);
 /* The loop's tick: counters, publication, the view, rounds, status. */

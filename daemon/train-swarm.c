@@ -113,6 +113,95 @@ static void end_deserted(bee_train *t, const proto_progress *others,
   }
 }
 
+/* Keeps the others' records of a read, owners in ids, for
+ * bee__view_again (when memory runs short, none: that view is only
+ * sooner). */
+static void keep_seen(bee_train *t, const proto_progress *all,
+                      const uint8_t (*ids)[PROTO_ID_BYTES], size_t n) {
+  t->nseen = 0;
+  if (n > t->seen_cap) {
+    proto_progress *p = realloc(t->seen, n * sizeof *p);
+    if (p)
+      t->seen = p;
+    uint8_t(*d)[PROTO_ID_BYTES] = realloc(t->seen_ids, n * sizeof *d);
+    if (d)
+      t->seen_ids = d;
+    if (!p || !d)
+      return;
+    t->seen_cap = n;
+  }
+  if (n) {
+    memcpy(t->seen, all, n * sizeof *all);
+    memcpy(t->seen_ids, ids, n * sizeof *ids);
+  }
+  t->nseen = n;
+}
+
+/* The view from the others' records all[0..n) (owners in ids) and our own
+ * current progress, written at all[n]: the members of the group this bee
+ * just averaged with taken at the epoch they stepped to
+ * (bee_progress_stepped), the candidates for the round of our epoch, the
+ * donors, and what the worker reads.  Returns the candidates counted
+ * afresh. */
+static size_t view_set(bee_train *t, proto_progress *all,
+                       const uint8_t (*ids)[PROTO_ID_BYTES], size_t n) {
+  uv_mutex_lock(&t->mu);
+  uint64_t epoch = t->sh.epoch, samples = t->sh.samples;
+  bee__own_progress(t, epoch, samples, &all[n]);
+  uint64_t now = all[n].time_ms;
+  bee_progress_stepped(all, ids, n, t->cfg->run, t->stepped_epoch,
+                       t->stepped_ms,
+                       (const uint8_t(*)[PROTO_ID_BYTES])t->stepped_ids,
+                       t->nstepped, now);
+  proto_swarm_view_compute(all, n + 1, t->cfg->run,
+                           t->cfg->target_batch_size, now, &t->view);
+  /* A read of the DHT may miss a record now and then; at the same epoch
+   * the count only grows, lest a round close without a peer that is
+   * there (one that is gone costs the round --matchmaking-time). */
+  size_t fresh = bee_round_candidates(all, n + 1, t->cfg->run, epoch, now);
+  size_t cand = fresh;
+  if (t->have_view && t->cand_epoch == epoch && cand < t->candidates)
+    cand = t->candidates;
+  t->candidates = cand;
+  t->cand_epoch = epoch;
+  /* Donors: the others at the swarm's epoch that serve (not clients);
+   * kept as they are while a download goes through them. */
+  if (!t->fetching) {
+    t->ndonors = 0;
+    for (size_t i = 0; i < n && t->ndonors < DONORS_MAX; i++)
+      if (strcmp(all[i].run, t->cfg->run) == 0 && !all[i].leaving &&
+          all[i].epoch == t->view.epoch && all[i].mode != PROTO_MODE_CLIENT)
+        memcpy(t->donors[t->ndonors++], ids[i], PROTO_ID_BYTES);
+  }
+  t->sh.view = t->view;
+  bool here = t->view.epoch == epoch;
+  t->sh.others = here ? t->view.samples - samples : t->view.samples;
+  t->sh.others_rate =
+      t->view.rate_at_epoch - (here ? all[n].samples_per_second : 0);
+  if (t->sh.others_rate < 0)
+    t->sh.others_rate = 0;
+  t->sh.view_s = mono_s();
+  uv_mutex_unlock(&t->mu);
+  return fresh;
+}
+
+void bee__view_again(bee_train *t) {
+  /* Only for a group to count (note_stepped): in a swarm whose epochs are
+   * shorter than STEPPED_MIN_EPOCH_S a view after every step would start
+   * a matchmaking ahead at every step, and there (mlp, 4 bees, target
+   * 4,096, 15 ms epochs) the bees fell out of step and raced through
+   * thousands of epochs alone. */
+  if (!t->have_view || t->nstepped == 0)
+    return;
+  proto_progress *all = malloc((t->nseen + 1) * sizeof *all);
+  if (!all)
+    return; /* the next read's view comes within VIEW_MS */
+  if (t->nseen)
+    memcpy(all, t->seen, t->nseen * sizeof *all);
+  view_set(t, all, (const uint8_t(*)[PROTO_ID_BYTES])t->seen_ids, t->nseen);
+  free(all);
+}
+
 /* The swarm view from the records found (v may be NULL) and our own
  * current progress; asks for the epoch step when the target is met. */
 static void update_view(bee_train *t, const dht_value *v) {
@@ -136,42 +225,12 @@ static void update_view(bee_train *t, const dht_value *v) {
       n++;
     }
   }
-  /* Our own share as of now, and the others' as read. */
-  uv_mutex_lock(&t->mu);
-  uint64_t epoch = t->sh.epoch, samples = t->sh.samples;
-  bee__own_progress(t, epoch, samples, &all[n++]);
-  proto_swarm_view_compute(all, n, t->cfg->run, t->cfg->target_batch_size,
-                         all[n - 1].time_ms, &t->view);
-  /* A read of the DHT may miss a record now and then; at the same epoch
-   * the count only grows, lest a round close without a peer that is
-   * there (one that is gone costs the round --matchmaking-time). */
-  size_t fresh =
-      bee_round_candidates(all, n, t->cfg->run, epoch, all[n - 1].time_ms);
-  size_t cand = fresh;
-  if (t->have_view && t->cand_epoch == epoch && cand < t->candidates)
-    cand = t->candidates;
-  t->candidates = cand;
-  t->cand_epoch = epoch;
-  /* Donors: the others at the swarm's epoch that serve (not clients);
-   * kept as they are while a download goes through them. */
-  if (!t->fetching) {
-    t->ndonors = 0;
-    for (size_t i = 0; i + 1 < n && t->ndonors < DONORS_MAX; i++)
-      if (strcmp(all[i].run, t->cfg->run) == 0 && !all[i].leaving &&
-          all[i].epoch == t->view.epoch && all[i].mode != PROTO_MODE_CLIENT)
-        memcpy(t->donors[t->ndonors++], ids[i], PROTO_ID_BYTES);
-  }
+  keep_seen(t, all, (const uint8_t(*)[PROTO_ID_BYTES])ids, n);
+  size_t fresh = view_set(t, all, (const uint8_t(*)[PROTO_ID_BYTES])ids, n);
   free(ids);
-  t->sh.view = t->view;
-  bool here = t->view.epoch == epoch;
-  t->sh.others = here ? t->view.samples - samples : t->view.samples;
-  t->sh.others_rate = t->view.rate_at_epoch - (here ? all[n - 1].samples_per_second : 0);
-  if (t->sh.others_rate < 0)
-    t->sh.others_rate = 0;
-  t->sh.view_s = mono_s();
-  uv_mutex_unlock(&t->mu);
+  uint64_t epoch = all[n].epoch; /* ours, at the end */
   if (v) /* a failed read says nothing of the others */
-    end_deserted(t, all, n - 1, all[n - 1].time_ms, fresh);
+    end_deserted(t, all, n, all[n].time_ms, fresh);
   else
     t->deserted = 0;
   free(all);
@@ -219,8 +278,9 @@ static void update_view(bee_train *t, const dht_value *v) {
     t->short_warned = true;
     bee_warn(COMP,
              "the swarm (%zu peers, %.0f samples/s) %s in %.2f s, less than "
-             "the %.0f s progress needs to travel through the DHT: bees will "
-             "step alone; give %s %.0f or more",
+             "the %.0f s progress needs to travel through the DHT: epochs "
+             "may hold more or less than the target, and a bee that joins "
+             "or falls behind may step alone; give %s %.0f or more",
              t->view.peers, t->view.samples_per_second,
              t->outer ? "reaches a round" : "gathers the target batch",
              epoch_s, MIN_EPOCH_S,
@@ -351,12 +411,50 @@ void bee__match_fetch(void *ctx, avg_node *node, const proto_match *info) {
     free(f);
 }
 
+/* The group of an update round that ran (g; NULL: none ran, nobody to
+ * count): its other members step to epoch now, as this bee does
+ * (bee_progress_stepped).  Not in a swarm that
+ * gathers its target in less than STEPPED_MIN_EPOCH_S: there the members'
+ * start skew and a round's own time are the epoch, and counted from the
+ * step they end epochs with a fraction of the target (mlp, 4 bees, target
+ * 4,096: epochs of 0.5 to 1 times it, a bee often stepping with no
+ * sample of its own); the views then wait for the records, and each bee
+ * gathers about the target itself.  Nor with DiLoCo, whose rounds come
+ * after local steps, not samples.  Without the memory for the ids, none
+ * either. */
+static void note_stepped(bee_train *t, const avg_group *g, uint64_t epoch) {
+  t->nstepped = 0;
+  if (!g || t->outer || !(t->view.samples_per_second > 0) ||
+      t->cfg->target_batch_size <
+          STEPPED_MIN_EPOCH_S * t->view.samples_per_second)
+    return;
+  if (g->nmembers > t->stepped_cap) {
+    uint8_t(*d)[PROTO_ID_BYTES] =
+        realloc(t->stepped_ids, g->nmembers * sizeof *d);
+    if (!d)
+      return;
+    t->stepped_ids = d;
+    t->stepped_cap = g->nmembers;
+  }
+  for (size_t i = 0; i < g->nmembers; i++)
+    if (i != g->self)
+      memcpy(t->stepped_ids[t->nstepped++], g->members[i].id, PROTO_ID_BYTES);
+  t->stepped_epoch = epoch;
+  t->stepped_ms = wall_ms();
+}
+
 /* The worker's round is over, one way or another: wake it.  The group's
  * samples are the weights its members gave the round (those declared in
  * the matchmaking, when it formed ahead, were estimates). */
 static void round_over(bee_train *t, int status, size_t group,
                        double by_all, bool left, const avg_node_result *r) {
   t->averaging = false;
+  uv_mutex_lock(&t->mu);
+  bool state = t->sh.avg_state;
+  uint64_t epoch = t->sh.avg_epoch;
+  uv_mutex_unlock(&t->mu);
+  if (!state) /* an update round: its group, if it ran */
+    note_stepped(t, status == 0 && r ? r->group : NULL, epoch + 1);
   uint64_t batch = 0;
   for (size_t i = 0; r && r->group && i < r->group->nmembers; i++)
     batch += r->summary && i < r->summary->nmembers

@@ -521,6 +521,10 @@ static void async_cb(uv_async_t *h) {
     if (!t->stopped)
       bee__publish_metrics(t, r);
   }
+  /* Stepped: the view at the new epoch now, with the group's members
+   * there too, not after the next read finds their records. */
+  if (s.steps_tail != s.steps_head && !t->stopped)
+    bee__view_again(t);
   bee__start_round(t); /* the worker may be waiting for one */
   if (s.evaluated && t->per > 1)
     bee_info(COMP,
@@ -1006,6 +1010,9 @@ void bee_train_free(bee_train *t) {
   bee__snap_unref(t->sh.snap);
   free(t->sh.load);
   free(t->fbuf);
+  free(t->seen);
+  free(t->seen_ids);
+  free(t->stepped_ids);
   trn_source_free(t->src);
   free(t);
 }

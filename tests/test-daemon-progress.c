@@ -238,6 +238,68 @@ static void test_deserted(void) {
   ASSERT(bee_round_deserted(&l, 1, "r", 5, false, now + BEE_LEAVE_GRACE_MS));
 }
 
+/* Right after a round: the group's members at the next epoch, though
+ * their records still say the last one; the view then counts their
+ * samples at their rates from the step on. */
+static void test_stepped(void) {
+  const uint64_t step = 1700000000000ull;
+  uint8_t ids[7][PROTO_ID_BYTES], members[3][PROTO_ID_BYTES];
+  for (int i = 0; i < 7; i++)
+    memset(ids[i], 'a' + i, PROTO_ID_BYTES);
+  memcpy(members[0], ids[0], PROTO_ID_BYTES);
+  memcpy(members[1], ids[1], PROTO_ID_BYTES);
+  memcpy(members[2], ids[2], PROTO_ID_BYTES);
+  proto_progress p[7] = {
+      rec("r", 4, 3000, 1000, step - 1500, PROTO_MODE_NODE), /* member */
+      rec("r", 4, 2500, 2000, step - 800, PROTO_MODE_NODE),  /* member */
+      rec("r", 5, 700, 1000, step + 300, PROTO_MODE_NODE),   /* its own, new */
+      rec("r", 4, 2000, 1000, step - 500, PROTO_MODE_NODE),  /* not a member */
+      rec("q", 4, 2000, 1000, step - 500, PROTO_MODE_NODE),  /* another run */
+      rec("r", 4, 2000, 1000, step + 100, PROTO_MODE_NODE),  /* after: not */
+      rec("r", 4, 2000, 1000, step - 500, PROTO_MODE_NODE),  /* left */
+  };
+  p[6].leaving = true;
+  memcpy(ids[4], ids[0], PROTO_ID_BYTES); /* a member, of another run */
+  memcpy(ids[5], ids[1], PROTO_ID_BYTES); /* a member that did not step */
+  memcpy(ids[6], ids[2], PROTO_ID_BYTES); /* a member that left */
+  proto_progress q[7];
+  memcpy(q, p, sizeof p);
+  ASSERT_EQ(bee_progress_stepped(q, (const uint8_t(*)[PROTO_ID_BYTES])ids, 7,
+                                 "r", 5, step,
+                                 (const uint8_t(*)[PROTO_ID_BYTES])members, 3,
+                                 step + 200),
+            2);
+  for (int i = 0; i < 2; i++) {
+    ASSERT_EQ(q[i].epoch, 5);
+    ASSERT_EQ(q[i].samples, 0);
+    ASSERT_EQ(q[i].time_ms, step);
+    ASSERT(q[i].samples_per_second == p[i].samples_per_second);
+  }
+  ASSERT(memcmp(&q[2], &p[2], 5 * sizeof p[0]) == 0); /* the rest as read */
+  /* The view a second after the step: the two at their rates since it,
+   * and the member's own record as written. */
+  proto_swarm_view v;
+  proto_swarm_view_compute(q, 3, "r", 10000, step + 1000, &v);
+  ASSERT_EQ(v.epoch, 5);
+  ASSERT_EQ(v.peers_at_epoch, 3);
+  ASSERT(near((double)v.samples, 1000 + 2000 + 700 + 1000 * 0.7, 2));
+  /* Taken as read, the view would count only the one at epoch 5. */
+  proto_swarm_view_compute(p, 3, "r", 10000, step + 1000, &v);
+  ASSERT_EQ(v.peers_at_epoch, 1);
+  /* Past BEE_STEPPED_MS the records speak for themselves; with no group,
+   * nothing to rewrite. */
+  memcpy(q, p, sizeof p);
+  ASSERT_EQ(bee_progress_stepped(q, (const uint8_t(*)[PROTO_ID_BYTES])ids, 7,
+                                 "r", 5, step,
+                                 (const uint8_t(*)[PROTO_ID_BYTES])members, 3,
+                                 step + BEE_STEPPED_MS),
+            0);
+  ASSERT_EQ(bee_progress_stepped(q, (const uint8_t(*)[PROTO_ID_BYTES])ids, 7,
+                                 "r", 5, step, NULL, 0, step),
+            0);
+  ASSERT(memcmp(q, p, sizeof p) == 0);
+}
+
 static bee_line line(uint64_t epoch, uint64_t group, uint8_t h) {
   bee_line l = {.epoch = epoch, .group = group};
   memset(l.hash, h, sizeof l.hash);
@@ -369,6 +431,7 @@ int main(void) {
   test_epoch_ready();
   test_candidates();
   test_deserted();
+  test_stepped();
   test_split();
   return 0;
 }

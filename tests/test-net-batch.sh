@@ -1,0 +1,58 @@
+#!/bin/bash
+# test-net-batch.sh: an epoch holds the target batch even when the swarm
+# gathers it faster than progress records travel.
+#
+# Three bees train mlp with a target the three gather in about 0.4 s,
+# while a progress record takes a second or two to reach the others.
+# Right after a round each bee counts the group's other members at the
+# epoch they stepped to with it, at their rates since the step
+# (bee_progress_stepped), instead of at the epoch their records still
+# name; so the swarm's epochs hold about the target.  Taking the records
+# as read, each bee gathered about the target alone before it saw the
+# others there: epochs held 1.75 to 2.6 times it (2.25 on average over
+# 20 epochs).  Over the epochs from the fourth on (the first few start
+# as the bees do), every one must be averaged by the three, the median
+# of the swarm's samples per epoch must lie within 0.75 to 1.3 times the
+# target and none may hold 1.6 times it.  About 20 s.
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
+
+T=$(epoch_target 65536 40960)
+LAST=15
+for b in b0 b1 b2; do key "$b"; done
+train=(--open --run-id batch --target-batch-size "$T" --eval-every 0
+  --min-peers 3)
+start b0 "$base" "${train[@]}"
+wait_log b0 'listening on' 10
+start b1 $((base + 1)) "${train[@]}" --join "127.0.0.1:$base"
+start b2 $((base + 2)) "${train[@]}" --join "127.0.0.1:$base"
+for b in b0 b1 b2; do wait_log "$b" "train: epoch $LAST done" 90; done
+stop_all
+
+# epoch, the swarm's samples, and how many of the three averaged it in a
+# group of three; then the verdict.
+for ((e = 3; e <= LAST; e++)); do
+  sum=0 three=0
+  for b in b0 b1 b2; do
+    n=$(sed -nE "s/.*train: epoch $e done: ([0-9]+) local samples.*/\1/p" \
+      "$work/$b.log" | head -n 1)
+    [ -n "$n" ] || fail "$b: no step line for epoch $e"
+    line=$(done_line "$b" "$e")
+    sum=$((sum + n))
+    [[ $line == *"averaged in a group of 3 ("* ]] && three=$((three + 1))
+  done
+  echo "$e $sum $three"
+done >"$work/epochs"
+python3 - "$work/epochs" "$T" <<'PY' || fail "epochs against the target $T: $(tr '\n' ' ' <"$work/epochs")"
+import statistics, sys
+rows = [tuple(map(int, l.split())) for l in open(sys.argv[1])]
+t = int(sys.argv[2])
+ratios = [s / t for _, s, _ in rows]
+med = statistics.median(ratios)
+print("batch: epochs 3 to %d hold %s of the target (median %.2f)"
+      % (rows[-1][0], " ".join("%.2f" % r for r in ratios), med))
+bad = [e for e, _, k in rows if k != 3]
+assert not bad, "epochs not averaged by all three: %s" % bad
+assert 0.75 <= med <= 1.3, "median %.2f" % med
+assert max(ratios) < 1.6, "an epoch held %.2f times the target" % max(ratios)
+PY
