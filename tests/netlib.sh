@@ -65,6 +65,18 @@ start() {
   pid[$n]=$!
 }
 
+# start_swarm N [FLAGS...]: b0 on $base, then b1 .. b(N-1) on the next
+# ports joining through it, all with FLAGS (their keys made beforehand).
+start_swarm() {
+  local n=$1 i
+  shift
+  start b0 "$base" "$@"
+  wait_log b0 'listening on' 10
+  for ((i = 1; i < n; i++)); do
+    start "b$i" $((base + i)) "$@" --join "127.0.0.1:$base"
+  done
+}
+
 # wait_log NAME PATTERN [SECONDS]: waits for an extended regex in the log.
 wait_log() {
   local i

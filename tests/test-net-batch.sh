@@ -24,10 +24,7 @@ LAST=15
 for b in b0 b1 b2; do key "$b"; done
 train=(--open --run-id batch --target-batch-size "$T" --eval-every 0
   --min-peers 3)
-start b0 "$base" "${train[@]}"
-wait_log b0 'listening on' 10
-start b1 $((base + 1)) "${train[@]}" --join "127.0.0.1:$base"
-start b2 $((base + 2)) "${train[@]}" --join "127.0.0.1:$base"
+start_swarm 3 "${train[@]}"
 for b in b0 b1 b2; do wait_log "$b" "train: epoch $LAST done" 90; done
 stop_all
 

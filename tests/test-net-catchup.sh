@@ -20,10 +20,7 @@ for b in b0 b1 b2; do key "$b"; done
 train=(--open --run-id catchup --no-match-ahead --matchmaking-time "$MM"
   --target-batch-size "$(epoch_target 1310720 786432)" --eval-every 0
   --min-peers 3)
-start b0 "$base" "${train[@]}"
-wait_log b0 'listening on' 10
-start b1 $((base + 1)) "${train[@]}" --join "127.0.0.1:$base"
-start b2 $((base + 2)) "${train[@]}" --join "127.0.0.1:$base"
+start_swarm 3 "${train[@]}"
 
 for b in b0 b1 b2; do wait_log "$b" 'train: epoch 1 done' 120; done
 K=$(sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/b2.log" |

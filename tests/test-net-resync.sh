@@ -23,11 +23,7 @@ for b in b0 b1 b2; do key "$b"; done
 train=(--open --run-id resync
   --target-batch-size "$(epoch_target 1310720 786432)" --eval-every 0
   --matchmaking-time 1 --min-peers 3)
-start b0 "$base" "${train[@]}"
-wait_log b0 'listening on' 10
-for i in 1 2; do
-  start "b$i" $((base + i)) "${train[@]}" --join "127.0.0.1:$base"
-done
+start_swarm 3 "${train[@]}"
 
 # K: the first epoch from 1 on that all three finished.
 for b in b0 b1 b2; do wait_log "$b" 'train: epoch 1 done' 120; done
