@@ -21,6 +21,8 @@
  *     and when nobody is left to come (the swarm has left the epoch);
  *   - right after a round, where its group's members are: at the next
  *     epoch, though their records still say otherwise for a second;
+ *   - whether a state download should wait for the swarm's next step,
+ *     lest it land after the epoch's group formed;
  *   - after a split (peers that averaged the same epoch came out with
  *     other parameters), which line goes on: the larger group's, then
  *     the one more peers hold, then the lower hash;
@@ -132,6 +134,25 @@ bool bee_round_deserted(const proto_progress *v, size_t n, const char *run,
   return !delayed || epoch == UINT64_MAX ||
          bee_round_candidates(v, n, run, epoch + 1, now_ms) == 0;
 }
+
+bool bee_fetch_defer(bee_defer *d, double eta_s, double join_s,
+                     uint64_t view_epoch, uint64_t now_ms) {
+  if (d->on) {
+    if (view_epoch == d->epoch && now_ms < d->since_ms + BEE_DEFER_MAX_MS)
+      return true;
+    d->on = false;
+    d->spent = true;
+    return false;
+  }
+  if (d->spent || !(eta_s >= 0) || !(eta_s < join_s))
+    return false;
+  d->on = true;
+  d->epoch = view_epoch;
+  d->since_ms = now_ms;
+  return true;
+}
+
+void bee_fetch_started(bee_defer *d) { *d = (bee_defer){0}; }
 
 static size_t holders(const bee_line *seen, size_t nseen, uint64_t epoch,
                       const uint8_t *hash) {

@@ -49,6 +49,8 @@
 #define LAYOUT_WARNED_MAX 32       /* peers of another layout remembered */
 #define DONOR_REFRESH_MS 10000 /* the donor record, at least this often */
 #define DONOR_TTL_S 30         /* and it lives this long */
+#define FETCH_TRAVEL_S 1.5 /* a loaded bee's record in the others' views:
+                              the next publish and read (bee__fetch_wait) */
 #define FETCH_SETTLE_MS 10000 /* after a download, catch up before another
                                  (or twice what the download took) */
 #define STATE_HDR 64 /* four u64 (params, state, buffers, steps), schema */
@@ -246,6 +248,8 @@ struct bee_train {
   uint64_t fsettle_ms; /* no new download for being behind before then */
   uint64_t fretry_ms;  /* every donor busy: ask again from then (loop ms) */
   uint64_t fbackoff_ms; /* and the wait after the next such pass */
+  bee_defer fdefer;     /* the next download waits for the swarm's step */
+  double flast_s;       /* the last download took this long (0: none) */
   /* the downloads we serve (--max-state-uploads) */
   bee_uploads uploads;
   uint64_t busy_logged_ms; /* the last "told it is busy" line */
@@ -356,6 +360,9 @@ void bee__ckpt_writer(void *arg);
 void bee__set_go(bee_train *t);
 /* Downloads the state from the donors of the last view. */
 void bee__start_fetch(bee_train *t);
+/* Whether the download due now waits for the swarm's next step, lest it
+ * land after the epoch's group formed (bee_fetch_defer). */
+bool bee__fetch_wait(bee_train *t);
 /* The "state.get" handler: the bytes of the latest snapshot. */
 void bee__state_req_cb(proto_conn *c, uint64_t id, proto_bytes method,
                        proto_bytes payload, void *data);

@@ -344,6 +344,7 @@ static void fetch_cb(proto_conn *c, int status, int64_t remote_code,
     return;
   }
   uint64_t took = uv_now(t->loop) - t->fstart_ms;
+  t->flast_s = (double)took / 1000;
   t->fsettle_ms = uv_now(t->loop) +
                   (2 * took > FETCH_SETTLE_MS ? 2 * took : FETCH_SETTLE_MS);
   bee_info(COMP, "state: loaded epoch %llu from %s in %.1f s",
@@ -465,7 +466,33 @@ static void donors_cb(dht_node *n, int status, const dht_value *v,
   fetch_from_next_donor(t);
 }
 
+bool bee__fetch_wait(bee_train *t) {
+  /* DiLoCo's rounds come after each bee's own inner steps, and with
+   * --delay-averaging an epoch's round runs through the next: neither
+   * follows the view's time to the target. */
+  double eta = t->outer || t->dgrad ? -1 : t->view.eta_s;
+  double mm = t->cfg->no_match_ahead ? 0 : t->cfg->matchmaking_s;
+  double join = t->flast_s + mm + FETCH_TRAVEL_S;
+  bool was = t->fdefer.on;
+  bool wait = bee_fetch_defer(&t->fdefer, eta, join, t->view.epoch,
+                              uv_now(t->loop));
+  if (wait && !was) {
+    char last[48] = "";
+    if (t->flast_s > 0)
+      snprintf(last, sizeof last, ", the last download's %.1f",
+               t->flast_s);
+    bee_info(COMP,
+             "state: the swarm expects its target in %.1f s, before this "
+             "bee could join the epoch's group (%.1f s: the matchmaking's "
+             "%.1f%s, the records' travel %.1f): the download waits for "
+             "the swarm's next step",
+             eta, join, mm, last, FETCH_TRAVEL_S);
+  }
+  return wait;
+}
+
 void bee__start_fetch(bee_train *t) {
+  bee_fetch_started(&t->fdefer);
   t->fetching = true;
   t->fdonor = 0;
   t->fbusy = 0;

@@ -249,7 +249,8 @@ static void update_view(bee_train *t, const dht_value *v) {
   if (go && uv_now(t->loop) < t->fsettle_ms)
     behind = false;
   if (behind && t->ndonors && !t->fetching) {
-    if (uv_now(t->loop) >= t->fretry_ms) /* not while every donor was busy */
+    if (uv_now(t->loop) >= t->fretry_ms && /* not while every donor was busy */
+        !bee__fetch_wait(t))
       bee__start_fetch(t);
   }
   else if (!go && !t->fetching && t->cfg->min_peers > 1) {
@@ -938,8 +939,8 @@ static void resync_cb(dht_node *n, int status, const dht_value *v,
       if (memcmp(t->donors[j], id, PROTO_ID_BYTES) == 0)
         memcpy(good[k++], id, PROTO_ID_BYTES);
   }
-  if (k == 0)
-    return; /* none yet: asked again in RESYNC_MS */
+  if (k == 0 || bee__fetch_wait(t))
+    return; /* none yet, or not now: asked again in RESYNC_MS */
   if (t->nsplit)
     bee_info(COMP,
              "epoch %llu: loading the state of the line that goes on (%zu "
@@ -1034,8 +1035,10 @@ static void split_cb(dht_node *n, int status, const dht_value *v,
 
 void bee__resync(bee_train *t) {
   uint64_t now = uv_now(t->loop);
+  /* A download that waits for the swarm's step asks at every view. */
+  uint64_t every = t->fdefer.on ? VIEW_MS : RESYNC_MS;
   if (!t->dht || t->fetching || t->resync_busy || now < t->fretry_ms ||
-      now - t->resync_ms < RESYNC_MS)
+      now - t->resync_ms < every)
     return;
   uv_mutex_lock(&t->mu);
   bool diverged = t->sh.diverged && t->sh.go && !t->sh.load;
