@@ -368,6 +368,8 @@ void bee__state_req_cb(proto_conn *c, uint64_t id, proto_bytes method,
                        proto_bytes payload, void *data);
 
 /* ---- train-swarm.c ---------------------------------------------------- */
+/* A state was loaded: a matchmaking the worker waits on ends. */
+void bee__round_moot(bee_train *t, uint64_t load_epoch);
 
 /* Our progress record as of (epoch, samples). */
 void bee__own_progress(bee_train *t, uint64_t epoch, uint64_t samples,

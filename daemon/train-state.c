@@ -355,6 +355,7 @@ static void fetch_cb(proto_conn *c, int status, int64_t remote_code,
   t->sh.load_epoch = t->fepoch;
   uv_mutex_unlock(&t->mu);
   bee__set_go(t);
+  bee__round_moot(t, t->fepoch);
   t->fbuf = NULL;
   t->fetching = false;
   t->fbackoff_ms = 0;

@@ -113,6 +113,27 @@ static void end_deserted(bee_train *t, const proto_progress *others,
   }
 }
 
+/* A state just loaded: the worker takes it once its round is over, so a
+ * matchmaking it waits on (an epoch it stepped alone, most likely, the
+ * swarm gone on) is moot and ends now, lest the worker wait out its
+ * --matchmaking-time before it takes the state, and start the swarm's
+ * epoch too late to be in its group.  A round already begun finishes:
+ * its members count on this bee's part. */
+void bee__round_moot(bee_train *t, uint64_t load_epoch) {
+  if (!t->averaging || !t->avg || !avg_node_matching(t->avg))
+    return;
+  uv_mutex_lock(&t->mu);
+  uint64_t epoch = t->sh.avg_epoch;
+  uv_mutex_unlock(&t->mu);
+  bee_info(COMP,
+           "epoch %llu: its matchmaking ends: the state of epoch %llu was "
+           "loaded",
+           (unsigned long long)epoch, (unsigned long long)load_epoch);
+  t->deserted_cancel = true; /* round_cb runs inside: alone, not failed */
+  avg_node_cancel(t->avg);
+  t->deserted_cancel = false;
+}
+
 /* Keeps the others' records of a read, owners in ids, for
  * bee__view_again (when memory runs short, none: that view is only
  * sooner). */
