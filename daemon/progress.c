@@ -21,6 +21,8 @@
  *     and when nobody is left to come (the swarm has left the epoch);
  *   - right after a round, where its group's members are: at the next
  *     epoch, though their records still say otherwise for a second;
+ *   - DiLoCo: when the other peers at an epoch will have taken their
+ *     inner steps;
  *   - whether a state download should wait for the swarm's next step,
  *     lest it land after the epoch's group formed;
  *   - after a split (peers that averaged the same epoch came out with
@@ -133,6 +135,27 @@ bool bee_round_deserted(const proto_progress *v, size_t n, const char *run,
   /* At epoch + 1 (epoch itself has none, by the above). */
   return !delayed || epoch == UINT64_MAX ||
          bee_round_candidates(v, n, run, epoch + 1, now_ms) == 0;
+}
+
+double bee_outer_due(const proto_progress *v, size_t n, const char *run,
+                     uint64_t epoch, uint64_t want, uint64_t now_ms) {
+  double due = -1;
+  for (size_t i = 0; i < n; i++) {
+    if (v[i].leaving || v[i].epoch != epoch || strcmp(v[i].run, run) != 0 ||
+        !(v[i].samples_per_second > 0))
+      continue;
+    double age = now_ms > v[i].time_ms ? (double)(now_ms - v[i].time_ms) / 1000
+                                       : 0;
+    if (age > PROTO_PROGRESS_EXTRAP_S)
+      age = PROTO_PROGRESS_EXTRAP_S;
+    double left =
+        ((double)want - (double)v[i].samples) / v[i].samples_per_second - age;
+    if (left < 0)
+      left = 0;
+    if (left > due)
+      due = left;
+  }
+  return due;
 }
 
 bool bee_fetch_defer(bee_defer *d, double eta_s, double join_s,

@@ -105,6 +105,9 @@ typedef struct shared {
   uint64_t others;       /* the other peers' samples at view.epoch */
   double others_rate;    /* and their rate, to extrapolate */
   double view_s;         /* when the view was made, mono_s() */
+  double own_rate;       /* this bee's samples/s at the view */
+  double others_due_s;   /* DiLoCo: when the others at the epoch will have
+                            taken their inner steps, mono_s(); 0: none */
   int err;               /* worker -> loop: the worker has stopped */
   char errmsg[160];
   /* Epoch steps not yet logged by the loop: a ring, since a bee that
@@ -249,6 +252,8 @@ struct bee_train {
   uint64_t fretry_ms;  /* every donor busy: ask again from then (loop ms) */
   uint64_t fbackoff_ms; /* and the wait after the next such pass */
   bee_defer fdefer;     /* the next download waits for the swarm's step */
+  double swarm_due_s;   /* DiLoCo: the others at the swarm's epoch will have
+                           taken their inner steps then, mono_s(); 0: none */
   double flast_s;       /* the last download took this long (0: none) */
   /* the downloads we serve (--max-state-uploads) */
   bee_uploads uploads;
@@ -267,7 +272,7 @@ struct bee_train {
   bool have_view;
   bool short_warned; /* epochs too short to share: said once */
   uint64_t metrics_exp; /* the last metrics record's expiration */
-  char last_step[224];  /* the last epoch line's gist, for beectl status */
+  char last_step[288];  /* the last epoch line's gist, for beectl status */
   bool out_of_line;     /* and whether its parameters left the swarm's */
   bool halted;          /* the threads are stopped */
   void (*leave_done)(void *arg); /* leaving: called once the last record
@@ -320,6 +325,20 @@ static inline uint64_t wall_ms(void) {
 /* The other peers' samples at the view's epoch by now: the view's count
  * extrapolated at their rate since it was made (at most the progress
  * records' lifetime).  Under mu. */
+/* DiLoCo: a bee more than OUTER_LAG_MIN_S from its inner steps' end
+ * when the other peers at its epoch have taken theirs (it loaded the
+ * state late in the round, or it is slower) takes its round with the
+ * steps it has, weighed by its samples, rather than step alone after the
+ * others' round and load their state again.  Under mu. */
+#define OUTER_LAG_MIN_S 1.0
+static inline bool outer_lags(const shared *sh, uint64_t want, double now) {
+  if (sh->samples == 0 || sh->samples >= want || !(sh->others_due_s > 0) ||
+      !(sh->own_rate > 0) || sh->view.epoch != sh->epoch)
+    return false;
+  double own_left = (double)(want - sh->samples) / sh->own_rate;
+  return own_left > OUTER_LAG_MIN_S && now >= sh->others_due_s;
+}
+
 static inline double others_now(const shared *sh) {
   double age = mono_s() - sh->view_s;
   age = age < 0 ? 0 : age > BEE_PROGRESS_TTL_S ? BEE_PROGRESS_TTL_S : age;

@@ -468,10 +468,14 @@ static void donors_cb(dht_node *n, int status, const dht_value *v,
 }
 
 bool bee__fetch_wait(bee_train *t) {
-  /* DiLoCo's rounds come after each bee's own inner steps, and with
-   * --delay-averaging an epoch's round runs through the next: neither
-   * follows the view's time to the target. */
-  double eta = t->outer || t->dgrad ? -1 : t->view.eta_s;
+  /* DiLoCo's round comes when the others' inner steps end; with
+   * --delay-averaging an epoch's round runs through the next, and does
+   * not follow the view's time to the target. */
+  double eta = t->view.eta_s;
+  if (t->dgrad)
+    eta = -1;
+  else if (t->outer)
+    eta = t->swarm_due_s > 0 ? fmax(t->swarm_due_s - mono_s(), 0) : -1;
   double mm = t->cfg->no_match_ahead ? 0 : t->cfg->matchmaking_s;
   double join = t->flast_s + mm + FETCH_TRAVEL_S;
   bool was = t->fdefer.on;
@@ -483,11 +487,12 @@ bool bee__fetch_wait(bee_train *t) {
       snprintf(last, sizeof last, ", the last download's %.1f",
                t->flast_s);
     bee_info(COMP,
-             "state: the swarm expects its target in %.1f s, before this "
+             "state: the swarm expects its %s in %.1f s, before this "
              "bee could join the epoch's group (%.1f s: the matchmaking's "
              "%.1f%s, the records' travel %.1f): the download waits for "
              "the swarm's next step",
-             eta, join, mm, last, FETCH_TRAVEL_S);
+             t->outer ? "round" : "target", eta, join, mm, last,
+             FETCH_TRAVEL_S);
   }
   return wait;
 }

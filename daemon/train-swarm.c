@@ -195,6 +195,19 @@ static size_t view_set(bee_train *t, proto_progress *all,
         memcpy(t->donors[t->ndonors++], ids[i], PROTO_ID_BYTES);
   }
   t->sh.view = t->view;
+  t->sh.own_rate = all[n].samples_per_second;
+  if (t->outer) { /* at our epoch, for the worker; at the swarm's */
+    uint64_t want =
+        (uint64_t)bee_config_inner_steps(t->cfg) * t->cfg->batch_size;
+    double due = bee_outer_due(all, n, t->cfg->run, epoch, want, now);
+    double sdue = t->view.epoch == epoch
+                      ? due
+                      : bee_outer_due(all, n, t->cfg->run, t->view.epoch,
+                                      want, now);
+    double at = mono_s();
+    t->sh.others_due_s = due >= 0 ? at + due : 0;
+    t->swarm_due_s = sdue >= 0 ? at + sdue : 0;
+  }
   bool here = t->view.epoch == epoch;
   t->sh.others = here ? t->view.samples - samples : t->view.samples;
   t->sh.others_rate =
@@ -670,6 +683,7 @@ void bee__match_ahead(bee_train *t) {
                (t->sh.avg_done && !t->sh.avg_state && t->sh.avg_epoch == epoch);
   double others = others_now(&t->sh);
   double others_rate = t->sh.others_rate;
+  double due_s = t->sh.others_due_s;
   uv_mutex_unlock(&t->mu);
   if (t->ahead.state != AHEAD_NONE && t->ahead.epoch != epoch)
     bee__ahead_drop(t, "the epoch moved on");
@@ -681,6 +695,13 @@ void bee__match_ahead(bee_train *t) {
     double want =
         (double)bee_config_inner_steps(t->cfg) * (double)t->cfg->batch_size;
     eta = (want - (double)samples) / rate;
+    /* A laggard's round comes when the others' inner steps end
+     * (outer_lags): its group forms ahead of that. */
+    if (due_s > 0 && eta > OUTER_LAG_MIN_S) {
+      double due = due_s - mono_s();
+      if (due < eta)
+        eta = due > 0 ? due : 0;
+    }
   } else {
     double left = (double)t->cfg->target_batch_size - (double)samples - others;
     eta = left / (rate + others_rate);

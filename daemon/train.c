@@ -397,11 +397,15 @@ static void worker(void *arg) {
     uv_mutex_lock(&t->mu);
     bool stop = t->sh.stop;
     uint64_t others = (uint64_t)others_now(&t->sh);
-    /* DiLoCo: the round comes after --inner-steps local steps, or when
-     * the swarm has stepped past; the others' samples do not count. */
+    /* DiLoCo: the round comes after --inner-steps local steps, when the
+     * swarm has stepped past, or when the others at the epoch are done
+     * and this bee is far from it (outer_lags); the others' samples do
+     * not count. */
+    uint64_t inner = (uint64_t)bee_config_inner_steps(t->cfg) * b;
     bool step =
         t->outer ? bee_epoch_ready(t->sh.epoch, t->sh.samples, &t->sh.view, 0,
-                                   (uint64_t)bee_config_inner_steps(t->cfg) * b)
+                                   inner) ||
+                       outer_lags(&t->sh, inner, mono_s())
                  : bee_epoch_ready(t->sh.epoch, t->sh.samples, &t->sh.view,
                                    others, t->cfg->target_batch_size);
     uv_mutex_unlock(&t->mu);
@@ -484,15 +488,19 @@ static void async_cb(uv_async_t *h) {
   uv_mutex_unlock(&t->mu);
   for (uint64_t i = s.steps_tail; i != s.steps_head; i++) {
     const struct step_report *r = &s.steps[i % STEP_RING];
-    char how[128], hash[17];
+    char how[192], hash[17], lag[64] = "";
+    uint64_t steps = r->samples / t->cfg->batch_size;
+    if (t->outer && steps < bee_config_inner_steps(t->cfg))
+      snprintf(lag, sizeof lag, ", after %llu of its %u local steps",
+               (unsigned long long)steps, bee_config_inner_steps(t->cfg));
     if (r->avg_status == 0)
       snprintf(how, sizeof how,
                "averaged in a group of %zu (%.1f%% by all) in %.2f s, %.2f "
-               "MiB sent%s%s",
+               "MiB sent%s%s%s",
                r->group, 100 * r->by_all, r->averaging_s,
                (double)r->bytes_sent / (1 << 20),
                r->delayed ? " (behind the next epoch)" : "",
-               r->ahead ? ", group formed ahead" : "");
+               r->ahead ? ", group formed ahead" : "", lag);
     else if (r->avg_status == -ENOENT)
       snprintf(how, sizeof how, "alone at its epoch: local %s",
                t->outer ? "change" : "gradients");

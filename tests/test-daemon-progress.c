@@ -423,6 +423,34 @@ static void test_uploads(void) {
   ASSERT_EQ(big.n, BEE_STATE_UPLOADS_MAX);
 }
 
+/* DiLoCo: when the others at an epoch will have taken their inner
+ * steps: the last of them, each at its rate from its record's time. */
+static void test_outer_due(void) {
+  const uint64_t now = 1700000000000ull;
+  proto_progress p[6] = {
+      /* 1000 samples/s, 6,000 of 10,000, written 1 s ago: 3 s left */
+      rec("r", 5, 6000, 1000, now - 1000, PROTO_MODE_NODE),
+      /* 2000 samples/s, 2,000 written now: 4 s left (the last) */
+      rec("r", 5, 2000, 2000, now, PROTO_MODE_NODE),
+      rec("r", 4, 0, 1000, now, PROTO_MODE_NODE),     /* another epoch */
+      rec("q", 5, 0, 100, now, PROTO_MODE_NODE),      /* another run */
+      rec("r", 5, 0, 0, now, PROTO_MODE_NODE),        /* no rate yet */
+      rec("r", 5, 0, 10, now - 500, PROTO_MODE_NODE), /* left the run */
+  };
+  p[5].leaving = true;
+  ASSERT(fabs(bee_outer_due(p, 6, "r", 5, 10000, now) - 4.0) < 1e-9);
+  ASSERT(fabs(bee_outer_due(p, 1, "r", 5, 10000, now) - 3.0) < 1e-9);
+  /* A record's samples grow for PROTO_PROGRESS_EXTRAP_S at most. */
+  ASSERT(fabs(bee_outer_due(p, 1, "r", 5, 10000, now + 20000) -
+              (4.0 - PROTO_PROGRESS_EXTRAP_S)) < 1e-9);
+  /* Done already (or past it): 0. */
+  ASSERT(bee_outer_due(p, 1, "r", 5, 5000, now) == 0);
+  /* Nobody to wait for: -1. */
+  ASSERT(bee_outer_due(p + 2, 4, "r", 5, 10000, now) == -1);
+  ASSERT(bee_outer_due(p, 6, "r", 6, 10000, now) == -1);
+  ASSERT(bee_outer_due(p, 0, "r", 5, 10000, now) == -1);
+}
+
 /* A download waits for the swarm's step when the target comes sooner
  * than the bee could join the epoch's group; once per download, and for
  * at most BEE_DEFER_MAX_MS. */
@@ -464,6 +492,7 @@ int main(void) {
   test_deserted();
   test_stepped();
   test_fetch_defer();
+  test_outer_due();
   test_split();
   return 0;
 }
