@@ -207,6 +207,11 @@ static size_t view_set(bee_train *t, proto_progress *all,
     double at = mono_s();
     t->sh.others_due_s = due >= 0 ? at + due : 0;
     t->swarm_due_s = sdue >= 0 ? at + sdue : 0;
+    if (due >= 0 && samples < want && all[n].samples_per_second > 0)
+      bee_debug(COMP, "epoch %llu: the others' inner steps end in %.1f s, "
+                      "ours in %.1f s",
+                (unsigned long long)epoch, due,
+                (double)(want - samples) / all[n].samples_per_second);
   }
   bool here = t->view.epoch == epoch;
   t->sh.others = here ? t->view.samples - samples : t->view.samples;

@@ -113,6 +113,15 @@ back_in_line() {
   fail "$1 never came back in line with $2 after epoch $3"
 }
 
+# same_after NAME REF EPOCH: waits for EPOCH's step in both logs (60 s,
+# then 30); fails unless NAME holds REF's parameters after it.
+same_after() {
+  wait_log "$1" "train: epoch $3 done" 60
+  wait_log "$2" "train: epoch $3 done" 30
+  [ "$(hash_of "$1" "$3")" = "$(hash_of "$2" "$3")" ] ||
+    fail "$1 and $2 apart after epoch $3: $(hash_of "$1" "$3"), $(hash_of "$2" "$3")"
+}
+
 # stop_all: SIGTERM to every node; each must exit 0.
 stop_all() {
   local n rc

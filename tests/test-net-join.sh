@@ -38,16 +38,10 @@ wait_log j 'state: loaded epoch' 30
 L=$(sed -nE 's/.*state: loaded epoch ([0-9]+) .*/\1/p' "$work/j.log" | head -n 1)
 [ "$L" -gt "$K" ] ||
   fail "j loaded epoch $L, the one whose group had formed ($K)"
-wait_log j "train: epoch $L done" 60
-wait_log b0 "train: epoch $L done" 30
+same_after j b0 "$L"
 [[ $(done_line j "$L") == *"averaged in a group of 4 ("* ]] ||
   fail "j's first epoch $L: '$(done_line j "$L")'"
-[ "$(hash_of j "$L")" = "$(hash_of b0 "$L")" ] ||
-  fail "j and b0 after epoch $L: $(hash_of j "$L") and $(hash_of b0 "$L")"
-wait_log j "train: epoch $((L + 1)) done" 60
-wait_log b0 "train: epoch $((L + 1)) done" 30
-[ "$(hash_of j $((L + 1)))" = "$(hash_of b0 $((L + 1)))" ] ||
-  fail "j and b0 apart after epoch $((L + 1))"
+same_after j b0 $((L + 1))
 n=$(grep -c 'state: loaded epoch' "$work/j.log")
 [ "$n" = 1 ] || fail "j downloaded the state $n times"
 stop_all
