@@ -478,6 +478,20 @@ bool bee__fetch_wait(bee_train *t) {
     eta = t->swarm_due_s > 0 ? fmax(t->swarm_due_s - mono_s(), 0) : -1;
   double mm = t->cfg->no_match_ahead ? 0 : t->cfg->matchmaking_s;
   double join = t->flast_s + mm + FETCH_TRAVEL_S;
+  /* An epoch shorter than that cannot be joined at its start either (a
+   * swarm that gathers its target faster than records travel forms each
+   * epoch's group as soon as it steps): no wait, the state lands where it
+   * may (mlp, 4 bees, target 4,096: a newcomer that waited for the step
+   * always came after the group; one that did not, now and then before). */
+  const proto_swarm_view *w = &t->view;
+  double epoch_s = -1;
+  if (t->outer && w->peers_at_epoch && w->rate_at_epoch > 0)
+    epoch_s = (double)bee_config_inner_steps(t->cfg) * t->cfg->batch_size /
+              (w->rate_at_epoch / (double)w->peers_at_epoch);
+  else if (!t->outer && w->samples_per_second > 0)
+    epoch_s = t->cfg->target_batch_size / w->samples_per_second;
+  if (epoch_s >= 0 && epoch_s < join)
+    eta = -1;
   bool was = t->fdefer.on;
   bool wait = bee_fetch_defer(&t->fdefer, eta, join, t->view.epoch,
                               uv_now(t->loop));

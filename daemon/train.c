@@ -255,6 +255,66 @@ static int settle_delayed(bee_train *t, bool wait) {
   return finish_step(t, &t->delayed, t->dgrad, &a);
 }
 
+/* A round that averaged nothing, with a state of its epoch or a later
+ * one waiting (the load ended its matchmaking, bee__round_moot, or came
+ * while it failed): the state replaces the step, which would only take
+ * this bee's own gradients, computed on parameters the swarm does not
+ * hold, and mark it out of line again. */
+static bool state_replaces_step(bee_train *t, uint64_t epoch,
+                                const avg_out *a) {
+  if (a->status == 0)
+    return false;
+  uv_mutex_lock(&t->mu);
+  bool load = t->sh.load && t->sh.load_epoch >= epoch;
+  uint64_t le = t->sh.load_epoch;
+  uv_mutex_unlock(&t->mu);
+  if (load)
+    bee_info(COMP,
+             "epoch %llu: not averaged, and the state of epoch %llu has "
+             "come: it replaces the step",
+             (unsigned long long)epoch, (unsigned long long)le);
+  return load;
+}
+
+/* A state of the very epoch whose round just ended, downloaded while the
+ * round ran (the bee was out of line, and its round had begun before the
+ * state came; in a swarm whose epochs are mostly rounds, as they are when
+ * the target takes the swarm less than the records' travel, that is where
+ * a state lands): the step goes from that state, with the round's mean g
+ * kept aside across the load, so it lands where the swarm's does.  Taken
+ * after the step instead, the state would set the bee back to the epoch
+ * it had just left, one step behind the swarm. */
+static void load_under_step(bee_train *t, uint64_t epoch, float *g,
+                            size_t np) {
+  uv_mutex_lock(&t->mu);
+  uint8_t *load = t->sh.load && t->sh.load_epoch == epoch ? t->sh.load : NULL;
+  t->sh.load = load ? NULL : t->sh.load;
+  uv_mutex_unlock(&t->mu);
+  if (!load)
+    return;
+  float *keep = malloc(np * sizeof *keep);
+  if (!keep) { /* as before: the state is taken after the step */
+    uv_mutex_lock(&t->mu);
+    t->sh.load = load;
+    uv_mutex_unlock(&t->mu);
+    return;
+  }
+  memcpy(keep, g, np * sizeof *keep);
+  bee__load_snapshot(t, load, epoch);
+  memcpy(g, keep, np * sizeof *keep);
+  free(keep);
+  free(load);
+  uv_mutex_lock(&t->mu);
+  t->sh.diverged = false; /* the swarm's state from now on */
+  uv_mutex_unlock(&t->mu);
+  if (t->residual) /* the coding error of a path no longer ours */
+    memset(t->residual, 0, np * sizeof *t->residual);
+  bee_info(COMP,
+           "epoch %llu: the state loaded while its round ran is the epoch's "
+           "own: the step goes from it",
+           (unsigned long long)epoch);
+}
+
 /* The epoch step.  Gradient averaging: the mean gradient over the samples
  * gathered, averaged with the group the swarm formed (the loop runs the
  * round while we wait), one optimizer step.  DiLoCo: the local steps
@@ -306,6 +366,9 @@ static int epoch_step(bee_train *t) {
     if ((rc = round_result(t, true, &a)))
       return rc;
     s.round_s = mono_s() - s.t0;
+    if (state_replaces_step(t, s.epoch, &a))
+      return 0; /* the worker takes the state next */
+    load_under_step(t, s.epoch, g, np);
   }
   uv_mutex_lock(&t->mu);
   t->sh.epoch = s.epoch + 1;
