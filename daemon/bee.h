@@ -379,12 +379,16 @@ size_t bee_progress_stepped(proto_progress *v,
  * (records v[0..n), not leaving, with a known rate) has taken its inner
  * steps, want samples each: each one's samples grow at its rate from its
  * record's time (for at most PROTO_PROGRESS_EXTRAP_S).  0 when they all
- * have; -1 when no such peer is there.  A bee that has much more to go
+ * have; -1 when no such peer is there.  *first gets the same for the
+ * first of them to be done (-1 likewise): the round's group forms by
+ * then, its leader the first to declare.  A bee that has much more to go
  * than that (one that loaded the state late in the round, or a slow one)
- * takes its round with the steps it has instead of stepping alone after
- * them (train.c). */
+ * joins the group ahead of the first and takes its round with the steps
+ * it has once the last is done, instead of stepping alone after them
+ * (train.c). */
 double bee_outer_due(const proto_progress *v, size_t n, const char *run,
-                     uint64_t epoch, uint64_t want, uint64_t now_ms);
+                     uint64_t epoch, uint64_t want, uint64_t now_ms,
+                     double *first);
 /* A download of the swarm's state that would land too late in the epoch
  * to join its group: the members form it ahead, about --matchmaking-time
  * before the target, counting the peers their views show at the epoch,

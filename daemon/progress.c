@@ -138,8 +138,10 @@ bool bee_round_deserted(const proto_progress *v, size_t n, const char *run,
 }
 
 double bee_outer_due(const proto_progress *v, size_t n, const char *run,
-                     uint64_t epoch, uint64_t want, uint64_t now_ms) {
+                     uint64_t epoch, uint64_t want, uint64_t now_ms,
+                     double *first) {
   double due = -1;
+  *first = -1;
   for (size_t i = 0; i < n; i++) {
     if (v[i].leaving || v[i].epoch != epoch || strcmp(v[i].run, run) != 0 ||
         !(v[i].samples_per_second > 0))
@@ -154,6 +156,8 @@ double bee_outer_due(const proto_progress *v, size_t n, const char *run,
       left = 0;
     if (left > due)
       due = left;
+    if (*first < 0 || left < *first)
+      *first = left;
   }
   return due;
 }

@@ -108,6 +108,7 @@ typedef struct shared {
   double own_rate;       /* this bee's samples/s at the view */
   double others_due_s;   /* DiLoCo: when the others at the epoch will have
                             taken their inner steps, mono_s(); 0: none */
+  double others_first_s; /* and when the first of them will have */
   int err;               /* worker -> loop: the worker has stopped */
   char errmsg[160];
   /* Epoch steps not yet logged by the loop: a ring, since a bee that

@@ -199,18 +199,20 @@ static size_t view_set(bee_train *t, proto_progress *all,
   if (t->outer) { /* at our epoch, for the worker; at the swarm's */
     uint64_t want =
         (uint64_t)bee_config_inner_steps(t->cfg) * t->cfg->batch_size;
-    double due = bee_outer_due(all, n, t->cfg->run, epoch, want, now);
+    double first, sfirst;
+    double due = bee_outer_due(all, n, t->cfg->run, epoch, want, now, &first);
     double sdue = t->view.epoch == epoch
                       ? due
                       : bee_outer_due(all, n, t->cfg->run, t->view.epoch,
-                                      want, now);
+                                      want, now, &sfirst);
     double at = mono_s();
     t->sh.others_due_s = due >= 0 ? at + due : 0;
+    t->sh.others_first_s = first >= 0 ? at + first : 0;
     t->swarm_due_s = sdue >= 0 ? at + sdue : 0;
     if (due >= 0 && samples < want && all[n].samples_per_second > 0)
-      bee_debug(COMP, "epoch %llu: the others' inner steps end in %.1f s, "
-                      "ours in %.1f s",
-                (unsigned long long)epoch, due,
+      bee_debug(COMP, "epoch %llu: the others' inner steps end in %.1f to "
+                      "%.1f s, ours in %.1f s",
+                (unsigned long long)epoch, first, due,
                 (double)(want - samples) / all[n].samples_per_second);
   }
   bool here = t->view.epoch == epoch;
@@ -688,7 +690,7 @@ void bee__match_ahead(bee_train *t) {
                (t->sh.avg_done && !t->sh.avg_state && t->sh.avg_epoch == epoch);
   double others = others_now(&t->sh);
   double others_rate = t->sh.others_rate;
-  double due_s = t->sh.others_due_s;
+  double due_s = t->sh.others_first_s;
   uv_mutex_unlock(&t->mu);
   if (t->ahead.state != AHEAD_NONE && t->ahead.epoch != epoch)
     bee__ahead_drop(t, "the epoch moved on");
@@ -701,7 +703,8 @@ void bee__match_ahead(bee_train *t) {
         (double)bee_config_inner_steps(t->cfg) * (double)t->cfg->batch_size;
     eta = (want - (double)samples) / rate;
     /* A laggard's round comes when the others' inner steps end
-     * (outer_lags): its group forms ahead of that. */
+     * (outer_lags); their group forms by the time the first of them is
+     * done (its leader's start), so a laggard declares ahead of that. */
     if (due_s > 0 && eta > OUTER_LAG_MIN_S) {
       double due = due_s - mono_s();
       if (due < eta)

@@ -438,17 +438,24 @@ static void test_outer_due(void) {
       rec("r", 5, 0, 10, now - 500, PROTO_MODE_NODE), /* left the run */
   };
   p[5].leaving = true;
-  ASSERT(fabs(bee_outer_due(p, 6, "r", 5, 10000, now) - 4.0) < 1e-9);
-  ASSERT(fabs(bee_outer_due(p, 1, "r", 5, 10000, now) - 3.0) < 1e-9);
+  double first;
+  ASSERT(fabs(bee_outer_due(p, 6, "r", 5, 10000, now, &first) - 4.0) < 1e-9);
+  ASSERT(fabs(first - 3.0) < 1e-9); /* the first of the two */
+  ASSERT(fabs(bee_outer_due(p, 1, "r", 5, 10000, now, &first) - 3.0) < 1e-9);
+  ASSERT(fabs(first - 3.0) < 1e-9);
   /* A record's samples grow for PROTO_PROGRESS_EXTRAP_S at most. */
-  ASSERT(fabs(bee_outer_due(p, 1, "r", 5, 10000, now + 20000) -
+  ASSERT(fabs(bee_outer_due(p, 1, "r", 5, 10000, now + 20000, &first) -
               (4.0 - PROTO_PROGRESS_EXTRAP_S)) < 1e-9);
-  /* Done already (or past it): 0. */
-  ASSERT(bee_outer_due(p, 1, "r", 5, 5000, now) == 0);
+  /* Done already (or past it): 0; the one done counts as the first. */
+  ASSERT(bee_outer_due(p, 1, "r", 5, 5000, now, &first) == 0);
+  ASSERT(first == 0);
+  ASSERT(fabs(bee_outer_due(p, 2, "r", 5, 8000, now, &first) - 3.0) < 1e-9);
+  ASSERT(fabs(first - 1.0) < 1e-9);
   /* Nobody to wait for: -1. */
-  ASSERT(bee_outer_due(p + 2, 4, "r", 5, 10000, now) == -1);
-  ASSERT(bee_outer_due(p, 6, "r", 6, 10000, now) == -1);
-  ASSERT(bee_outer_due(p, 0, "r", 5, 10000, now) == -1);
+  ASSERT(bee_outer_due(p + 2, 4, "r", 5, 10000, now, &first) == -1);
+  ASSERT(first == -1);
+  ASSERT(bee_outer_due(p, 6, "r", 6, 10000, now, &first) == -1);
+  ASSERT(bee_outer_due(p, 0, "r", 5, 10000, now, &first) == -1);
 }
 
 /* A download waits for the swarm's step when the target comes sooner
