@@ -323,9 +323,6 @@ static inline uint64_t wall_ms(void) {
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* The other peers' samples at the view's epoch by now: the view's count
- * extrapolated at their rate since it was made (at most the progress
- * records' lifetime).  Under mu. */
 /* DiLoCo: a bee more than OUTER_LAG_MIN_S from its inner steps' end
  * when the other peers at its epoch have taken theirs (it loaded the
  * state late in the round, or it is slower) takes its round with the
@@ -340,6 +337,9 @@ static inline bool outer_lags(const shared *sh, uint64_t want, double now) {
   return own_left > OUTER_LAG_MIN_S && now >= sh->others_due_s;
 }
 
+/* The other peers' samples at the view's epoch by now: the view's count
+ * extrapolated at their rate since it was made (at most the progress
+ * records' lifetime).  Under mu. */
 static inline double others_now(const shared *sh) {
   double age = mono_s() - sh->view_s;
   age = age < 0 ? 0 : age > BEE_PROGRESS_TTL_S ? BEE_PROGRESS_TTL_S : age;
