@@ -482,7 +482,8 @@ bool bee__fetch_wait(bee_train *t) {
    * swarm that gathers its target faster than records travel forms each
    * epoch's group as soon as it steps): no wait, the state lands where it
    * may (mlp, 4 bees, target 4,096: a newcomer that waited for the step
-   * always came after the group; one that did not, now and then before). */
+   * came after the group in 2 runs of 3; one that did not, before it in
+   * 3 of 3). */
   const proto_swarm_view *w = &t->view;
   double epoch_s = -1;
   if (t->outer && w->peers_at_epoch && w->rate_at_epoch > 0)
