@@ -372,7 +372,8 @@ void bee__ckpt_local(const uint8_t *b, uint64_t local[3]);
 void bee__make_snapshot(bee_train *t, uint64_t epoch);
 /* Drops a reference to s (NULL accepted); the last frees it.  Under mu. */
 void bee__snap_unref(bee_snap *s);
-/* Worker: loads a snapshot the loop checked, as of its epoch. */
+/* Worker: loads a snapshot the loop checked, as of its epoch (the
+ * gradients are left as they are: the caller's). */
 void bee__load_snapshot(bee_train *t, const uint8_t *b, uint64_t epoch);
 /* The checkpoint writer thread. */
 void bee__ckpt_writer(void *arg);

@@ -163,7 +163,6 @@ void bee__load_snapshot(bee_train *t, const uint8_t *b, uint64_t epoch) {
   trn_optim_set_steps(t->o, get_u64(b + 24));
   if (t->outer) /* the snapshot is taken right after an outer step */
     trn_optim_set_steps(t->outer, epoch);
-  trn_model_zero_grad(t->m);
   uv_mutex_lock(&t->mu);
   t->sh.epoch = epoch;
   t->sh.samples = 0;

@@ -114,10 +114,11 @@ static void end_deserted(bee_train *t, const proto_progress *others,
 }
 
 /* A state just loaded: the worker takes it once its round is over, so a
- * matchmaking it waits on (an epoch it stepped alone, most likely, the
- * swarm gone on) is moot and ends now, lest the worker wait out its
- * --matchmaking-time before it takes the state, and start the swarm's
- * epoch too late to be in its group.  A round already begun finishes:
+ * matchmaking it waits on for that epoch or an earlier one (an epoch it
+ * stepped alone, most likely, the swarm gone on) is moot and ends now,
+ * lest the worker wait out its --matchmaking-time before it takes the
+ * state, and start the swarm's epoch too late to be in its group; the
+ * state replaces that step (train.c).  A round already begun finishes:
  * its members count on this bee's part. */
 void bee__round_moot(bee_train *t, uint64_t load_epoch) {
   if (!t->averaging || !t->avg || !avg_node_matching(t->avg))
@@ -125,6 +126,8 @@ void bee__round_moot(bee_train *t, uint64_t load_epoch) {
   uv_mutex_lock(&t->mu);
   uint64_t epoch = t->sh.avg_epoch;
   uv_mutex_unlock(&t->mu);
+  if (epoch > load_epoch)
+    return; /* a round past the state: not moot */
   bee_info(COMP,
            "epoch %llu: its matchmaking ends: the state of epoch %llu was "
            "loaded",

@@ -280,29 +280,18 @@ static bool state_replaces_step(bee_train *t, uint64_t epoch,
  * round ran (the bee was out of line, and its round had begun before the
  * state came; in a swarm whose epochs are mostly rounds, as they are when
  * the target takes the swarm less than the records' travel, that is where
- * a state lands): the step goes from that state, with the round's mean g
- * kept aside across the load, so it lands where the swarm's does.  Taken
- * after the step instead, the state would set the bee back to the epoch
- * it had just left, one step behind the swarm. */
-static void load_under_step(bee_train *t, uint64_t epoch, float *g,
-                            size_t np) {
+ * a state lands): the step goes from that state, with the round's mean
+ * (the gradients, which a load leaves alone), so it lands where the
+ * swarm's does.  Taken after the step instead, the state would set the
+ * bee back to the epoch it had just left, one step behind the swarm. */
+static void load_under_step(bee_train *t, uint64_t epoch, size_t np) {
   uv_mutex_lock(&t->mu);
   uint8_t *load = t->sh.load && t->sh.load_epoch == epoch ? t->sh.load : NULL;
   t->sh.load = load ? NULL : t->sh.load;
   uv_mutex_unlock(&t->mu);
   if (!load)
     return;
-  float *keep = malloc(np * sizeof *keep);
-  if (!keep) { /* as before: the state is taken after the step */
-    uv_mutex_lock(&t->mu);
-    t->sh.load = load;
-    uv_mutex_unlock(&t->mu);
-    return;
-  }
-  memcpy(keep, g, np * sizeof *keep);
   bee__load_snapshot(t, load, epoch);
-  memcpy(g, keep, np * sizeof *keep);
-  free(keep);
   free(load);
   uv_mutex_lock(&t->mu);
   t->sh.diverged = false; /* the swarm's state from now on */
@@ -368,7 +357,7 @@ static int epoch_step(bee_train *t) {
     s.round_s = mono_s() - s.t0;
     if (state_replaces_step(t, s.epoch, &a))
       return 0; /* the worker takes the state next */
-    load_under_step(t, s.epoch, g, np);
+    load_under_step(t, s.epoch, np);
   }
   uv_mutex_lock(&t->mu);
   t->sh.epoch = s.epoch + 1;
@@ -451,6 +440,7 @@ static void worker(void *arg) {
         t->delayed.active = false;
       }
       bee__load_snapshot(t, load, load_epoch);
+      trn_model_zero_grad(t->m); /* what was gathered is not the state's */
       free(load);
       if (t->residual) /* the coding error of a path no longer ours */
         memset(t->residual, 0, trn_model_nparams(t->m) * sizeof *t->residual);
