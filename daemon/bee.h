@@ -494,6 +494,11 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
                     struct dht_node *dht, void (*on_fatal)(void *arg),
                     void *arg);
 /* The host's on_drain and on_down, for the averager's round. */
+/* The node joined the DHT through a --join target, or found that every
+ * target is itself.  Until then a bee with --join targets does not start
+ * training alone (it would start a run of its own, apart from the
+ * swarm's); it waits, with a line every 10 s.  NULL is ignored. */
+void bee_train_joined(bee_train *t);
 void bee_train_drain(bee_train *t, proto_conn *c);
 void bee_train_conn_down(bee_train *t, proto_conn *c);
 /* Leaves the run: stops the threads (the last state goes to disk), then
@@ -511,6 +516,10 @@ void bee_train_free(bee_train *t);
 /* Checkpoint files (ckpt.c): a state snapshot behind a header (magic,     */
 /* version, run, epoch, length, BLAKE2b-256), written atomically.           */
 
+/* Makes dir (and its missing parents, mode 0700) unless it is there, and
+ * checks that it is a directory this process may write in.  Returns 0, or
+ * -errno with err naming the directory and why. */
+int bee_ckpt_prepare(const char *dir, char *err, size_t errlen);
 /* Writes payload (len bytes) as run's checkpoint of epoch in dir, then
  * removes all but the newest keep of run's; the file's path goes to path.
  * Returns 0, or -errno / BEE_ERANGE / BEE_ETOOBIG with err set. */

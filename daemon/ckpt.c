@@ -123,6 +123,43 @@ static int list_epochs(const char *dir, const char *run, int64_t **out,
   return rc;
 }
 
+/* mkdir -p, mode 0700 for what it makes. */
+static int make_dirs(char *path) {
+  for (char *p = path + 1; *p; p++) {
+    if (*p != '/')
+      continue;
+    *p = '\0';
+    int rc = mkdir(path, 0700) < 0 && errno != EEXIST ? -errno : 0;
+    *p = '/';
+    if (rc)
+      return rc;
+  }
+  return mkdir(path, 0700) < 0 && errno != EEXIST ? -errno : 0;
+}
+
+int bee_ckpt_prepare(const char *dir, char *err, size_t errlen) {
+  char path[BEE_PATH_MAX];
+  size_t n = strlen(dir);
+  if (n == 0 || n >= sizeof path)
+    return bee_failf(err, errlen, BEE_ETOOBIG, "--checkpoint-dir: a path of "
+                     "1 to %d bytes", BEE_PATH_MAX - 1);
+  memcpy(path, dir, n + 1);
+  while (n > 1 && path[n - 1] == '/')
+    path[--n] = '\0';
+  int rc = make_dirs(path);
+  struct stat st;
+  if (!rc && stat(path, &st) < 0)
+    rc = -errno;
+  if (!rc && !S_ISDIR(st.st_mode))
+    rc = -ENOTDIR;
+  if (!rc && access(path, W_OK | X_OK) < 0)
+    rc = -errno;
+  if (rc)
+    return bee_failf(err, errlen, rc, "--checkpoint-dir %s: %s", dir,
+                     strerror(-rc));
+  return 0;
+}
+
 int bee_ckpt_write(const char *dir, const char *run, uint64_t epoch,
                    const uint8_t *payload, size_t len, unsigned keep,
                    char *path, size_t pathcap, char *err, size_t errlen) {

@@ -112,6 +112,11 @@ static void join_connect_cb(proto_host *h, proto_conn *c, int status,
     j->self = true;
     bee_warn(COMP, "join %s: that is this node; not dialing it again",
              j->target);
+    bool all_self = true; /* a config that names every node, this one too */
+    for (size_t i = 0; i < d->cfg.njoin; i++)
+      all_self &= d->joins[i].self;
+    if (all_self)
+      bee_train_joined(d->train);
     return;
   }
   if (status || !c) {
@@ -202,9 +207,10 @@ static void status_cb(uv_timer_t *t) {
     dht_info in;
     dht_node_info(dht_glue_node(d->dht), &in);
     bee_info(COMP, "dht: %zu contacts in %zu buckets, %zu keys (%zu records, "
-             "%zu bytes), %zu lookups running, %zu peers blacklisted",
+             "%zu bytes), %zu lookups running, %zu peers blacklisted, %zu "
+             "lost being retried",
              in.contacts, in.buckets, in.keys, in.records, in.bytes,
-             in.lookups, in.blacklisted);
+             in.lookups, in.blacklisted, in.lost);
   }
 }
 
@@ -264,6 +270,7 @@ static void dht_boot_cb(dht_node *n, int status, const dht_stats *st,
   dht_node_info(n, &in);
   bee_info(COMP, "dht: joined in %llu ms: %zu contacts", (unsigned long long)st->ms,
            in.contacts);
+  bee_train_joined(d->train);
 }
 
 /* Stops everything; uv_run returns once the handles are closed. */

@@ -102,6 +102,9 @@ typedef struct shared {
   double loss_sum;       /* this epoch's summed training loss */
   bool stop;             /* loop -> worker */
   proto_swarm_view view;   /* loop -> worker: the last view */
+  bool join_fits;        /* a download and its records' travel (and the
+                            matchmaking ahead) fit in one of the swarm's
+                            epochs, by the last view (bee__join_s) */
   uint64_t others;       /* the other peers' samples at view.epoch */
   double others_rate;    /* and their rate, to extrapolate */
   double view_s;         /* when the view was made, mono_s() */
@@ -263,6 +266,11 @@ struct bee_train {
   uint8_t layout_warned[LAYOUT_WARNED_MAX][PROTO_ID_BYTES];
   size_t nlayout_warned;
   uint64_t started_ms; /* bee_train_start's loop time */
+  /* In the DHT through a --join target (or none was given, or every one
+   * was this node): only then may the bee find itself alone and start
+   * the run; and since when (bee_train_joined). */
+  bool joined;
+  uint64_t joined_ms;
   size_t candidates;   /* bee_round_candidates, by the last view */
   /* A matchmaking whose epoch the swarm left (end_deserted): the views in
    * a row that found nobody else for it, the epoch they were for, and
@@ -286,7 +294,7 @@ struct bee_train {
   bool donor_busy, donor_any;
   uint64_t donor_epoch, donor_slots, donor_ms, donor_exp;
   uint64_t status_ms;
-  uint64_t wait_logged_ms; /* --min-peers: the last "waiting" line */
+  uint64_t wait_logged_ms; /* --min-peers, --join: the last "waiting" line */
   bool resync_busy;        /* bee__resync's read of the metrics */
   uint64_t resync_ms;      /* and when it was asked */
   /* This bee's last averaged steps, for bee__split_check: the parameters'
@@ -381,6 +389,12 @@ void bee__ckpt_writer(void *arg);
 void bee__set_go(bee_train *t);
 /* Downloads the state from the donors of the last view. */
 void bee__start_fetch(bee_train *t);
+/* What a bee that downloads the state needs before the swarm counts it
+ * in an epoch's group: the last download's time, the matchmaking ahead
+ * and the records' travel; and the swarm's epoch by the last view (DiLoCo:
+ * a round), -1 when unknown. */
+double bee__join_s(const bee_train *t);
+double bee__epoch_s(const bee_train *t);
 /* Whether the download due now waits for the swarm's next step, lest it
  * land after the epoch's group formed (bee_fetch_defer). */
 bool bee__fetch_wait(bee_train *t);

@@ -466,6 +466,21 @@ static void donors_cb(dht_node *n, int status, const dht_value *v,
   fetch_from_next_donor(t);
 }
 
+double bee__join_s(const bee_train *t) {
+  double mm = t->cfg->no_match_ahead ? 0 : t->cfg->matchmaking_s;
+  return t->flast_s + mm + FETCH_TRAVEL_S;
+}
+
+double bee__epoch_s(const bee_train *t) {
+  const proto_swarm_view *w = &t->view;
+  if (t->outer && w->peers_at_epoch && w->rate_at_epoch > 0)
+    return (double)bee_config_inner_steps(t->cfg) * t->cfg->batch_size /
+           (w->rate_at_epoch / (double)w->peers_at_epoch);
+  if (!t->outer && w->samples_per_second > 0)
+    return t->cfg->target_batch_size / w->samples_per_second;
+  return -1;
+}
+
 bool bee__fetch_wait(bee_train *t) {
   /* DiLoCo's round comes when the others' inner steps end; with
    * --delay-averaging an epoch's round runs through the next, and does
@@ -476,20 +491,14 @@ bool bee__fetch_wait(bee_train *t) {
   else if (t->outer)
     eta = t->swarm_due_s > 0 ? fmax(t->swarm_due_s - mono_s(), 0) : -1;
   double mm = t->cfg->no_match_ahead ? 0 : t->cfg->matchmaking_s;
-  double join = t->flast_s + mm + FETCH_TRAVEL_S;
+  double join = bee__join_s(t);
   /* An epoch shorter than that cannot be joined at its start either (a
    * swarm that gathers its target faster than records travel forms each
    * epoch's group as soon as it steps): no wait, the state lands where it
    * may (mlp, 4 bees, target 4,096: a newcomer that waited for the step
    * came after the group in 2 runs of 3; one that did not, before it in
    * 3 of 3). */
-  const proto_swarm_view *w = &t->view;
-  double epoch_s = -1;
-  if (t->outer && w->peers_at_epoch && w->rate_at_epoch > 0)
-    epoch_s = (double)bee_config_inner_steps(t->cfg) * t->cfg->batch_size /
-              (w->rate_at_epoch / (double)w->peers_at_epoch);
-  else if (!t->outer && w->samples_per_second > 0)
-    epoch_s = t->cfg->target_batch_size / w->samples_per_second;
+  double epoch_s = bee__epoch_s(t);
   if (epoch_s >= 0 && epoch_s < join)
     eta = -1;
   bool was = t->fdefer.on;

@@ -198,6 +198,8 @@ static size_t view_set(bee_train *t, proto_progress *all,
         memcpy(t->donors[t->ndonors++], ids[i], PROTO_ID_BYTES);
   }
   t->sh.view = t->view;
+  double es = bee__epoch_s(t);
+  t->sh.join_fits = es > bee__join_s(t);
   t->sh.own_rate = all[n].samples_per_second;
   if (t->outer) { /* at our epoch, for the worker; at the swarm's */
     uint64_t want =
@@ -305,10 +307,21 @@ static void update_view(bee_train *t, const dht_value *v) {
       bee_info(COMP, "waiting for %u bees in the run (--min-peers); %zu so far",
                t->cfg->min_peers, t->view.peers);
     }
+  } else if (!go && !t->fetching && t->view.peers > 1) {
+    bee__set_go(t); /* level with the swarm */
+  } else if (!go && !t->fetching && t->joined) {
+    /* Alone for START_WAIT_MS after joining: the run starts here. */
+    uint64_t since = t->joined_ms > t->started_ms ? t->joined_ms : t->started_ms;
+    if (uv_now(t->loop) - since >= START_WAIT_MS)
+      bee__set_go(t);
   } else if (!go && !t->fetching &&
-             (t->view.peers > 1 ||
-              uv_now(t->loop) - t->started_ms >= START_WAIT_MS))
-    bee__set_go(t); /* level with the swarm, or alone for START_WAIT_MS */
+             uv_now(t->loop) - t->wait_logged_ms >= 10000) {
+    /* No --join target has answered: alone, it would start a run of its
+     * own, apart from the swarm's for good. */
+    t->wait_logged_ms = uv_now(t->loop);
+    bee_info(COMP, "training waits until a --join target answers (%zu given)",
+             t->cfg->njoin);
+  }
   /* Progress takes a second or two to travel through the DHT: an epoch
    * the swarm finishes faster than that cannot be shared. */
   double epoch_s = t->view.samples_per_second > 0
@@ -770,6 +783,19 @@ void bee__start_round(bee_train *t) {
     t->averaging = t->round_ahead = true;
     return;
   }
+  /* Nothing to give, and the swarm has stepped past the epoch by the last
+   * view: its round is over, with or without this bee.  A matchmaking
+   * would wait for nobody while the swarm's next epoch goes by, and a bee
+   * that came to the epoch late (a state loaded one epoch behind, a
+   * stall) would step the same way at every epoch after, never training
+   * (tests/test-net-heal.sh's first version: 13 epochs in a row). */
+  if (!state && !t->dgrad && weight == 0 && t->view.epoch > epoch) {
+    if (t->ahead.state != AHEAD_NONE)
+      bee__ahead_drop(t, "the swarm left its epoch");
+    t->round_ahead = false;
+    round_over(t, -ENOENT, 1, 0, false, NULL);
+    return;
+  }
   if (t->ahead.state != AHEAD_NONE)
     bee__ahead_drop(t, state ? "a state round comes first"
                                   : "the round is for another epoch");
@@ -797,6 +823,13 @@ void bee__start_round(bee_train *t) {
     return;
   }
   t->averaging = true;
+}
+
+void bee_train_joined(bee_train *t) {
+  if (!t || t->joined)
+    return;
+  t->joined = true;
+  t->joined_ms = uv_now(t->loop);
 }
 
 void bee_train_drain(bee_train *t, proto_conn *c) {

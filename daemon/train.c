@@ -187,11 +187,17 @@ static int finish_step(bee_train *t, const struct pend *s, float *g,
    * full state round brings them back too.  A round its group finished
    * without this bee (a->left) marks it as well: their step is not this
    * one.  An empty step (no samples, no round: a bee catching up with a
-   * swarm one epoch past the state it loaded) changes nothing and marks
-   * nothing: in a swarm whose epochs are shorter than a download, marking
-   * it would load, fall one behind and load again forever. */
+   * swarm one epoch past the state it loaded) changes nothing, which
+   * leaves the bee one step short of its peers: it is marked when a
+   * download fits in one of the swarm's epochs (sh.join_fits), so their
+   * state comes at once; in a swarm whose epochs are shorter than that,
+   * marking it would load, fall one behind and load again forever, so
+   * there the next round's split check (or a state round) catches it. */
   uv_mutex_lock(&t->mu);
-  if (((a->status != 0 && n > 0 && t->sh.view.peers > 1) || a->left) &&
+  bool empty_behind = n == 0 && a->status != 0 &&
+                      t->sh.view.epoch > epoch && t->sh.join_fits;
+  if (((a->status != 0 && (n > 0 || empty_behind) && t->sh.view.peers > 1) ||
+       a->left) &&
       !t->sh.diverged) {
     t->sh.diverged = true;
     t->sh.diverged_epoch = epoch;
@@ -770,6 +776,12 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   proto_record_key(PROTO_REC_PROGRESS, cfg->run, 0, NULL, t->key);
   proto_record_key(PROTO_REC_METRICS, cfg->run, 0, NULL, t->mkey);
   proto_record_key(PROTO_REC_DONOR, cfg->run, 0, NULL, t->dkey);
+  if (cfg->checkpoint_dir[0] &&
+      (rc = bee_ckpt_prepare(cfg->checkpoint_dir, err, sizeof err))) {
+    bee_err(COMP, "%s", err);
+    trn_order_free(&ord);
+    return rc;
+  }
   if (cfg->resume) { /* the newest valid checkpoint, loaded before go */
     char path[BEE_PATH_MAX + 96];
     uint8_t *blob;
@@ -920,6 +932,10 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
   }
   t->started = true;
   t->started_ms = uv_now(t->loop);
+  if (!t->joined && t->cfg->njoin == 0) {
+    t->joined = true;
+    t->joined_ms = t->started_ms;
+  }
   if (t->cfg->checkpoint_dir[0]) {
     if ((rc = uv_thread_create(&t->ckpt_thread, bee__ckpt_writer, t))) {
       bee_err(COMP, "cannot start the checkpoint thread: %s", uv_strerror(rc));

@@ -45,6 +45,24 @@ typedef struct dht_ban {
 
 #define DHT_BANS_MAX 256
 
+/* A contact the table dropped because it stopped answering.  Its address
+ * is tried again, with backoff, for an hour: a node that comes back there
+ * (a restarted peer, a preempted VM given its address back) finds this
+ * node again, and through it this part of the DHT.  Without it a swarm
+ * whose links all broke at once (every node a newcomer had joined through
+ * was gone) stays two DHTs for good, each training its own model. */
+typedef struct dht_lost {
+  uint8_t id[ID_BYTES];
+  char *addr;       /* heap "host:port" */
+  uint64_t lost_ms; /* when the table dropped it */
+  uint64_t retry_ms, backoff_ms;
+  bool asking;      /* a ping to addr is out */
+} dht_lost;
+
+#define DHT_LOST_MAX 32                  /* the oldest goes when full */
+#define DHT_LOST_KEEP_MS (3600 * 1000)   /* then it is forgotten */
+#define DHT_LOST_FIRST_MS 2000           /* first try after the drop */
+
 typedef struct dht_table {
   uint8_t self[ID_BYTES];
   dht_bucket **b; /* sorted by range */
@@ -54,6 +72,8 @@ typedef struct dht_table {
   size_t ncontacts;
   dht_ban bans[DHT_BANS_MAX];
   size_t nbans;
+  dht_lost lost[DHT_LOST_MAX]; /* dropped contacts, oldest first */
+  size_t nlost;
 } dht_table;
 
 void dht__table_init(dht_table *t, const uint8_t self[ID_BYTES]);
@@ -72,6 +92,10 @@ int dht__table_seen(dht_table *t, const uint8_t id[ID_BYTES], const char *addr,
  * DHT_STALE_MS or more ago. */
 #define DHT_STALE_MS 60000
 void dht__table_failed(dht_table *t, const uint8_t id[ID_BYTES], uint64_t now);
+/* Forgets the lost entries for id or, with addr, every one at addr (a
+ * string of the caller's, not an entry's); or the entry at index i. */
+void dht__lost_drop(dht_table *t, const uint8_t *id, const char *addr);
+void dht__lost_remove(dht_table *t, size_t i);
 /* Up to max contacts closest to target, closest first; max is clipped to
  * DHT_CLOSEST_MAX (callers ask for k and a few more). */
 #define DHT_CLOSEST_MAX 64
@@ -192,7 +216,7 @@ struct dht_lookup {
 };
 
 /* A request in flight: what its answer is for. */
-enum { P_LOOKUP, P_STORE, P_PING_BOOT, P_PING_EVICT, P_CACHE };
+enum { P_LOOKUP, P_STORE, P_PING_BOOT, P_PING_EVICT, P_CACHE, P_PING_LOST };
 
 typedef struct dht_pending {
   struct dht_pending *next;

@@ -89,6 +89,10 @@ typedef struct dht_config {
   size_t keys_max;          /* keys stored, default 65536 */
   unsigned peer_stores_per_s; /* records one peer may store per second,
                                  default 200 (burst 4x) */
+  uint64_t lost_retry_ms;   /* a contact dropped for silence: its address
+                               is tried again after 2 s, then at doubling
+                               intervals up to this, for an hour; default
+                               60 s, 0: never */
 } dht_config;
 
 void dht_config_default(dht_config *cfg);
@@ -196,6 +200,7 @@ typedef struct dht_info {
   size_t bytes;         /* of stored values */
   size_t lookups;       /* running */
   size_t blacklisted;
+  size_t lost;          /* dropped contacts whose addresses are retried */
 } dht_info;
 
 void dht_node_info(const dht_node *n, dht_info *info);

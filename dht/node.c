@@ -37,6 +37,7 @@ void dht_config_default(dht_config *cfg) {
   cfg->storage_max = 64u << 20;
   cfg->keys_max = 65536;
   cfg->peer_stores_per_s = 200;
+  cfg->lost_retry_ms = 60000;
 }
 
 char *dht__strdup(const char *s) {
@@ -369,6 +370,56 @@ static dht_pending *pending_take(dht_node *n, uint64_t req) {
   return NULL;
 }
 
+/* ---- lost contacts ------------------------------------------------------ */
+
+/* Pings the addresses of lost contacts that are due, any id accepted (a
+ * node that came back there under a new key joins us as well); returns
+ * the ms until the next is due. */
+static uint64_t lost_tick(dht_node *n, uint64_t now) {
+  dht_table *t = &n->table;
+  uint64_t until = UINT64_MAX;
+  if (!n->cfg.lost_retry_ms)
+    return until;
+  for (size_t i = t->nlost; i-- > 0;) {
+    dht_lost *l = &t->lost[i];
+    if (l->asking)
+      continue;
+    if (now - l->lost_ms >= DHT_LOST_KEEP_MS) {
+      dht__lost_remove(t, i);
+      continue;
+    }
+    if (now < l->retry_ms) {
+      if (l->retry_ms - now < until)
+        until = l->retry_ms - now;
+      continue;
+    }
+    proto_dht_msg *m = dht__scratch();
+    dht__request_init(n, m, PROTO_T_DHT_PING);
+    l->asking = dht__send(n, NULL, l->addr, m, P_PING_LOST, NULL) == 0;
+    l->backoff_ms = l->backoff_ms * 2 > n->cfg.lost_retry_ms
+                        ? n->cfg.lost_retry_ms
+                        : l->backoff_ms * 2;
+    l->retry_ms = now + l->backoff_ms;
+    if (!l->asking && l->backoff_ms < until)
+      until = l->backoff_ms;
+  }
+  return until;
+}
+
+/* The answer to a ping of a lost contact's address.  An answer put the
+ * node there back in the table (dht__seen), which ended its lost entry
+ * if it has the id we lost; a new id there ends the old entry too. */
+static void lost_answer(dht_node *n, const char *addr, int status) {
+  dht_table *t = &n->table;
+  if (status == 0 || status == BEE_ESELF) { /* back, or now our own */
+    dht__lost_drop(t, NULL, addr);
+    return;
+  }
+  for (size_t i = 0; i < t->nlost; i++)
+    if (strcmp(t->lost[i].addr, addr) == 0)
+      t->lost[i].asking = false;
+}
+
 void dht_node_answer(dht_node *n, uint64_t req, int status,
                      const uint8_t *from_id, const uint8_t *payload,
                      size_t len) {
@@ -379,7 +430,7 @@ void dht_node_answer(dht_node *n, uint64_t req, int status,
   static const int expect[] = {
       [P_LOOKUP] = PROTO_T_DHT_FOUND, [P_STORE] = PROTO_T_DHT_STORED,
       [P_PING_BOOT] = PROTO_T_DHT_PONG, [P_PING_EVICT] = PROTO_T_DHT_PONG,
-      [P_CACHE] = PROTO_T_DHT_STORED};
+      [P_CACHE] = PROTO_T_DHT_STORED, [P_PING_LOST] = PROTO_T_DHT_PONG};
   if (status == 0) {
     m = scratch(S_IN);
     if (!from_id || (p->has_id && memcmp(from_id, p->id, ID_BYTES) != 0))
@@ -413,6 +464,9 @@ void dht_node_answer(dht_node *n, uint64_t req, int status,
     break;
   case P_PING_BOOT:
     dht__boot_answer(n, p, status, from_id);
+    break;
+  case P_PING_LOST:
+    lost_answer(n, p->addr, status);
     break;
   default:
     break;
@@ -560,7 +614,10 @@ uint64_t dht_node_tick(dht_node *n) {
   republish(n, now);
   replicate(n, now);
   dht__boot_tick(n, now);
+  uint64_t lost = lost_tick(n, now);
   uint64_t next = dht__lookup_stalls(n, now);
+  if (lost < next)
+    next = lost;
   uint64_t until = n->expire_ms - now;
   if (n->refresh_ms - now < until)
     until = n->refresh_ms - now;
@@ -686,6 +743,7 @@ void dht_node_info(const dht_node *n, dht_info *info) {
   uint64_t now = dht__now(n);
   for (size_t i = 0; i < n->table.nbans; i++)
     info->blacklisted += now < n->table.bans[i].until_ms;
+  info->lost = n->table.nlost;
 }
 
 void dht_node_foreach_contact(const dht_node *n,

@@ -9,7 +9,9 @@
  * recently seen contact is pinged; a contact that fails twice in a row
  * (or once, when a replacement waits) gives its place to the newest
  * replacement.  Only authenticated peers enter: contacts that answered us
- * or sent us a request, never names heard from third parties.
+ * or sent us a request, never names heard from third parties.  A contact
+ * dropped for silence is kept in a short list of lost contacts whose
+ * addresses the node tries again for an hour (node.c, lost_tick).
  */
 #include "dht-int.h"
 
@@ -76,9 +78,42 @@ void dht__table_close(dht_table *t) {
       contact_free(&t->b[i]->rep[j]);
     free(t->b[i]);
   }
+  for (size_t i = 0; i < t->nlost; i++)
+    free(t->lost[i].addr);
   free(t->b);
   free(t->lo64);
   memset(t, 0, sizeof *t);
+}
+
+/* ---- lost contacts ------------------------------------------------------ */
+
+void dht__lost_remove(dht_table *t, size_t i) {
+  free(t->lost[i].addr);
+  memmove(&t->lost[i], &t->lost[i + 1], (t->nlost - i - 1) * sizeof *t->lost);
+  t->nlost--;
+}
+
+void dht__lost_drop(dht_table *t, const uint8_t *id, const char *addr) {
+  for (size_t i = t->nlost; i-- > 0;)
+    if (addr ? strcmp(t->lost[i].addr, addr) == 0
+             : memcmp(t->lost[i].id, id, ID_BYTES) == 0)
+      dht__lost_remove(t, i);
+}
+
+/* c leaves the table for silence: remember where it was. */
+static void lost_add(dht_table *t, const dht_contact *c, uint64_t now) {
+  char *addr = dht__strdup(c->addr);
+  dht__lost_drop(t, c->id, NULL);
+  dht__lost_drop(t, NULL, c->addr);
+  if (t->nlost == DHT_LOST_MAX)
+    dht__lost_remove(t, 0);
+  dht_lost *l = &t->lost[t->nlost++];
+  memcpy(l->id, c->id, ID_BYTES);
+  l->addr = addr;
+  l->lost_ms = now;
+  l->retry_ms = now + DHT_LOST_FIRST_MS;
+  l->backoff_ms = DHT_LOST_FIRST_MS;
+  l->asking = false;
 }
 
 /* Called for every contact a lookup or an answer weighs: compared in
@@ -195,6 +230,8 @@ int dht__table_seen(dht_table *t, const uint8_t id[ID_BYTES], const char *addr,
   *evict = NULL;
   if (memcmp(id, t->self, ID_BYTES) == 0 || !addr || !*addr)
     return 0;
+  if (t->nlost)
+    dht__lost_drop(t, id, NULL); /* back */
   for (;;) {
     dht_bucket *b = dht__bucket_for(t, id);
     b->touched_ms = now;
@@ -263,6 +300,7 @@ void dht__table_failed(dht_table *t, const uint8_t id[ID_BYTES], uint64_t now) {
   dht_contact *c = &b->c[i];
   if (++c->fails < 2 && b->nrep == 0 && now - c->seen_ms < DHT_STALE_MS)
     return;
+  lost_add(t, c, now);
   contact_free(c);
   memmove(&b->c[i], &b->c[i + 1], (b->n - (size_t)i - 1) * sizeof *b->c);
   b->n--;

@@ -486,7 +486,8 @@ static void try_next(proto_conn *c, int last_error) {
   }
   struct addrinfo *ai = c->ai_next;
   if (!ai) {
-    bee_warn(COMP, "cannot connect to %s: %s", c->addr,
+    /* The caller says what it was for, and whether it tries again. */
+    bee_debug(COMP, "cannot connect to %s: %s", c->addr,
              last_error ? uv_strerror(last_error) : "no address");
     connect_failed(c, last_error ? last_error : -EHOSTUNREACH);
     return;

@@ -521,9 +521,12 @@ static void dispatch(dhtsim *s, event *ev) {
 
 /* ---- network ------------------------------------------------------------ */
 
-static sim_node *node_new(dhtsim *s, size_t i) {
+/* tick_gen: where the node's tick generation starts (past a dead
+ * predecessor's, so its stale tick events stay ignored). */
+static sim_node *node_new(dhtsim *s, size_t i, uint64_t tick_gen) {
   sim_node *sn = xmalloc(sizeof *sn);
   memset(sn, 0, sizeof *sn);
+  sn->tick_gen = tick_gen;
   uint8_t seed[32];
   uint64_t x = s->seed + i;
   for (size_t k = 0; k < 4; k++) {
@@ -566,7 +569,7 @@ size_t dhtsim_add(dhtsim *s) {
     s->cap = s->cap ? s->cap * 2 : 64;
     s->nodes = xrealloc(s->nodes, s->cap * sizeof *s->nodes);
   }
-  sim_node *sn = node_new(s, s->n);
+  sim_node *sn = node_new(s, s->n, 0);
   if (!sn)
     return SIZE_MAX;
   s->nodes[s->n] = sn;
@@ -679,6 +682,19 @@ void dhtsim_kill(dhtsim *s, size_t i) {
   sn->tick_at = UINT64_MAX;
   sn->tick_gen++;
   s->live--;
+}
+
+int dhtsim_revive(dhtsim *s, size_t i) {
+  if (i >= s->n || alive(s, i))
+    return -EINVAL;
+  sim_node *old = s->nodes[i];
+  sim_node *sn = node_new(s, i, old->tick_gen + 1);
+  if (!sn)
+    return BEE_ECONFIG;
+  free(old);
+  s->nodes[i] = sn;
+  s->live++;
+  return 0;
 }
 
 /* ---- joining ------------------------------------------------------------ */

@@ -101,6 +101,10 @@ void dhtsim_kill(dhtsim *s, size_t i);
 /* Adds a node (not joined yet) and returns its index, or SIZE_MAX when the
  * core refused to create it or the network is full. */
 size_t dhtsim_add(dhtsim *s);
+/* Node i, killed, comes back: a new core (nothing remembered, not joined)
+ * with the same identity at the same address, as a restarted peer.
+ * Returns 0, -EINVAL when i is alive or unknown, or BEE_ECONFIG. */
+int dhtsim_revive(dhtsim *s, size_t i);
 
 /* Node i bootstraps now through node via (or DHTSIM_VIA_RANDOM).  The
  * result goes to dhtsim_join_status and the joins_* counters.  Returns 0

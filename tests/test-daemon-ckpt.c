@@ -4,7 +4,8 @@
  * files untouched; the newest valid one is found past damaged ones; and
  * every kind of bad file is refused with the file named: not a
  * checkpoint, another version, another run, another model's size,
- * truncated, one flipped byte anywhere, a directory.  Files live in a
+ * truncated, one flipped byte anywhere, a directory.  The directory is
+ * made when missing, and refused when a file is in the way.  Files live in a
  * fresh temporary directory.
  */
 #include "bee.h"
@@ -169,6 +170,30 @@ int main(void) {
   ASSERT(bee_ckpt_write(path, "run-a", 1, a, N, 3, p5, sizeof p5, err,
                         sizeof err) != 0);
   ASSERT(strstr(err, "missing"));
+
+  /* The directory is made, with its missing parents (0700), and may be
+   * named again; a file in the way is refused with its name. */
+  snprintf(path, sizeof path, "%s/made/deeper/", dir);
+  ASSERT_OK(bee_ckpt_prepare(path, err, sizeof err));
+  ASSERT_OK(bee_ckpt_prepare(path, err, sizeof err));
+  struct stat st;
+  snprintf(path, sizeof path, "%s/made/deeper", dir);
+  ASSERT_EQ(stat(path, &st), 0);
+  ASSERT(S_ISDIR(st.st_mode));
+  ASSERT_EQ(st.st_mode & 0777, 0700);
+  ASSERT_OK(bee_ckpt_write(path, "run-c", 1, a, N, 3, p5, sizeof p5, err,
+                           sizeof err));
+  ASSERT_EQ(unlink(p5), 0);
+  ASSERT_EQ(rmdir(path), 0);
+  snprintf(path, sizeof path, "%s/made", dir);
+  ASSERT_EQ(rmdir(path), 0);
+  snprintf(path, sizeof path, "%s/run-b-000000000001.ckpt", dir);
+  ASSERT_EQ(bee_ckpt_prepare(path, err, sizeof err), -ENOTDIR);
+  ASSERT(strstr(err, "run-b-000000000001.ckpt"));
+  snprintf(path, sizeof path, "%s/run-b-000000000001.ckpt/sub", dir);
+  ASSERT_EQ(bee_ckpt_prepare(path, err, sizeof err), -ENOTDIR);
+  ASSERT(strstr(err, "Not a directory"));
+  ASSERT(bee_ckpt_prepare("", err, sizeof err) != 0);
 
   /* Clean up. */
   DIR *d = opendir(dir);

@@ -120,6 +120,11 @@ if [ -r "$fm/train-images-idx3-ubyte.gz" ]; then
     --no-listen --identity t.key --run-id r --device gpu
   expect 1 'device cuda:4095: ' --open --no-listen --identity t.key \
     --run-id r --device cuda:4095
+  # A checkpoint directory with a file in the way (one that is missing is
+  # made, with its parents: test-daemon-ckpt).
+  echo file >"$tmp/in-the-way"
+  expect 1 '--checkpoint-dir .*in-the-way/ck: Not a directory' --open \
+    --no-listen --identity t.key --run-id r --checkpoint-dir "$tmp/in-the-way/ck"
 fi
 expect 2 "--precision: bad precision 'fp16' .want fp32, tf32 or bf16." --open \
   --run-id r --precision fp16

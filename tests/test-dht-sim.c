@@ -4,7 +4,9 @@
  * 30% of the nodes die at once, at least 99% are still found.  Newest-wins,
  * expiration and owned subkeys (merged per owner, forged ones refused)
  * behave as dht.h specifies.  Four more swarms check the figures again, and
- * a run is reproducible from its seed.  An argument replaces the seed. */
+ * a run is reproducible from its seed.  A swarm cut in two by churn
+ * becomes one DHT again once its lost half comes back.  An argument
+ * replaces the seed. */
 #include "dhtsim.h"
 #include "test.h"
 
@@ -768,6 +770,102 @@ static void check_orphans(uint64_t seed) {
   ASSERT_LT(without + 5, with); /* the copying is what keeps them */
 }
 
+#define HEAL_NODES 16
+
+/* A swarm cut in two by churn.  Half its nodes die at once and the
+ * survivors, asking them in lookups, drop them from their tables.  The
+ * dead come back at their addresses with their keys but join only through
+ * each other (every node they were told of is among them, as when a
+ * restarted peer's --join target is another restarted peer), so two DHTs
+ * run side by side and neither finds what the other stores.  A survivor
+ * tries a lost contact's address again (cfg.lost_retry_ms), finds the node
+ * back there, and the two become one.  Returns the simulated ms from the
+ * comeback until a get on each side finds the record put on the other
+ * (gets every 10 s, for at most 10 minutes), or UINT64_MAX. */
+static uint64_t heal(uint64_t seed, uint64_t lost_retry_ms) {
+  dht_config cfg;
+  dht_config_default(&cfg);
+  cfg.lost_retry_ms = lost_retry_ms;
+  dhtsim *s = dhtsim_new(HEAL_NODES, seed, &cfg);
+  ASSERT(s != NULL);
+  dhtsim_join_all(s, 0, 10);
+  ASSERT(dhtsim_run_until(s, dhtsim_joined, s, WAIT_MS));
+  dhtsim_run_for(s, MINUTE_MS);
+  const size_t half = HEAL_NODES / 2;
+  for (size_t i = half; i < HEAL_NODES; i++)
+    dhtsim_kill(s, i);
+  /* The survivors look things up until each has dropped every dead node
+   * (and holds it as lost). */
+  static op ops[HEAL_NODES];
+  uint8_t key[PROTO_DHT_KEY_BYTES];
+  bool dropped = false;
+  for (int r = 0; r < 60 && !dropped; r++) {
+    for (size_t i = 0; i < half; i++) {
+      char name[32];
+      snprintf(name, sizeof name, "probe-%d-%zu", r, i);
+      dht_key(name, key);
+      start_get(s, i, key, true, NULL, &ops[i]);
+    }
+    wait_all(s);
+    dhtsim_run_for(s, 5000);
+    dropped = true;
+    for (size_t i = 0; i < half; i++) {
+      dht_info in;
+      dht_node_info(dhtsim_node(s, i), &in);
+      dropped &= in.contacts == half - 1;
+    }
+  }
+  ASSERT(dropped);
+  for (size_t i = half; i < HEAL_NODES; i++)
+    ASSERT_OK(dhtsim_revive(s, i));
+  ASSERT_OK(dhtsim_join(s, half, half + 1));
+  for (size_t i = half + 1; i < HEAL_NODES; i++)
+    ASSERT_OK(dhtsim_join(s, i, half));
+  uint64_t back = dhtsim_now(s);
+  ASSERT(dhtsim_run_until(s, dhtsim_joined, s, WAIT_MS));
+  for (size_t i = half; i < HEAL_NODES; i++)
+    ASSERT_EQ(dhtsim_join_status(s, i), 0);
+  uint8_t ka[PROTO_DHT_KEY_BYTES], kb[PROTO_DHT_KEY_BYTES];
+  dht_key("heal-a", ka);
+  dht_key("heal-b", kb);
+  op pa, pb;
+  start_put(s, 0, ka, (proto_bytes){0}, "from a", dhtsim_wall(s) + 3600, &pa);
+  start_put(s, half, kb, (proto_bytes){0}, "from b", dhtsim_wall(s) + 3600,
+            &pb);
+  wait_all(s);
+  ASSERT_OK(pa.status);
+  ASSERT_OK(pb.status);
+  uint64_t took = UINT64_MAX;
+  while (dhtsim_now(s) - back < 10 * MINUTE_MS) {
+    size_t a = dhtsim_rand_below(s, half), b = half + dhtsim_rand_below(s, half);
+    start_get(s, a, kb, true, "from b", &ops[0]);
+    start_get(s, b, ka, true, "from a", &ops[1]);
+    wait_all(s);
+    if (ops[0].found && ops[1].found) {
+      took = dhtsim_now(s) - back;
+      break;
+    }
+    dhtsim_run_for(s, 10000);
+  }
+  dhtsim_free(s);
+  return took;
+}
+
+static void check_heal(uint64_t seed) {
+  uint64_t with = heal(seed, 60000), without = heal(seed, 0);
+  if (with == UINT64_MAX)
+    FAIL("the two halves of a %d-node swarm did not find each other again "
+         "within 10 simulated minutes",
+         HEAL_NODES);
+  printf("dht-sim: a %d-node swarm split in two by churn is one again "
+         "%.1f s after its lost half came back (lost contacts retried); "
+         "%s without the retries\n",
+         HEAL_NODES, (double)with / 1000,
+         without == UINT64_MAX ? "still apart after 10 minutes" : "healed too");
+  ASSERT_LE(with, 2 * MINUTE_MS);
+  ASSERT_EQ(without, UINT64_MAX); /* the retries are what heal it */
+}
+
 static void summary(const figures *f, uint64_t seed, char *line, size_t cap) {
   snprintf(line, cap,
            "seed=%" PRIu64
@@ -838,6 +936,7 @@ int main(int argc, char **argv) {
   ASSERT_GE(keys_found * 100, keys * 99);
 
   check_orphans(seed);
+  check_heal(seed);
 
   /* Same seed, same numbers (a smaller swarm, twice). */
   scenario(seed + 100, 150, 40, 2, false, &a);
