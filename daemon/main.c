@@ -406,6 +406,17 @@ static int load_credentials(bee_daemon *d) {
   return 0;
 }
 
+/* A SIGINT or SIGTERM that comes while beed starts (a stop right after a
+ * start, by systemd or a supervisor; loading the training data takes a
+ * while) is noted here until the loop watches for them (daemon_start),
+ * then raised again, so it still ends in a clean stop and status 0, not
+ * in the default action's death (status 143; tools/chaos met it).  A
+ * handler, not a blocked mask: threads that libraries start before main
+ * (OpenBLAS's) would take the signal with the default action. */
+static volatile sig_atomic_t early_stop;
+
+static void early_stop_cb(int signum) { early_stop = signum; }
+
 /* Creates the host, listens and starts dialing.  Returns 0 or a code
  * already logged. */
 static int daemon_start(bee_daemon *d) {
@@ -415,6 +426,8 @@ static int daemon_start(bee_daemon *d) {
    * (libuv holds it until the loop runs). */
   uv_signal_start(&d->sigint, signal_cb, SIGINT);
   uv_signal_start(&d->sigterm, signal_cb, SIGTERM);
+  if (early_stop)
+    uv_kill(uv_os_getpid(), early_stop);
   proto_host_config_default(&hc);
   hc.loop = &d->loop;
   hc.auth.id = &d->id;
@@ -525,6 +538,12 @@ static int run(bee_daemon *d) {
 }
 
 int main(int argc, char **argv) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = early_stop_cb;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
   char err[512];
   bee_daemon *d = calloc(1, sizeof *d);
   if (!d) {
