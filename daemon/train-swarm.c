@@ -960,6 +960,20 @@ void bee__publish_metrics(bee_train *t, const struct step_report *r) {
                      .diverged = r->diverged,
                      .has_params = true};
   memcpy(m.params, r->hash, sizeof m.params);
+  /* The lines before this step, newest first: a peer that looks after
+   * this bee has moved on still counts it at those steps (split_cb). */
+  size_t have = t->nlines < LINES_RING ? t->nlines : LINES_RING;
+  for (size_t i = 0; i < have && m.nlines < PROTO_METRICS_LINES_MAX &&
+                     !r->diverged;
+       i++) {
+    const bee_line *l = &t->lines[(t->nlines - 1 - i) % LINES_RING];
+    if (l->epoch >= r->epoch)
+      continue;
+    proto_metrics_line *o = &m.lines[m.nlines++];
+    o->step = l->epoch;
+    o->group_size = l->group;
+    memcpy(o->params, l->hash, sizeof o->params);
+  }
   if (r->avg_status == 0 && r->group >= 2 && !r->diverged) {
     bee_line *l = &t->lines[t->nlines++ % LINES_RING];
     l->epoch = r->epoch;
@@ -1065,7 +1079,11 @@ static void split_cb(dht_node *n, int status, const dht_value *v,
   uv_mutex_unlock(&t->mu);
   if (diverged || v->n == 0)
     return;
-  bee_line *seen = malloc(v->n * sizeof *seen);
+  /* Each peer's last step and the averaged steps before it that its
+   * record carries: a peer that moved on since a split still counts
+   * there (with its last step only, the bees of both lines once loaded
+   * each other's: tools/chaos). */
+  bee_line *seen = malloc(v->n * (1 + PROTO_METRICS_LINES_MAX) * sizeof *seen);
   if (!seen)
     return; /* asked again in SPLIT_MS */
   size_t nseen = 0;
@@ -1075,13 +1093,20 @@ static void split_cb(dht_node *n, int status, const dht_value *v,
     if (r->subkey.n != sizeof t->sub ||
         memcmp(r->subkey.p, t->sub, sizeof t->sub) == 0 ||
         proto_metrics_decode(r->value.p, r->value.n, &m) ||
-        strcmp(m.run, t->cfg->run) != 0 || !m.has_params || m.diverged ||
-        m.group_size < 2)
+        strcmp(m.run, t->cfg->run) != 0 || !m.has_params || m.diverged)
       continue;
-    seen[nseen].epoch = m.step;
-    seen[nseen].group = m.group_size;
-    memcpy(seen[nseen].hash, m.params, sizeof m.params);
-    nseen++;
+    if (m.group_size >= 2) {
+      seen[nseen].epoch = m.step;
+      seen[nseen].group = m.group_size;
+      memcpy(seen[nseen].hash, m.params, sizeof m.params);
+      nseen++;
+    }
+    for (size_t j = 0; j < m.nlines; j++) {
+      seen[nseen].epoch = m.lines[j].step;
+      seen[nseen].group = m.lines[j].group_size;
+      memcpy(seen[nseen].hash, m.lines[j].params, sizeof m.lines[j].params);
+      nseen++;
+    }
   }
   bee_line won;
   size_t have = t->nlines < LINES_RING ? t->nlines : LINES_RING;
@@ -1093,11 +1118,16 @@ static void split_cb(dht_node *n, int status, const dht_value *v,
   for (size_t i = 0; i < v->n && t->nsplit < DONORS_MAX; i++) {
     const proto_dht_record *r = &v->records[i];
     proto_metrics m;
-    if (r->subkey.n == sizeof t->sub &&
-        proto_metrics_decode(r->value.p, r->value.n, &m) == 0 &&
-        strcmp(m.run, t->cfg->run) == 0 && m.has_params &&
-        m.step == ours->epoch &&
-        memcmp(m.params, won.hash, sizeof won.hash) == 0)
+    if (r->subkey.n != sizeof t->sub ||
+        proto_metrics_decode(r->value.p, r->value.n, &m) != 0 ||
+        strcmp(m.run, t->cfg->run) != 0 || !m.has_params || m.diverged)
+      continue;
+    bool holds = m.step == ours->epoch &&
+                 memcmp(m.params, won.hash, sizeof won.hash) == 0;
+    for (size_t j = 0; j < m.nlines && !holds; j++)
+      holds = m.lines[j].step == ours->epoch &&
+              memcmp(m.lines[j].params, won.hash, sizeof won.hash) == 0;
+    if (holds)
       proto_peer_id(r->subkey.p + 1, t->split_ids[t->nsplit++]);
   }
   char a[17], b[17];

@@ -497,6 +497,15 @@ typedef struct proto_progress {
 
 #define PROTO_PARAMS_HASH_BYTES 8
 
+/* One averaged step of a peer's: the step, its group's size, and the
+ * parameters' hash after it. */
+#define PROTO_METRICS_LINES_MAX 4
+typedef struct proto_metrics_line {
+  uint64_t step;
+  uint64_t group_size; /* 2..PROTO_GROUP_MAX */
+  uint8_t params[PROTO_PARAMS_HASH_BYTES];
+} proto_metrics_line;
+
 typedef struct proto_metrics {
   char run[PROTO_RUN_MAX + 1];
   uint64_t step;
@@ -527,6 +536,12 @@ typedef struct proto_metrics {
                                   when false): BLAKE2b-64 of the parameters
                                   after the step, so that peers at one step
                                   can see a swarm split in two lines */
+  size_t nlines;               /* an optional eighteenth field, after */
+  proto_metrics_line lines[PROTO_METRICS_LINES_MAX]; /* params: this
+                                  peer's earlier averaged steps (newest
+                                  first, steps below step), so that a peer
+                                  that looks after others moved on still
+                                  counts every line of a step */
 } proto_metrics;
 
 typedef struct proto_match {

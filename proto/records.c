@@ -6,7 +6,9 @@
  *    mode, label, leaving (optional: only true is written)]
  *   ["bee.metrics", 1, run, step, loss, samples_per_second, compute_s,
  *    averaging_s, bytes_sent, bytes_received, group_size, grad_sq_local,
- *    batch_local, grad_sq_avg, batch_avg, time_ms]
+ *    batch_local, grad_sq_avg, batch_avg, time_ms, by_all, diverged,
+ *    params, lines (the last four optional, each only after the one
+ *    before)]
  *   ["bee.match", 1, run, round, bits, addr, schema_hash, mode,
  *    bandwidth_mbit, weight]
  *   ["bee.donor", 1, run, addr, epoch, slots]
@@ -356,8 +358,13 @@ static int metrics_check(const proto_metrics *m, size_t *run_n) {
       m->group_size > PROTO_GROUP_MAX || !f64_ok(m->grad_sq_local, F_NONNEG) ||
       !f64_ok(m->grad_sq_avg, F_NONNEG) ||
       (m->has_by_all && !(m->by_all >= 0 && m->by_all <= 1)) ||
-      ((m->diverged || m->has_params) && !m->has_by_all))
+      ((m->diverged || m->has_params) && !m->has_by_all) ||
+      m->nlines > PROTO_METRICS_LINES_MAX || (m->nlines && !m->has_params))
     return BEE_ERANGE;
+  for (size_t i = 0; i < m->nlines; i++)
+    if (m->lines[i].step >= m->step || m->lines[i].group_size < 2 ||
+        m->lines[i].group_size > PROTO_GROUP_MAX)
+      return BEE_ERANGE;
   return 0;
 }
 
@@ -372,7 +379,7 @@ int proto_metrics_encode(const proto_metrics *m, uint8_t *buf, size_t cap,
   wr_head(&w, PROTO_REC_METRICS,
           (m->has_by_all ? 1u : 0u) +
               (m->diverged || m->has_params ? 1u : 0u) +
-              (m->has_params ? 1u : 0u));
+              (m->has_params ? 1u : 0u) + (m->nlines ? 1u : 0u));
   proto__wr_str(&w, m->run, run_n);
   proto__wr_uint(&w, m->step);
   if (m->has_loss)
@@ -396,6 +403,15 @@ int proto_metrics_encode(const proto_metrics *m, uint8_t *buf, size_t cap,
     proto__wr_bool(&w, m->diverged); /* a seventeenth follows */
   if (m->has_params)
     proto__wr_bin(&w, m->params, sizeof m->params);
+  if (m->nlines) { /* an eighteenth: [[step, group, hash], ...] */
+    proto__wr_array(&w, (uint32_t)m->nlines);
+    for (size_t i = 0; i < m->nlines; i++) {
+      proto__wr_array(&w, 3);
+      proto__wr_uint(&w, m->lines[i].step);
+      proto__wr_uint(&w, m->lines[i].group_size);
+      proto__wr_bin(&w, m->lines[i].params, sizeof m->lines[i].params);
+    }
+  }
   return wr_done(&w, len);
 }
 
@@ -450,6 +466,41 @@ int proto_metrics_decode(const uint8_t *buf, size_t len, proto_metrics *out) {
       extra--, out->has_params = true;
     else if (rc != BEE_ETYPE)
       goto fail;
+  }
+  /* After the hash, an eighteenth that is an array holds the peer's
+   * earlier averaged steps: up to PROTO_METRICS_LINES_MAX of [step below
+   * this one, group of 2..PROTO_GROUP_MAX, hash]. */
+  if (extra && out->has_params) {
+    uint32_t n;
+    rc = proto__rd_array(&r, &n);
+    if (rc == 0) {
+      if (n > PROTO_METRICS_LINES_MAX) {
+        rc = BEE_ERANGE;
+        goto fail;
+      }
+      for (uint32_t i = 0; i < n; i++) {
+        proto_metrics_line *l = &out->lines[i];
+        uint32_t k;
+        if ((rc = proto__rd_array(&r, &k)))
+          goto fail;
+        if (k != 3) {
+          rc = BEE_ETYPE;
+          goto fail;
+        }
+        if ((rc = proto__rd_uint(&r, &l->step)) ||
+            (rc = proto__rd_uint_max(&r, PROTO_GROUP_MAX, &l->group_size)) ||
+            (rc = proto__rd_fixbin(&r, l->params, sizeof l->params)))
+          goto fail;
+        if (l->step >= out->step || l->group_size < 2) {
+          rc = BEE_ERANGE;
+          goto fail;
+        }
+      }
+      out->nlines = n;
+      extra--;
+    } else if (rc != BEE_ETYPE) {
+      goto fail;
+    }
   }
   if ((rc = rd_tail(&r, extra)) == 0)
     return 0;

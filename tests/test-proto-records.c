@@ -1094,6 +1094,56 @@ static void test_params_hash(void) {
   ASSERT_RC(proto_metrics_encode(&m, b, sizeof b, &bn), BEE_ERANGE);
 }
 
+/* The eighteenth field, after the hash: the peer's earlier averaged
+ * steps, [[step, group, hash] ...], at most 4, each below step with a
+ * group of 2 or more; another type there is a later version's field. */
+static void test_params_lines(void) {
+  proto_metrics m = {.step = 9, .time_ms = 5, .has_by_all = true,
+                     .by_all = 1, .has_params = true},
+                d;
+  snprintf(m.run, sizeof m.run, "run");
+  memset(m.params, 0x11, 8);
+  uint8_t a[PROTO_RECORD_MAX], b[PROTO_RECORD_MAX];
+  size_t an, bn;
+  ASSERT_OK(proto_metrics_encode(&m, a, sizeof a, &an));
+  m.nlines = 2;
+  m.lines[0] = (proto_metrics_line){.step = 8, .group_size = 3};
+  memset(m.lines[0].params, 0x22, 8);
+  m.lines[1] = (proto_metrics_line){.step = 6, .group_size = 2};
+  memset(m.lines[1].params, 0x33, 8);
+  ASSERT_OK(proto_metrics_encode(&m, b, sizeof b, &bn));
+  ASSERT_UEQ(bn, an + 1 + 2 * (1 + 1 + 1 + 2 + 8));
+  ASSERT_EQ(b[2], a[2] + 1);
+  ASSERT_EQ(b[an], 0x92); /* an array of 2 */
+  ASSERT_OK(proto_metrics_decode(b, bn, &d));
+  ASSERT_UEQ(d.nlines, 2);
+  ASSERT_UEQ(d.lines[0].step, 8);
+  ASSERT_UEQ(d.lines[1].group_size, 2);
+  ASSERT_MEMEQ(d.lines[1].params, m.lines[1].params, 8);
+  ASSERT_OK(proto_metrics_decode(a, an, &d));
+  ASSERT_UEQ(d.nlines, 0);
+  /* A later version's field in its place: skipped. */
+  memcpy(a, b, bn);
+  a[an] = 0xa1, a[an + 1] = 'x';
+  ASSERT_OK(proto_metrics_decode(a, an + 2, &d));
+  ASSERT_UEQ(d.nlines, 0);
+  ASSERT(d.has_params);
+  /* A step not below this one, a group of 1, five lines: refused both
+   * ways. */
+  b[an + 2] = 9; /* the first line's step */
+  ASSERT_RC(proto_metrics_decode(b, bn, &d), BEE_ERANGE);
+  b[an + 2] = 8, b[an + 3] = 1; /* its group */
+  ASSERT_RC(proto_metrics_decode(b, bn, &d), BEE_ERANGE);
+  m.lines[0].step = 9;
+  ASSERT_RC(proto_metrics_encode(&m, b, sizeof b, &bn), BEE_ERANGE);
+  m.lines[0].step = 8, m.lines[0].group_size = 1;
+  ASSERT_RC(proto_metrics_encode(&m, b, sizeof b, &bn), BEE_ERANGE);
+  m.lines[0].group_size = 3, m.nlines = 5;
+  ASSERT_RC(proto_metrics_encode(&m, b, sizeof b, &bn), BEE_ERANGE);
+  m.nlines = 1, m.has_params = false;
+  ASSERT_RC(proto_metrics_encode(&m, b, sizeof b, &bn), BEE_ERANGE);
+}
+
 int main(void) {
   if (sodium_init() < 0)
     FAIL("sodium_init");
@@ -1110,6 +1160,7 @@ int main(void) {
   test_by_all();
   test_diverged();
   test_params_hash();
+  test_params_lines();
   printf("typed records: all checks passed\n");
   return 0;
 }
