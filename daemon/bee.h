@@ -420,8 +420,9 @@ typedef struct bee_line {
 } bee_line;
 
 /* The split check.  ours[0..nours): this bee's lines of late (steps it
- * averaged in a group); seen[0..nseen): the other peers' last ones (of
- * the run, in groups of 2 or more, not out of line).  The swarm split at
+ * averaged in a group); seen[0..nseen): the other peers' last ones and
+ * the earlier ones their metrics carry (of the run, in groups of 2 or
+ * more, not out of line; at most one per peer and step).  The swarm split at
  * the latest of our epochs where some peer's hash differs from ours; of
  * the lines there, the one that goes on has the larger group, then more
  * holders (the peers seen with that hash at that epoch, this bee for its
