@@ -379,7 +379,8 @@ size_t bee_progress_stepped(proto_progress *v,
  * (records v[0..n), not leaving, with a known rate) has taken its inner
  * steps, want samples each: each one's samples grow at its rate from its
  * record's time (for at most PROTO_PROGRESS_EXTRAP_S).  0 when they all
- * have; -1 when no such peer is there.  *first gets the same for the
+ * have; -1 when no such peer is there.  *first (NULL: not wanted) gets
+ * the same for the
  * first of them to be done (-1 likewise): the round's group forms by
  * then, its leader the first to declare.  A bee that has much more to go
  * than that (one that loaded the state late in the round, or a slow one)

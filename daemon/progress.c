@@ -140,8 +140,7 @@ bool bee_round_deserted(const proto_progress *v, size_t n, const char *run,
 double bee_outer_due(const proto_progress *v, size_t n, const char *run,
                      uint64_t epoch, uint64_t want, uint64_t now_ms,
                      double *first) {
-  double due = -1;
-  *first = -1;
+  double due = -1, first_left = -1;
   for (size_t i = 0; i < n; i++) {
     if (v[i].leaving || v[i].epoch != epoch || strcmp(v[i].run, run) != 0 ||
         !(v[i].samples_per_second > 0))
@@ -156,9 +155,11 @@ double bee_outer_due(const proto_progress *v, size_t n, const char *run,
       left = 0;
     if (left > due)
       due = left;
-    if (*first < 0 || left < *first)
-      *first = left;
+    if (first_left < 0 || left < first_left)
+      first_left = left;
   }
+  if (first)
+    *first = first_left;
   return due;
 }
 

@@ -204,12 +204,12 @@ static size_t view_set(bee_train *t, proto_progress *all,
   if (t->outer) { /* at our epoch, for the worker; at the swarm's */
     uint64_t want =
         (uint64_t)bee_config_inner_steps(t->cfg) * t->cfg->batch_size;
-    double first, sfirst;
+    double first;
     double due = bee_outer_due(all, n, t->cfg->run, epoch, want, now, &first);
     double sdue = t->view.epoch == epoch
                       ? due
                       : bee_outer_due(all, n, t->cfg->run, t->view.epoch,
-                                      want, now, &sfirst);
+                                      want, now, NULL);
     double at = mono_s();
     t->sh.others_due_s = due >= 0 ? at + due : 0;
     t->sh.others_first_s = first >= 0 ? at + first : 0;

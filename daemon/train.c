@@ -282,6 +282,16 @@ static bool state_replaces_step(bee_train *t, uint64_t epoch,
   return load;
 }
 
+/* Loads a state the loop checked (load, freed here) as of epoch; the
+ * gradients stay as they are, and the coding error carried for a path
+ * that is no longer ours goes. */
+static void take_state(bee_train *t, uint8_t *load, uint64_t epoch) {
+  bee__load_snapshot(t, load, epoch);
+  free(load);
+  if (t->residual)
+    memset(t->residual, 0, trn_model_nparams(t->m) * sizeof *t->residual);
+}
+
 /* A state of the very epoch whose round just ended, downloaded while the
  * round ran (the bee was out of line, and its round had begun before the
  * state came; in a swarm whose epochs are mostly rounds, as they are when
@@ -290,20 +300,17 @@ static bool state_replaces_step(bee_train *t, uint64_t epoch,
  * (the gradients, which a load leaves alone), so it lands where the
  * swarm's does.  Taken after the step instead, the state would set the
  * bee back to the epoch it had just left, one step behind the swarm. */
-static void load_under_step(bee_train *t, uint64_t epoch, size_t np) {
+static void load_under_step(bee_train *t, uint64_t epoch) {
   uv_mutex_lock(&t->mu);
   uint8_t *load = t->sh.load && t->sh.load_epoch == epoch ? t->sh.load : NULL;
   t->sh.load = load ? NULL : t->sh.load;
   uv_mutex_unlock(&t->mu);
   if (!load)
     return;
-  bee__load_snapshot(t, load, epoch);
-  free(load);
+  take_state(t, load, epoch);
   uv_mutex_lock(&t->mu);
   t->sh.diverged = false; /* the swarm's state from now on */
   uv_mutex_unlock(&t->mu);
-  if (t->residual) /* the coding error of a path no longer ours */
-    memset(t->residual, 0, np * sizeof *t->residual);
   bee_info(COMP,
            "epoch %llu: the state loaded while its round ran is the epoch's "
            "own: the step goes from it",
@@ -363,7 +370,7 @@ static int epoch_step(bee_train *t) {
     s.round_s = mono_s() - s.t0;
     if (state_replaces_step(t, s.epoch, &a))
       return 0; /* the worker takes the state next */
-    load_under_step(t, s.epoch, np);
+    load_under_step(t, s.epoch);
   }
   uv_mutex_lock(&t->mu);
   t->sh.epoch = s.epoch + 1;
@@ -445,11 +452,8 @@ static void worker(void *arg) {
         }
         t->delayed.active = false;
       }
-      bee__load_snapshot(t, load, load_epoch);
+      take_state(t, load, load_epoch);
       trn_model_zero_grad(t->m); /* what was gathered is not the state's */
-      free(load);
-      if (t->residual) /* the coding error of a path no longer ours */
-        memset(t->residual, 0, trn_model_nparams(t->m) * sizeof *t->residual);
       bee__make_snapshot(t, load_epoch);
       continue;
     }

@@ -441,6 +441,7 @@ static void test_outer_due(void) {
   double first;
   ASSERT(fabs(bee_outer_due(p, 6, "r", 5, 10000, now, &first) - 4.0) < 1e-9);
   ASSERT(fabs(first - 3.0) < 1e-9); /* the first of the two */
+  ASSERT(fabs(bee_outer_due(p, 6, "r", 5, 10000, now, NULL) - 4.0) < 1e-9);
   ASSERT(fabs(bee_outer_due(p, 1, "r", 5, 10000, now, &first) - 3.0) < 1e-9);
   ASSERT(fabs(first - 3.0) < 1e-9);
   /* A record's samples grow for PROTO_PROGRESS_EXTRAP_S at most. */
