@@ -128,6 +128,7 @@ typedef struct bee_config {
   unsigned keep_checkpoints;
   bool resume;
   char control[BEE_PATH_MAX];   /* "": no control socket */
+  char peers_file[BEE_PATH_MAX]; /* "": known peers not kept */
   bool help;    /* --help was given: print usage, nothing else is checked */
   bool version; /* --version was given */
 } bee_config;
@@ -501,6 +502,10 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
  * training alone (it would start a run of its own, apart from the
  * swarm's); it waits, with a line every 10 s.  NULL is ignored. */
 void bee_train_joined(bee_train *t);
+/* Called before bee_train_start: this bee has no --join targets but
+ * known peers (--peers-file) to join through, so it waits for
+ * bee_train_joined too before it may start a run of its own. */
+void bee_train_expect_join(bee_train *t);
 void bee_train_drain(bee_train *t, proto_conn *c);
 void bee_train_conn_down(bee_train *t, proto_conn *c);
 /* Leaves the run: stops the threads (the last state goes to disk), then
@@ -513,6 +518,41 @@ void bee_train_leave(bee_train *t, void (*done)(void *arg), void *arg);
 void bee_train_stop(bee_train *t);
 /* Frees t once the loop has ended.  Accepts NULL. */
 void bee_train_free(bee_train *t);
+
+/* ------------------------------------------------------------------------ */
+/* Known peers (peers.c): the DHT contacts' addresses in --peers-file, so  */
+/* that a restarted bee finds its swarm when its --join targets are gone.  */
+
+#ifndef BEE_KNOWN_MAX
+#define BEE_KNOWN_MAX 32 /* addresses kept and read back */
+#endif
+
+typedef struct bee_known {
+  char addr[BEE_KNOWN_MAX][BEE_ADDR_MAX];
+  size_t n;
+} bee_known;
+
+/* Adds addr (1 to BEE_ADDR_MAX - 1 bytes) unless it is there already or
+ * the list is full; returns whether it did. */
+bool bee_known_add(bee_known *k, const char *addr);
+bool bee_known_has(const bee_known *k, const char *addr);
+/* Whether a and b hold the same addresses, in any order. */
+bool bee_known_same(const bee_known *a, const bee_known *b);
+/* Checks, at start-up, that path is not a directory or some other thing
+ * than a file, and that its directory exists and may be written in.
+ * Returns 0, or an error with err naming the file and why. */
+int bee_known_prepare(const char *path, char *err, size_t errlen);
+/* Reads the file at path into k: one HOST:PORT per line, '#' comments and
+ * blank lines skipped, duplicates and entries past BEE_KNOWN_MAX ignored.
+ * Lines that are not addresses are skipped and counted in *bad, the first
+ * one's number in *bad_line.  Returns 0; -ENOENT when there is no file (a
+ * first start); or another error with err naming the file. */
+int bee_known_load(bee_known *k, const char *path, size_t *bad,
+                   size_t *bad_line, char *err, size_t errlen);
+/* Replaces the file at path with k's addresses (mode 0600; a reader sees
+ * the old file or the new one).  Returns 0 or an error with err set. */
+int bee_known_save(const bee_known *k, const char *path, char *err,
+                   size_t errlen);
 
 /* ------------------------------------------------------------------------ */
 /* Checkpoint files (ckpt.c): a state snapshot behind a header (magic,     */

@@ -75,6 +75,7 @@ enum opt_id {
   O_KEEP_CHECKPOINTS,
   O_RESUME,
   O_CONTROL,
+  O_PEERS_FILE,
   O_MAX_STATE_UPLOADS,
   O_LR_SCHEDULE,
   O_WARMUP_EPOCHS,
@@ -155,6 +156,7 @@ static const struct opt {
     {"keep-checkpoints", O_KEEP_CHECKPOINTS, K_VALUE, true},
     {"resume", O_RESUME, K_BOOL, true},
     {"control", O_CONTROL, K_VALUE, true},
+    {"peers-file", O_PEERS_FILE, K_VALUE, true},
     {"help", O_HELP, K_ACTION, false},
     {"version", O_VERSION, K_ACTION, false},
 };
@@ -645,6 +647,7 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
     return 0;
   case O_CHECKPOINT_DIR: return set_path(cfg->checkpoint_dir, v, msg, cap);
   case O_CONTROL: return set_path(cfg->control, v, msg, cap);
+  case O_PEERS_FILE: return set_path(cfg->peers_file, v, msg, cap);
   case O_CHECKPOINT_EVERY:
   case O_KEEP_CHECKPOINTS:
     if (parse_uint(v, 1, 1000000, &u))
@@ -1015,6 +1018,10 @@ void bee_config_usage(FILE *f) {
       "                           other nodes' routing tables (behind NAT)\n"
       "  --join HOST:PORT         a peer to join through (repeatable, up to "
       "%d)\n"
+      "  --peers-file FILE        keep the DHT contacts' addresses there and\n"
+      "                           join through them too at the next start,\n"
+      "                           when the --join targets may be gone\n"
+      "                           (default: none)\n"
       "  --identity FILE          node key, created if missing (default %s)\n"
       "  --moderator PUBKEY       the swarm moderator's public key (64 hex)\n"
       "  --token FILE             this node's access token from the "

@@ -26,6 +26,9 @@
 #define ASK_MIN_MS 1000  /* first swarm.peers refresh after a join */
 #define ASK_MAX_MS 30000 /* refreshes slow down to this */
 #define STABLE_MS 10000  /* a connection this old resets the backoff */
+#define KNOWN_SAVE_MS 30000 /* --peers-file rewritten (when changed) */
+#define KNOWN_WAIT_MS 5000  /* a bee without --join waits so long for the
+                               known peers before it trains on its own */
 
 typedef struct bee_daemon bee_daemon;
 
@@ -58,6 +61,11 @@ struct bee_daemon {
   uv_timer_t status_timer;
   uv_timer_t ask_timer; /* asks the join targets for their peers */
   uv_timer_t notify_timer; /* systemd: STATUS= and WATCHDOG=1 */
+  uv_timer_t known_timer;  /* writes --peers-file */
+  uv_timer_t known_wait;   /* no --join: how long the known peers may take */
+  bee_known known;         /* read from --peers-file at start */
+  bee_known known_saved;   /* what the file holds now */
+  bool known_failing;      /* the last write failed (warned once) */
   uint64_t watchdog_ms;
   uint64_t ask_ms;
   bee_join joins[BEE_JOIN_MAX];
@@ -258,6 +266,46 @@ static void notify_cb(uv_timer_t *t) {
   notify_status(d, d->watchdog_ms ? "WATCHDOG=1\n" : "");
 }
 
+static void known_collect(const uint8_t id[PROTO_ID_BYTES], const char *addr,
+                          void *arg) {
+  (void)id;
+  bee_known_add(arg, addr);
+}
+
+/* Writes the DHT's contacts to --peers-file when they changed.  An empty
+ * routing table leaves the file alone: the last swarm seen is still the
+ * best guess for the next start. */
+static void known_save(bee_daemon *d) {
+  if (!d->cfg.peers_file[0] || !d->dht)
+    return;
+  bee_known now = {.n = 0};
+  dht_node_foreach_contact(dht_glue_node(d->dht), known_collect, &now);
+  if (now.n == 0 || bee_known_same(&now, &d->known_saved))
+    return;
+  char err[BEE_PATH_MAX + 128];
+  if (bee_known_save(&now, d->cfg.peers_file, err, sizeof err)) {
+    if (!d->known_failing)
+      bee_warn(COMP, "peers file %s (retried every %d s)", err,
+               KNOWN_SAVE_MS / 1000);
+    d->known_failing = true;
+    return;
+  }
+  if (d->known_failing)
+    bee_info(COMP, "peers file %s written again", d->cfg.peers_file);
+  d->known_failing = false;
+  bee_debug(COMP, "peers file %s: %zu addresses", d->cfg.peers_file, now.n);
+  d->known_saved = now;
+}
+
+static void known_timer_cb(uv_timer_t *t) { known_save(t->data); }
+
+static void known_wait_cb(uv_timer_t *t) {
+  bee_daemon *d = t->data;
+  bee_info(COMP, "no known peer answered in %.0f s; training may start "
+           "on its own", KNOWN_WAIT_MS / 1000.0);
+  bee_train_joined(d->train);
+}
+
 static void dht_boot_cb(dht_node *n, int status, const dht_stats *st,
                         void *arg) {
   bee_daemon *d = arg;
@@ -270,7 +318,9 @@ static void dht_boot_cb(dht_node *n, int status, const dht_stats *st,
   dht_node_info(n, &in);
   bee_info(COMP, "dht: joined in %llu ms: %zu contacts", (unsigned long long)st->ms,
            in.contacts);
+  uv_timer_stop(&d->known_wait);
   bee_train_joined(d->train);
+  known_save(d);
 }
 
 /* Stops everything; uv_run returns once the handles are closed. */
@@ -283,6 +333,7 @@ static void daemon_stop(bee_daemon *d) {
   bee_train_stop(d->train); /* before the DHT it publishes in */
   bee_members_stop(&d->members);
   bee_revoke_stop(&d->revoke);
+  known_save(d); /* the contacts of the last moment, for the next start */
   dht_glue_close(d->dht);
   d->dht = NULL;
   if (d->host)
@@ -293,6 +344,8 @@ static void daemon_stop(bee_daemon *d) {
   uv_close((uv_handle_t *)&d->status_timer, NULL);
   uv_close((uv_handle_t *)&d->ask_timer, NULL);
   uv_close((uv_handle_t *)&d->notify_timer, NULL);
+  uv_close((uv_handle_t *)&d->known_timer, NULL);
+  uv_close((uv_handle_t *)&d->known_wait, NULL);
   for (size_t i = 0; i < d->cfg.njoin; i++)
     uv_close((uv_handle_t *)&d->joins[i].timer, NULL);
 }
@@ -321,6 +374,35 @@ static void signal_cb(uv_signal_t *s, int signum) {
   begin_stop(s->data, signum == SIGINT ? "SIGINT" : "SIGTERM");
 }
 
+/* Checks --peers-file's place and reads the addresses it holds.  Returns
+ * nonzero, logged, when the file could never be written; one that cannot
+ * be read is a warning (it is a cache). */
+static int known_load(bee_daemon *d) {
+  const char *path = d->cfg.peers_file;
+  char err[BEE_PATH_MAX + 128];
+  size_t bad, bad_line;
+  if (bee_known_prepare(path, err, sizeof err)) {
+    bee_err(COMP, "%s", err);
+    return 1;
+  }
+  int rc = bee_known_load(&d->known, path, &bad, &bad_line, err, sizeof err);
+  if (rc == -ENOENT) {
+    bee_info(COMP, "peers file %s: none yet", path);
+    return 0;
+  }
+  if (rc) {
+    bee_warn(COMP, "peers file %s; starting without known peers", err);
+    return 0;
+  }
+  if (bad)
+    bee_warn(COMP, "peers file %s:%zu: not HOST:PORT; %zu such line%s skipped",
+             path, bad_line, bad, bad == 1 ? "" : "s");
+  bee_info(COMP, "peers file %s: %zu known peer%s to join through", path,
+           d->known.n, d->known.n == 1 ? "" : "s");
+  d->known_saved = d->known;
+  return 0;
+}
+
 /* Makes every handle, so daemon_stop can close them all whatever fails
  * later. */
 static int handles_init(bee_daemon *d) {
@@ -332,7 +414,9 @@ static int handles_init(bee_daemon *d) {
   uv_timer_init(&d->loop, &d->status_timer);
   uv_timer_init(&d->loop, &d->ask_timer);
   uv_timer_init(&d->loop, &d->notify_timer);
-  d->notify_timer.data = d;
+  uv_timer_init(&d->loop, &d->known_timer);
+  uv_timer_init(&d->loop, &d->known_wait);
+  d->notify_timer.data = d->known_timer.data = d->known_wait.data = d;
   bee_revoke_init(&d->revoke, &d->loop, &d->revoked,
                   d->cfg.moderated ? d->cfg.moderator_pk : NULL, d->cfg.swarm,
                   d->cfg.revocation_interval_s);
@@ -476,18 +560,36 @@ static int daemon_start(bee_daemon *d) {
     bee_info(COMP, "dht: client mode: requests only, never in routing tables");
   if (cfg->moderated)
     bee_revoke_start(&d->revoke, d->host, d->dht);
+  /* Bootstrap through the --join targets and the known peers of the last
+   * run.  A bee without --join waits KNOWN_WAIT_MS for the known ones
+   * before it may start a run of its own. */
+  const char *targets[BEE_JOIN_MAX + BEE_KNOWN_MAX];
+  size_t ntargets = 0;
+  for (size_t i = 0; i < cfg->njoin; i++)
+    targets[ntargets++] = cfg->join[i];
+  for (size_t i = 0; i < d->known.n; i++) {
+    bool dup = false;
+    for (size_t j = 0; j < cfg->njoin; j++)
+      dup |= strcmp(cfg->join[j], d->known.addr[i]) == 0;
+    if (!dup)
+      targets[ntargets++] = d->known.addr[i];
+  }
+  if (d->train && !cfg->njoin && ntargets) {
+    bee_train_expect_join(d->train);
+    uv_timer_start(&d->known_wait, known_wait_cb, KNOWN_WAIT_MS, 0);
+  }
   if (d->train &&
       (rc = bee_train_start(d->train, d->host, (unsigned)port,
                             dht_glue_node(d->dht), train_fatal, d)))
     return rc;
-  if (cfg->njoin) {
-    const char *targets[BEE_JOIN_MAX];
-    for (size_t i = 0; i < cfg->njoin; i++)
-      targets[i] = cfg->join[i];
-    rc = dht_bootstrap(dht_glue_node(d->dht), targets, cfg->njoin, dht_boot_cb, d);
+  if (ntargets) {
+    rc = dht_bootstrap(dht_glue_node(d->dht), targets, ntargets, dht_boot_cb, d);
     if (rc)
       bee_warn(COMP, "dht: cannot bootstrap: %s", bee_strerror(rc));
   }
+  if (cfg->peers_file[0])
+    uv_timer_start(&d->known_timer, known_timer_cb, KNOWN_SAVE_MS,
+                   KNOWN_SAVE_MS);
   if (cfg->status_interval_s)
     uv_timer_start(&d->status_timer, status_cb,
                    (uint64_t)cfg->status_interval_s * 1000,
@@ -520,7 +622,10 @@ static int run(bee_daemon *d) {
   bee_info(COMP, "swarm '%s' (%s), %zu join target%s", d->cfg.swarm,
            d->cfg.open ? "open" : "moderated", d->cfg.njoin,
            d->cfg.njoin == 1 ? "" : "s");
-  if (d->cfg.run[0] && bee_train_new(&d->loop, &d->cfg, &d->id, &d->train))
+  if (d->cfg.peers_file[0] && known_load(d))
+    d->exit_code = 1;
+  else if (d->cfg.run[0] &&
+           bee_train_new(&d->loop, &d->cfg, &d->id, &d->train))
     d->exit_code = 1;
   else if (daemon_start(d))
     d->exit_code = 1;

@@ -270,6 +270,7 @@ struct bee_train {
    * was this node): only then may the bee find itself alone and start
    * the run; and since when (bee_train_joined). */
   bool joined;
+  bool expect_join; /* no --join, but known peers to join through */
   uint64_t joined_ms;
   size_t candidates;   /* bee_round_candidates, by the last view */
   /* A matchmaking whose epoch the swarm left (end_deserted): the views in

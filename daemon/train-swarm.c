@@ -319,8 +319,8 @@ static void update_view(bee_train *t, const dht_value *v) {
     /* No --join target has answered: alone, it would start a run of its
      * own, apart from the swarm's for good. */
     t->wait_logged_ms = uv_now(t->loop);
-    bee_info(COMP, "training waits until a --join target answers (%zu given)",
-             t->cfg->njoin);
+    bee_info(COMP, "training waits until a --join target or a known peer "
+             "answers (%zu given)", t->cfg->njoin);
   }
   /* Progress takes a second or two to travel through the DHT: an epoch
    * the swarm finishes faster than that cannot be shared. */
@@ -823,6 +823,11 @@ void bee__start_round(bee_train *t) {
     return;
   }
   t->averaging = true;
+}
+
+void bee_train_expect_join(bee_train *t) {
+  if (t)
+    t->expect_join = true;
 }
 
 void bee_train_joined(bee_train *t) {

@@ -936,7 +936,7 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
   }
   t->started = true;
   t->started_ms = uv_now(t->loop);
-  if (!t->joined && t->cfg->njoin == 0) {
+  if (!t->joined && t->cfg->njoin == 0 && !t->expect_join) {
     t->joined = true;
     t->joined_ms = t->started_ms;
   }

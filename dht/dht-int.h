@@ -245,6 +245,7 @@ typedef struct dht_boot {
   char **addrs;
   size_t naddrs;
   unsigned waiting, answered;
+  unsigned tries; /* rounds of pings sent; each address is logged once */
   uint64_t retry_ms, backoff_ms;
   uint64_t start_ms;
   bool looking; /* the self lookup is running */

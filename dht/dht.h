@@ -148,7 +148,8 @@ typedef struct dht_value {
   const proto_dht_record *records;
 } dht_value;
 
-/* Result of dht_bootstrap: status 0 once at least one peer answered and
+/* Result of dht_bootstrap: status 0 once at least one peer answered (or,
+ * after a round where none did, some node has reached us meanwhile) and
  * the lookup of our own id is done. */
 typedef void (*dht_done_cb)(dht_node *n, int status, const dht_stats *st,
                             void *arg);
@@ -162,7 +163,9 @@ typedef void (*dht_put_cb)(dht_node *n, int status, unsigned stored,
 
 /* Joins through the nodes at addrs (ids unknown): pings each, then looks
  * up our own id to fill the routing table.  If none answers it retries
- * with backoff from dht_node_tick and calls cb once it succeeds (or when
+ * with backoff (1 s doubling to 60 s) from dht_node_tick, unless the
+ * routing table has contacts by then (others joined through us): the
+ * lookup then goes through them.  Calls cb once it succeeds (or when
  * the node is freed).  cb runs exactly once unless this returns an
  * error. */
 int dht_bootstrap(dht_node *n, const char *const *addrs, size_t naddrs,

@@ -491,12 +491,14 @@ static void boot_after_lookup(dht_lookup *l, int status) {
 }
 
 static void boot_ping_all(dht_node *n, dht_boot *b) {
+  b->tries++;
   for (size_t i = 0; i < b->naddrs; i++) {
     proto_dht_msg *m = dht__scratch();
     dht__request_init(n, m, PROTO_T_DHT_PING);
     int rc = dht__send(n, NULL, b->addrs[i], m, P_PING_BOOT, b);
     if (rc)
-      bee_warn(COMP, "bootstrap: %s: %s", b->addrs[i], bee_strerror(rc));
+      bee_log(b->tries == 1 ? BEE_LOG_WARN : BEE_LOG_DEBUG, COMP,
+              "bootstrap: %s: %s", b->addrs[i], bee_strerror(rc));
     else
       b->waiting++;
   }
@@ -531,14 +533,23 @@ void dht__boot_answer(dht_node *n, dht_pending *p, int status,
                       const uint8_t *from_id) {
   dht_boot *b = p->op;
   (void)from_id;
+  /* A dead address is named at the first try; later rounds only say that
+   * none answered (a restarted bee may hold many dead known peers). */
   if (status)
-    bee_warn(COMP, "bootstrap: %s did not answer: %s", p->addr,
-             bee_strerror(status));
+    bee_log(b->tries == 1 ? BEE_LOG_WARN : BEE_LOG_DEBUG, COMP,
+            "bootstrap: %s did not answer: %s", p->addr, bee_strerror(status));
   else
     b->answered++;
   if (--b->waiting > 0)
     return;
-  if (b->answered == 0) {
+  if (b->answered == 0 && n->table.ncontacts > 0) {
+    /* None of the addresses, but others reached us meanwhile (a queen
+     * whose known peers of an earlier run are gone): that is a DHT to
+     * be in, and the lookup through them ends the bootstrap. */
+    bee_info(COMP, "bootstrap: no address answered, but %zu node%s reached "
+             "this one; joining through them", n->table.ncontacts,
+             n->table.ncontacts == 1 ? "" : "s");
+  } else if (b->answered == 0) {
     bee_warn(COMP, "bootstrap: no peer answered; retrying in %llu s",
              (unsigned long long)(b->backoff_ms / 1000));
     b->retry_ms = dht__now(n) + b->backoff_ms;

@@ -175,7 +175,7 @@ int proto_identity_save(const proto_identity *id, const char *path) {
   proto_hex(seed, SEED_BYTES, text + n);
   n += 2 * SEED_BYTES;
   text[n++] = '\n';
-  int rc = proto__write_file(path, text, n, 0600, true);
+  int rc = proto_write_file(path, text, n, 0600, true);
   sodium_memzero(seed, sizeof seed);
   sodium_memzero(text, sizeof text);
   return rc;

@@ -135,11 +135,6 @@ static inline uint32_t proto__get_u32(const uint8_t *p) {
  * buf[*off, *off + *n).  BEE_EKEYFILE when there is no such line. */
 int proto__text_line(const char *buf, size_t len, const char *magic,
                      size_t *off, size_t *n);
-/* Reads a whole small file (at most max bytes) into a heap buffer. */
-int proto__read_file(const char *path, size_t max, uint8_t **out, size_t *len);
-/* Writes a file atomically (temp file + rename) with the given mode. */
-int proto__write_file(const char *path, const void *p, size_t n, int mode,
-                      bool exclusive);
 
 /* seal.c: sets up one direction of sealed traffic. */
 int proto__sealer_init(proto_sealer *s, int cipher, const uint8_t key[32]);

@@ -264,6 +264,18 @@ void proto_hex(const uint8_t *p, size_t n, char *out);
 /* Parses exactly 2n hex digits into out.  Returns 0 or BEE_ERANGE. */
 int proto_unhex(const char *s, uint8_t *out, size_t n);
 
+/* Small files (keys, tokens, beed's known peers).  proto_read_file reads
+ * the whole regular file at path, at most max bytes, into a heap buffer
+ * with a NUL after the last byte (*out, to free()); BEE_EKEYFILE when it
+ * is not a regular file, BEE_ETOOBIG when longer.  proto_write_file writes
+ * p under a fresh temporary name, fsyncs it, then renames it over path
+ * (with exclusive, links it and fails with -EEXIST if path exists), so a
+ * reader sees the old file or the new one, never a part.  Both return 0
+ * or those codes or -errno. */
+int proto_read_file(const char *path, size_t max, uint8_t **out, size_t *len);
+int proto_write_file(const char *path, const void *p, size_t n, int mode,
+                     bool exclusive);
+
 /* ------------------------------------------------------------------------ */
 /* Access tokens and revocation lists, signed by the swarm's moderator.      */
 

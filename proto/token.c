@@ -101,7 +101,7 @@ static int load_b64(const char *path, size_t max, const char *magic,
                     uint8_t **out, size_t *out_len) {
   uint8_t *file = NULL, *bin = NULL;
   size_t len, off = 0, n = 0;
-  int rc = proto__read_file(path, max, &file, &len);
+  int rc = proto_read_file(path, max, &file, &len);
   if (rc)
     return rc;
   if ((rc = proto__text_line((const char *)file, len, magic, &off, &n)))
@@ -137,7 +137,7 @@ static int save_b64(const char *path, const char *magic, const uint8_t *p,
   sodium_bin2base64(text + ml + 1, b64, p, n, sodium_base64_VARIANT_ORIGINAL);
   size_t len = ml + 1 + strlen(text + ml + 1);
   text[len++] = '\n';
-  int rc = proto__write_file(path, text, len, 0644, false);
+  int rc = proto_write_file(path, text, len, 0644, false);
   free(text);
   return rc;
 }

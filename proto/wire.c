@@ -457,7 +457,7 @@ int proto__text_line(const char *buf, size_t len, const char *magic,
   return found ? 0 : BEE_EKEYFILE;
 }
 
-int proto__read_file(const char *path, size_t max, uint8_t **out, size_t *len) {
+int proto_read_file(const char *path, size_t max, uint8_t **out, size_t *len) {
   int rc = 0;
   uint8_t *buf = NULL;
   /* O_NONBLOCK: a FIFO named by mistake must not hang us. */
@@ -523,8 +523,8 @@ static void sync_dir(const char *path) {
   }
 }
 
-int proto__write_file(const char *path, const void *p, size_t n, int mode,
-                      bool exclusive) {
+int proto_write_file(const char *path, const void *p, size_t n, int mode,
+                     bool exclusive) {
   int rc = 0;
   char tmp[4096];
   uint8_t rnd[8];

@@ -3,7 +3,7 @@
 #
 # Bad flags and config lines exit 2 with the flag or FILE:LINE named on
 # stderr; --help and --version exit 0; a node that cannot start (key file,
-# token) exits 1; SIGTERM and SIGINT stop a running node with status 0.
+# token, a peers file's place) exits 1; SIGTERM and SIGINT stop a running node with status 0.
 # No sockets: running nodes use --no-listen and no --join.
 # Needs $BEED (and $BEECTL for the token checks) from meson's test_env.
 set -u
@@ -89,6 +89,12 @@ expect 1 'nonexistent-dir/node.key' --open --no-listen \
 echo "not a key" >"$tmp/open.key"
 chmod 0644 "$tmp/open.key"
 expect 1 'open.key' --open --no-listen --identity open.key
+# A peers file that could never be written (a missing directory, a
+# directory in its place).
+expect 1 '--peers-file .*nonexistent-dir/peers: No such file or directory' \
+  --open --no-listen --identity t.key --peers-file "$tmp/nonexistent-dir/peers"
+expect 1 '--peers-file .*: Is a directory' --open --no-listen --identity t.key \
+  --peers-file "$tmp"
 
 # Training data that cannot be read: the file is named, nothing starts.
 expect 1 'data .*nonexistent-data' --open --no-listen --identity t.key \
@@ -172,6 +178,13 @@ stop_check() {
 stop_check term TERM --open --no-listen --identity node.key \
   --status-interval 0
 stop_check int INT --open --no-listen --identity node.key
+# A peers file with lines that are not addresses is a cache gone bad: a
+# warning naming the first such line, and beed runs.
+printf '# known peers\nnot an address\n127.0.0.1:0\n' >"$tmp/bad.peers"
+stop_check badpeers TERM --open --no-listen --identity node.key \
+  --status-interval 0 --peers-file bad.peers
+grep -q 'peers file bad.peers:2: not HOST:PORT; 2 such lines skipped' \
+  "$tmp/badpeers.log" || fail "a bad peers file: no warning naming its line"
 [ "$(stat -c %a "$tmp/node.key")" = 600 ] ||
   fail "beed created node.key with mode $(stat -c %a "$tmp/node.key")"
 # A stop that comes while beed is still starting (as soon as it logs its

@@ -98,6 +98,7 @@ static void test_systemd_example(void) {
   ASSERT(c.moderated && c.resume);
   ASSERT_STREQ(c.run, "fmnist-cnn");
   ASSERT_STREQ(c.checkpoint_dir, "checkpoints");
+  ASSERT_STREQ(c.peers_file, "known-peers");
   ASSERT_EQ(c.njoin, 1);
 }
 

@@ -866,6 +866,28 @@ static void check_heal(uint64_t seed) {
   ASSERT_EQ(without, UINT64_MAX); /* the retries are what heal it */
 }
 
+/* A node whose bootstrap addresses are all dead (a queen restarted with
+ * the known peers of an earlier run) is still bootstrapping when another
+ * node joins through it: its next round ends the bootstrap through that
+ * node, so the daemon knows it is in a DHT. */
+static void check_reached(uint64_t seed) {
+  dhtsim *s = dhtsim_new(3, seed, NULL);
+  ASSERT(s != NULL);
+  dhtsim_kill(s, 2);
+  ASSERT_OK(dhtsim_join(s, 0, 2));
+  dhtsim_run_for(s, 5000);
+  ASSERT_EQ(dhtsim_join_status(s, 0), 1); /* nobody there: still trying */
+  uint64_t t0 = dhtsim_now(s);
+  ASSERT_OK(dhtsim_join(s, 1, 0));
+  ASSERT(dhtsim_run_until(s, dhtsim_joined, s, 2 * MINUTE_MS));
+  ASSERT_EQ(dhtsim_join_status(s, 1), 0);
+  ASSERT_EQ(dhtsim_join_status(s, 0), 0);
+  printf("dht-sim: a node whose bootstrap addresses are dead ended its "
+         "bootstrap %.1f s after another joined through it\n",
+         (double)(dhtsim_now(s) - t0) / 1000);
+  dhtsim_free(s);
+}
+
 static void summary(const figures *f, uint64_t seed, char *line, size_t cap) {
   snprintf(line, cap,
            "seed=%" PRIu64
@@ -937,6 +959,7 @@ int main(int argc, char **argv) {
 
   check_orphans(seed);
   check_heal(seed);
+  check_reached(seed);
 
   /* Same seed, same numbers (a smaller swarm, twice). */
   scenario(seed + 100, 150, 40, 2, false, &a);
