@@ -14,8 +14,10 @@
 #include "bee-config.h"
 #include "dht.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <sodium.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -27,6 +29,7 @@
 #define ASK_MAX_MS 30000 /* refreshes slow down to this */
 #define STABLE_MS 10000  /* a connection this old resets the backoff */
 #define KNOWN_SAVE_MS 30000 /* --peers-file rewritten (when changed) */
+#define TOKEN_CHECK_MS 5000 /* --token's file looked at for a renewal */
 #define KNOWN_WAIT_MS 5000  /* a bee without --join waits so long for the
                                known peers before it trains on its own */
 
@@ -57,7 +60,11 @@ struct bee_daemon {
   bee_members members;
   bee_train *train; /* NULL without --run-id */
   bee_control control;
-  uv_signal_t sigint, sigterm;
+  uv_signal_t sigint, sigterm, sighup;
+  uv_timer_t token_timer;  /* --token: renewals, expiry warnings */
+  struct stat token_st;    /* the token file as last read */
+  bool token_st_failed;    /* the last stat failed (warned once) */
+  size_t token_warn_next;  /* token_warn_s[] entries already warned */
   uv_timer_t status_timer;
   uv_timer_t ask_timer; /* asks the join targets for their peers */
   uv_timer_t notify_timer; /* systemd: STATUS= and WATCHDOG=1 */
@@ -249,6 +256,120 @@ static void daemon_stop(bee_daemon *d);
 
 static void begin_stop(bee_daemon *d, const char *why);
 
+/* ---- the access token: renewals and expiry ------------------------------ */
+
+/* Warnings before the token expires, one at each (seconds left). */
+static const uint64_t token_warn_s[] = {86400, 6 * 3600, 3600, 600, 0};
+#define TOKEN_WARNS (sizeof token_warn_s / sizeof token_warn_s[0])
+
+/* The first warning still to come for a token with left seconds. */
+static size_t token_warn_from(int64_t left) {
+  size_t i = 0;
+  while (i < TOKEN_WARNS && left <= (int64_t)token_warn_s[i])
+    i++;
+  return i;
+}
+
+/* "24.0 h", "12 min", "8 s": a token's time left, for the log. */
+typedef struct { char s[32]; } span_text;
+static span_text span(int64_t left_s) {
+  span_text t;
+  if (left_s >= 3600)
+    snprintf(t.s, sizeof t.s, "%.1f h", (double)left_s / 3600);
+  else if (left_s >= 60)
+    snprintf(t.s, sizeof t.s, "%lld min", (long long)(left_s / 60));
+  else
+    snprintf(t.s, sizeof t.s, "%lld s", (long long)(left_s > 0 ? left_s : 0));
+  return t;
+}
+
+static bool same_file(const struct stat *a, const struct stat *b) {
+  return a->st_dev == b->st_dev && a->st_ino == b->st_ino &&
+         a->st_size == b->st_size && a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
+         a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+/* Reads --token again.  A token that passes the start-up checks (this
+ * key, the swarm, the moderator, the clock, the revocations) with this
+ * node's role replaces the one held, and the connected peers are told
+ * (proto_host_token_renewed), so the connections outlive the old one. */
+static void token_reload(bee_daemon *d, bool hup) {
+  const char *path = d->cfg.token;
+  proto_token t;
+  uint64_t now = (uint64_t)time(NULL);
+  int rc = proto_token_load(&t, path);
+  if (!rc)
+    rc = proto_token_verify(&t, d->cfg.moderator_pk, d->cfg.swarm, d->id.pk,
+                            PROTO_ROLE_BEE | PROTO_ROLE_AUX, now, &d->revoked);
+  span_text left = span((int64_t)d->token.expires - (int64_t)now);
+  if (!rc && t.role != d->token.role) {
+    bee_warn(COMP, "token %s: role %s, but this node runs as %s: restart "
+             "beed to change its role; the current token stays (expires in "
+             "%s)", path, proto_role_name(t.role),
+             proto_role_name(d->token.role), left.s);
+  } else if (rc) {
+    bee_warn(COMP, "token %s: %s; the current one stays (expires in %s)",
+             path, bee_strerror(rc), left.s);
+  } else if (t.raw_len == d->token.raw_len &&
+             memcmp(t.raw, d->token.raw, t.raw_len) == 0) {
+    if (hup)
+      bee_info(COMP, "token %s: unchanged (expires in %s)", path, left.s);
+  } else {
+    d->token = t;
+    size_t told = d->host ? proto_host_token_renewed(d->host) : 0;
+    d->token_warn_next = token_warn_from((int64_t)(t.expires - now));
+    bee_info(COMP, "token %s renewed: role %s, expires in %s; %zu "
+             "connection%s told", path, proto_role_name(t.role),
+             span((int64_t)t.expires - (int64_t)now).s, told,
+             told == 1 ? "" : "s");
+  }
+  sodium_memzero(&t, sizeof t);
+}
+
+/* Reads the token file again when it changed (or at SIGHUP), then warns
+ * as the token held nears its expiry. */
+static void token_check(bee_daemon *d, bool hup) {
+  if (!d->cfg.moderated) {
+    if (hup)
+      bee_info(COMP, "SIGHUP: an open swarm has no token to read again");
+    return;
+  }
+  struct stat st;
+  if (stat(d->cfg.token, &st) < 0) {
+    if (hup || !d->token_st_failed)
+      bee_warn(COMP, "token %s: %s; the current one stays", d->cfg.token,
+               strerror(errno));
+    d->token_st_failed = true;
+  } else {
+    d->token_st_failed = false;
+    if (hup || !same_file(&st, &d->token_st)) {
+      d->token_st = st;
+      token_reload(d, hup);
+    }
+  }
+  int64_t left = (int64_t)d->token.expires - (int64_t)time(NULL);
+  size_t next = token_warn_from(left);
+  if (next <= d->token_warn_next)
+    return;
+  d->token_warn_next = next;
+  if (left > 0)
+    bee_warn(COMP, "token %s expires in %s: peers will close this "
+             "node's connections then; put a renewed token in its place "
+             "(read within %d s, or at SIGHUP)", d->cfg.token, span(left).s,
+             TOKEN_CHECK_MS / 1000);
+  else
+    bee_err(COMP, "token %s has expired: peers refuse this node until a "
+            "renewed token is put in its place", d->cfg.token);
+}
+
+static void token_timer_cb(uv_timer_t *t) { token_check(t->data, false); }
+
+static void sighup_cb(uv_signal_t *s, int signum) {
+  (void)signum;
+  bee_info(COMP, "SIGHUP: reading the token again");
+  token_check(s->data, true);
+}
+
 static void control_leave(void *arg) { begin_stop(arg, "beectl leave"); }
 
 /* systemd's STATUS= line: what `systemctl status beed@...` shows. */
@@ -341,6 +462,8 @@ static void daemon_stop(bee_daemon *d) {
   d->host = NULL;
   uv_close((uv_handle_t *)&d->sigint, NULL);
   uv_close((uv_handle_t *)&d->sigterm, NULL);
+  uv_close((uv_handle_t *)&d->sighup, NULL);
+  uv_close((uv_handle_t *)&d->token_timer, NULL);
   uv_close((uv_handle_t *)&d->status_timer, NULL);
   uv_close((uv_handle_t *)&d->ask_timer, NULL);
   uv_close((uv_handle_t *)&d->notify_timer, NULL);
@@ -411,6 +534,9 @@ static int handles_init(bee_daemon *d) {
     return rc;
   uv_signal_init(&d->loop, &d->sigint);
   uv_signal_init(&d->loop, &d->sigterm);
+  uv_signal_init(&d->loop, &d->sighup);
+  uv_timer_init(&d->loop, &d->token_timer);
+  d->sighup.data = d->token_timer.data = d;
   uv_timer_init(&d->loop, &d->status_timer);
   uv_timer_init(&d->loop, &d->ask_timer);
   uv_timer_init(&d->loop, &d->notify_timer);
@@ -484,9 +610,12 @@ static int load_credentials(bee_daemon *d) {
               hex);
     return rc;
   }
-  bee_info(COMP, "token %s: role %s, expires in %.1f h", cfg->token,
+  bee_info(COMP, "token %s: role %s, expires in %s", cfg->token,
            proto_role_name(d->token.role),
-           (double)(d->token.expires - now) / 3600);
+           span((int64_t)d->token.expires - (int64_t)now).s);
+  if (stat(cfg->token, &d->token_st) < 0)
+    memset(&d->token_st, 0, sizeof d->token_st);
+  d->token_warn_next = token_warn_from((int64_t)(d->token.expires - now));
   return 0;
 }
 
@@ -500,6 +629,7 @@ static int load_credentials(bee_daemon *d) {
 static volatile sig_atomic_t early_stop;
 
 static void early_stop_cb(int signum) { early_stop = signum; }
+static void early_hup_cb(int signum) { (void)signum; }
 
 /* Creates the host, listens and starts dialing.  Returns 0 or a code
  * already logged. */
@@ -510,6 +640,7 @@ static int daemon_start(bee_daemon *d) {
    * (libuv holds it until the loop runs). */
   uv_signal_start(&d->sigint, signal_cb, SIGINT);
   uv_signal_start(&d->sigterm, signal_cb, SIGTERM);
+  uv_signal_start(&d->sighup, sighup_cb, SIGHUP);
   if (early_stop)
     uv_kill(uv_os_getpid(), early_stop);
   proto_host_config_default(&hc);
@@ -590,6 +721,9 @@ static int daemon_start(bee_daemon *d) {
   if (cfg->peers_file[0])
     uv_timer_start(&d->known_timer, known_timer_cb, KNOWN_SAVE_MS,
                    KNOWN_SAVE_MS);
+  if (cfg->moderated)
+    uv_timer_start(&d->token_timer, token_timer_cb, TOKEN_CHECK_MS,
+                   TOKEN_CHECK_MS);
   if (cfg->status_interval_s)
     uv_timer_start(&d->status_timer, status_cb,
                    (uint64_t)cfg->status_interval_s * 1000,
@@ -649,6 +783,8 @@ int main(int argc, char **argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  sa.sa_handler = early_hup_cb; /* the token is being read anyway */
+  sigaction(SIGHUP, &sa, NULL);
   char err[512];
   bee_daemon *d = calloc(1, sizeof *d);
   if (!d) {

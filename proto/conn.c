@@ -47,6 +47,7 @@ proto_conn *proto__conn_new(proto_host *h, bool initiator, int purpose) {
   c->h = h;
   c->initiator = initiator;
   c->purpose = purpose;
+  c->token_gen = h->token_gen;
   c->last_rx_ms = proto__now_ms(h);
   c->next = h->conns;
   if (h->conns)
@@ -366,6 +367,50 @@ static void dispatch_request(proto_conn *c, const proto_msg *m) {
   }
 }
 
+/* The peer renewed its access token (PROTO_TOKEN_METHOD): a new one that
+ * passes the handshake's checks for this peer, with the role it has,
+ * moves the connection's expiry to the new token's.  Anything else is
+ * logged and changes nothing: the old expiry still closes the
+ * connection. */
+static void token_renewed(proto_conn *c, proto_bytes raw) {
+  const proto_auth *a = &c->h->cfg.auth;
+  char id[24];
+  proto_token tok;
+  if (!a->moderator_pk) {
+    bee_warn(COMP, "%s: a renewed token in an open swarm, ignored", who(c, id));
+    return;
+  }
+  int roles = c->peer.purpose == PROTO_PURPOSE_BULK ? a->accept_bulk_roles
+                                                    : a->accept_roles;
+  int rc = proto_token_decode(raw.p, raw.n, &tok);
+  if (!rc)
+    rc = proto_token_verify(&tok, a->moderator_pk, a->swarm, c->peer.pk,
+                            roles, proto__now_s(), a->revoked);
+  if (!rc && tok.role != c->peer.role)
+    rc = BEE_ETOKEN_ROLE;
+  if (rc) {
+    double left = (double)c->peer.token_expires - (double)proto__now_s();
+    bee_warn(COMP, "%s: renewed token refused (%s); the old one expires in "
+             "%.1f h", who(c, id), bee_strerror(rc), left / 3600);
+    return;
+  }
+  bee_debug(COMP, "%s: access token renewed, expires in %.1f h", who(c, id),
+            ((double)tok.expires - (double)proto__now_s()) / 3600);
+  c->peer.token_expires = tok.expires;
+}
+
+void proto__conn_send_token(proto_conn *c) {
+  const proto_token *t = c->h->cfg.auth.token;
+  c->token_gen = c->h->token_gen;
+  if (t && c->h->cfg.auth.moderator_pk) {
+    proto_msg m = {.type = PROTO_T_ONEWAY,
+                   .name = {(const uint8_t *)PROTO_TOKEN_METHOD,
+                            sizeof PROTO_TOKEN_METHOD - 1},
+                   .payload = {t->raw, t->raw_len}};
+    send_msg(c, &m, true); /* a failure closes c, or it was closing */
+  }
+}
+
 /* Handles one decoded message on an established connection. */
 static void dispatch(proto_conn *c, const proto_msg *m) {
   proto_host *h = c->h;
@@ -390,6 +435,11 @@ static void dispatch(proto_conn *c, const proto_msg *m) {
               (unsigned long long)m->id);
     break;
   case PROTO_T_ONEWAY: {
+    if (m->name.n == sizeof PROTO_TOKEN_METHOD - 1 &&
+        memcmp(m->name.p, PROTO_TOKEN_METHOD, m->name.n) == 0) {
+      token_renewed(c, m->payload);
+      break;
+    }
     const proto_method *md = proto__host_method(h, m->name);
     if (md && md->oneway)
       md->oneway(c, m->name, m->payload, md->oneway_data);
@@ -461,7 +511,11 @@ static void handshake(proto_conn *c, const uint8_t *body, size_t len) {
   proto_hs_free(c->hs);
   c->hs = NULL;
   c->state = CONN_UP;
-  proto__host_conn_up(c->h, c);
+  /* Our token was renewed while the handshake ran on the old one. */
+  if (c->token_gen != c->h->token_gen)
+    proto__conn_send_token(c);
+  if (c->state == CONN_UP)
+    proto__host_conn_up(c->h, c);
 }
 
 /* Handles one complete frame body; false once the connection is closing. */

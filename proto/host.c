@@ -402,6 +402,19 @@ static void on_connection(uv_stream_t *server, int status) {
   }
 }
 
+size_t proto_host_token_renewed(proto_host *h) {
+  size_t told = 0;
+  h->token_gen++;
+  for (proto_conn *c = h->conns, *next; c; c = next) {
+    next = c->next; /* a failed send may close c, never free it here */
+    if (c->state == CONN_UP) {
+      proto__conn_send_token(c);
+      told++;
+    }
+  }
+  return told;
+}
+
 int proto_host_listen(proto_host *h, const char *addr, int *port) {
   char host[256];
   int p, rc;

@@ -233,6 +233,7 @@ struct proto_conn {
   bool up_reported; /* on_up ran, so on_down must run */
   bool want_drain;  /* a send hit BEE_EQUEUE */
   uint64_t retire_ms; /* a duplicate: unused, closed at this time */
+  unsigned token_gen; /* the host's when the handshake began */
   int purpose;
   char addr[64]; /* "ip:port" or the name being resolved */
   char ip[48];
@@ -277,6 +278,7 @@ struct proto_host {
    * so that proto_host_find costs the same with 5 peers or 5,000. */
   proto_conn **byid;
   size_t byid_cap, byid_n; /* cap is 0 or a power of two */
+  unsigned token_gen; /* proto_host_token_renewed calls so far */
 };
 
 /* conn.c */
@@ -286,6 +288,9 @@ int proto__conn_start(proto_conn *c);
 /* Checks c's deadlines at now_ms (loop clock) and its peer's token
  * expiry at now_s (wall clock); run by the host timer. */
 void proto__conn_tick(proto_conn *c, uint64_t now_ms, uint64_t now_s);
+/* Sends our token to c's peer as a renewal (PROTO_TOKEN_METHOD) and marks
+ * c as having the host's present one. */
+void proto__conn_send_token(proto_conn *c);
 /* Tears c down at once with code; runs the callbacks that are due. */
 void proto__conn_abort(proto_conn *c, int code, const char *why);
 /* Frees the host's pool of write buffers. */

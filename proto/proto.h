@@ -105,6 +105,11 @@ char *bee_printable(const void *p, size_t n, char *out, size_t cap);
 #ifndef PROTO_METHOD_MAX
 #define PROTO_METHOD_MAX 64 /* RPC method / stream kind name, bytes */
 #endif
+#ifndef PROTO_TOKEN_METHOD
+/* The one-way message that carries a renewed access token; the transport
+ * handles it, never the application (proto_host_token_renewed). */
+#define PROTO_TOKEN_METHOD "proto.token"
+#endif
 #ifndef PROTO_TEXT_MAX
 #define PROTO_TEXT_MAX 512 /* error and close reason text, bytes */
 #endif
@@ -975,6 +980,15 @@ int proto_host_new(const proto_host_config *cfg, proto_host **out);
 /* Closes every connection and the listener; frees the host once the loop
  * has closed the handles.  Safe to call from any callback. */
 void proto_host_close(proto_host *h);
+
+/* The token that cfg.auth.token points to was replaced by a renewed one
+ * (same key and role, a later expiry): every connection up now sends it
+ * to its peer (the one-way PROTO_TOKEN_METHOD), and one whose handshake
+ * is running sends it once up, so that the peers move their connections'
+ * expiry to the new token's instead of closing them at the old one's.
+ * New handshakes send the new token anyway.  Returns how many
+ * connections were told. */
+size_t proto_host_token_renewed(proto_host *h);
 
 /* Listens on "ADDR:PORT", "[V6ADDR]:PORT" or ":PORT" (all addresses).
  * Returns 0 or a negative code; the bound port goes to *port if non-NULL. */

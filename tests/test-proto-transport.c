@@ -402,6 +402,72 @@ static void test_dial_race(void) {
   drain_loop();
 }
 
+/* ---- renewed tokens ---------------------------------------------------- */
+
+/* b's token expires in 2 s; it renews it while connected to a, and again
+ * while a second connection's handshake runs: a keeps both open past the
+ * old expiry.  c "renews" with a token for another key, d with another
+ * role, e with a damaged one: a refuses each and closes their connections
+ * when their old tokens expire. */
+static void test_token_renewal(void) {
+  tnode a, b, c, d, e;
+  tnode_new(&a, true, NULL);
+  tnode *old[] = {&b, &c, &d, &e};
+  for (size_t i = 0; i < 4; i++) {
+    tnode_init(old[i], PROTO_ROLE_BEE, now_s() + 2);
+    tnode_start(old[i], false, NULL);
+  }
+  proto_conn *cb, *cb2;
+  ASSERT_OK(dial(&b, a.port, PROTO_PURPOSE_CONTROL, &cb));
+  ASSERT_OK(dial(&c, a.port, PROTO_PURPOSE_CONTROL, NULL));
+  ASSERT_OK(dial(&d, a.port, PROTO_PURPOSE_CONTROL, NULL));
+  ASSERT_OK(dial(&e, a.port, PROTO_PURPOSE_CONTROL, NULL));
+  int downs = a.downs;
+
+  ASSERT_OK(proto_token_issue(&b.n.tok, &moderator, "test", b.n.id.pk,
+                              PROTO_ROLE_BEE, now_s() - 60, now_s() + 3600));
+  ASSERT_UEQ(proto_host_token_renewed(b.h), 1);
+  c.n.tok = a.n.tok; /* a's: it names another key */
+  ASSERT_UEQ(proto_host_token_renewed(c.h), 1);
+  ASSERT_OK(proto_token_issue(&d.n.tok, &moderator, "test", d.n.id.pk,
+                              PROTO_ROLE_AUX, now_s() - 60, now_s() + 3600));
+  ASSERT_UEQ(proto_host_token_renewed(d.h), 1);
+  ASSERT_OK(proto_token_issue(&e.n.tok, &moderator, "test", e.n.id.pk,
+                              PROTO_ROLE_BEE, now_s() - 60, now_s() + 3600));
+  e.n.tok.raw[e.n.tok.raw_len - 3] ^= 0x20; /* the signature no longer fits */
+  ASSERT_UEQ(proto_host_token_renewed(e.h), 1);
+
+  /* A bulk connection of b's, renewed again while it is being made. */
+  cres r = {0};
+  char addr[32];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", a.port);
+  ASSERT_OK(proto_host_connect(b.h, addr, PROTO_PURPOSE_BULK, connect_cb, &r));
+  ASSERT_OK(proto_token_issue(&b.n.tok, &moderator, "test", b.n.id.pk,
+                              PROTO_ROLE_BEE, now_s() - 60, now_s() + 7200));
+  ASSERT_UEQ(proto_host_token_renewed(b.h), 1); /* cb only: r's is not up */
+  ASSERT(test_run_until(loop, cres_done, &r, 10000));
+  ASSERT_OK(r.status);
+  cb2 = r.c;
+
+  /* Past the old tokens' expiry and a tick. */
+  sleep_loop(3500);
+  ASSERT_EQ(a.downs, downs + 3);
+  ASSERT_EQ(a.last_down, BEE_ETOKEN_EXPIRED);
+  rres rr;
+  call(cb, "echo", "still here", 2000, &rr);
+  ASSERT_OK(rr.status);
+  ASSERT_STREQ(rr.text, "still here");
+  call(cb2, "echo", "bulk too", 2000, &rr);
+  ASSERT_OK(rr.status);
+  ASSERT_EQ(b.downs, 0);
+  for (size_t i = 1; i < 4; i++)
+    ASSERT_EQ(old[i]->downs, 1);
+  for (size_t i = 0; i < 4; i++)
+    tnode_stop(old[i]);
+  tnode_stop(&a);
+  drain_loop();
+}
+
 /* ---- token refusals over real sockets --------------------------------- */
 
 static void expect_dial(tnode *bad, tnode *a, int purpose, int code) {
@@ -1042,6 +1108,7 @@ int main(int argc, char **argv) {
   test_up_close();
   test_dial_race();
   test_refusals();
+  test_token_renewal();
   test_raw_attacks();
   test_conn_cap();
   test_tampered_frame();

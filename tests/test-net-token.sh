@@ -1,0 +1,70 @@
+#!/bin/bash
+# test-net-token.sh: a bee renews its access token while it runs.
+#
+# In a moderated swarm, bee "renew" starts with a token good for 12 s.
+# Its file is first replaced by a token for another key (read at SIGHUP:
+# refused, the current one stays), then by a good one for a day (found by
+# the periodic look at the file, no signal): the bee takes it and tells
+# its peers, and the queen keeps its connection open past the old token's
+# expiry.  A token with another role is refused; SIGHUP with the file
+# unchanged says so; SIGHUP never stops beed.  Beside it, bee "lapse"
+# keeps a 6 s token: the queen closes its connection at expiry and the
+# bee says its token has expired.  Every daemon exits 0 on SIGTERM.
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
+
+key mod --moderator
+for n in queen renew lapse; do key "$n"; done
+token queen mod net 1d
+moderated=(--moderator "$pk_mod" --swarm net)
+join=(--join "127.0.0.1:$base")
+start queen "$base" "${moderated[@]}" --token queen.tok
+wait_log queen 'listening on' 10
+token renew mod net 12s
+t0=$(date +%s)
+token lapse mod net 6s
+start renew $((base + 1)) "${moderated[@]}" --token renew.tok "${join[@]}"
+start lapse $((base + 2)) "${moderated[@]}" --token lapse.tok "${join[@]}"
+wait_log renew 'swarm: [12] peers' 10
+wait_log lapse 'swarm: [12] peers' 10
+
+# A token for another key, read at once on SIGHUP: refused.
+cp "$work/queen.tok" "$work/renew.tok"
+kill -HUP "${pid[renew]}"
+wait_log renew 'token renew.tok: access token names another peer; the current one stays' 5
+# A good one for a day, found without a signal.
+token renew mod net 1d
+wait_log renew 'token renew.tok renewed: role bee, expires in 2[34]\.[0-9] h; [1-9][0-9]* connections? told' 8
+took=$(($(date +%s) - t0))
+[ "$took" -lt 12 ] || fail "the renewal came after the old token expired: too slow a machine for this test"
+
+# lapse's token runs out: the queen closes it, and the bee says so.
+wait_log queen 'access token expired, closing' 15
+wait_log lapse 'token lapse.tok has expired: peers refuse this node' 10
+# Past renew's old expiry (12 s and a tick): still connected.
+while [ $(($(date +%s) - t0)) -lt 15 ]; do sleep 0.5; done
+n=$(grep -c 'access token expired, closing' "$work/queen.log")
+[ "$n" = 1 ] || fail "the queen closed $n connections at token expiry, want 1 (lapse's)"
+grep -q "renewed token refused" "$work/queen.log" && fail "the queen refused the renewal"
+grep -q 'token renew.tok has expired\|token renew.tok expires in' "$work/renew.log" &&
+  fail "renew warned of the token it had replaced"
+p=$(grep -o 'swarm: [0-9]* peers' "$work/renew.log" | tail -n 1)
+[ "$p" = "swarm: 1 peers" ] || fail "renew is not connected to the queen after its old token's expiry: $p"
+
+# Another role is refused; the same file again is no change.
+token renew mod net 1d aux
+kill -HUP "${pid[renew]}"
+wait_log renew 'token renew.tok: role aux, but this node runs as bee: restart beed' 5
+token renew mod net 1d
+kill -HUP "${pid[renew]}"
+for i in $(seq 50); do
+  [ "$(grep -c 'token renew.tok renewed:' "$work/renew.log")" -ge 2 ] && break
+  sleep 0.1
+done
+[ "$(grep -c 'token renew.tok renewed:' "$work/renew.log")" -ge 2 ] ||
+  fail "renew did not take a second renewal at SIGHUP"
+kill -HUP "${pid[renew]}"
+wait_log renew 'token renew.tok: unchanged' 5
+kill -0 "${pid[renew]}" || fail "SIGHUP stopped beed"
+stop_all
+echo "token: a bee renewed its 12 s token within $took s of its issue and stayed connected past the old expiry; a token for another key and one with another role were refused; a bee whose token lapsed was closed"
