@@ -287,6 +287,13 @@ void bee_revoke_init(bee_revoke *r, uv_loop_t *loop, proto_revocation *list,
 int bee_revoke_validate(void *ctx, const proto_dht_record *rec);
 /* Publishes the list we hold (if any) and starts polling. */
 void bee_revoke_start(bee_revoke *r, proto_host *host, struct dht_glue *dht);
+/* A list read from the --revocations file again (the moderator added a
+ * key): when its seq is higher than the one held it replaces it (rl is
+ * moved into the held list and left empty), the connected peers it
+ * revokes are disconnected, and it is published in the DHT (at once once
+ * started, else at start).  Returns whether it was taken; rl is left as it
+ * was otherwise. */
+bool bee_revoke_offer(bee_revoke *r, proto_revocation *rl);
 /* Stops polling; closes the timer. */
 void bee_revoke_stop(bee_revoke *r);
 

@@ -64,6 +64,8 @@ struct bee_daemon {
   uv_timer_t token_timer;  /* --token: renewals, expiry warnings */
   struct stat token_st;    /* the token file as last read */
   bool token_st_failed;    /* the last stat failed (warned once) */
+  struct stat rl_st;       /* the --revocations file as last read */
+  bool rl_st_failed;
   size_t token_warn_next;  /* token_warn_s[] entries already warned */
   uv_timer_t status_timer;
   uv_timer_t ask_timer; /* asks the join targets for their peers */
@@ -326,27 +328,70 @@ static void token_reload(bee_daemon *d, bool hup) {
   sodium_memzero(&t, sizeof t);
 }
 
-/* Reads the token file again when it changed (or at SIGHUP), then warns
- * as the token held nears its expiry. */
+/* Reads --revocations again: a list with a higher seq than the one held
+ * (from the file or the DHT) replaces it, disconnects the peers it
+ * revokes and goes into the DHT. */
+static void revocations_reload(bee_daemon *d, bool hup) {
+  const char *path = d->cfg.revocations;
+  proto_revocation rl;
+  proto_revocation_init(&rl);
+  unsigned long long held = d->revoked.seq;
+  int rc = proto_revocation_load(&rl, path, d->cfg.moderator_pk, d->cfg.swarm);
+  if (rc) {
+    bee_warn(COMP, "revocations %s: %s; the list held stays (seq %llu)", path,
+             bee_strerror(rc), held);
+  } else if (rl.seq == held) {
+    if (hup)
+      bee_info(COMP, "revocations %s: unchanged (seq %llu)", path, held);
+  } else if (rl.seq < held) {
+    bee_warn(COMP, "revocations %s: list %llu is older than the one held "
+             "(%llu, from the DHT), which stays", path,
+             (unsigned long long)rl.seq, held);
+  } else {
+    bee_info(COMP, "revocations %s: list %llu replaces %llu: %zu revoked "
+             "key%s", path, (unsigned long long)rl.seq, held, rl.n,
+             rl.n == 1 ? "" : "s");
+    bee_revoke_offer(&d->revoke, &rl);
+    if (proto_revocation_has(&d->revoked, d->id.pk))
+      bee_err(COMP, "this node's own key is revoked: peers refuse it");
+  }
+  proto_revocation_close(&rl);
+}
+
+/* Whether the file at path differs from *st (then *st is updated); a file
+ * that cannot be looked at is warned of once (what, e.g. "token"). */
+static bool file_changed(const char *what, const char *path, struct stat *st,
+                         bool *failed, bool hup) {
+  struct stat now;
+  if (stat(path, &now) < 0) {
+    if (hup || !*failed)
+      bee_warn(COMP, "%s %s: %s; what was read from it stays", what, path,
+               strerror(errno));
+    *failed = true;
+    return false;
+  }
+  *failed = false;
+  if (!hup && same_file(&now, st))
+    return false;
+  *st = now;
+  return true;
+}
+
+/* Reads the token and revocation files again when they changed (or at
+ * SIGHUP), then warns as the token held nears its expiry. */
 static void token_check(bee_daemon *d, bool hup) {
   if (!d->cfg.moderated) {
     if (hup)
       bee_info(COMP, "SIGHUP: an open swarm has no token to read again");
     return;
   }
-  struct stat st;
-  if (stat(d->cfg.token, &st) < 0) {
-    if (hup || !d->token_st_failed)
-      bee_warn(COMP, "token %s: %s; the current one stays", d->cfg.token,
-               strerror(errno));
-    d->token_st_failed = true;
-  } else {
-    d->token_st_failed = false;
-    if (hup || !same_file(&st, &d->token_st)) {
-      d->token_st = st;
-      token_reload(d, hup);
-    }
-  }
+  if (d->cfg.revocations[0] &&
+      file_changed("revocations", d->cfg.revocations, &d->rl_st,
+                   &d->rl_st_failed, hup))
+    revocations_reload(d, hup);
+  if (file_changed("token", d->cfg.token, &d->token_st, &d->token_st_failed,
+                   hup))
+    token_reload(d, hup);
   int64_t left = (int64_t)d->token.expires - (int64_t)time(NULL);
   size_t next = token_warn_from(left);
   if (next <= d->token_warn_next)
@@ -366,7 +411,9 @@ static void token_timer_cb(uv_timer_t *t) { token_check(t->data, false); }
 
 static void sighup_cb(uv_signal_t *s, int signum) {
   (void)signum;
-  bee_info(COMP, "SIGHUP: reading the token again");
+  bee_info(COMP, "SIGHUP: reading the token%s again",
+           ((bee_daemon *)s->data)->cfg.revocations[0] ? " and revocations"
+                                                      : "");
   token_check(s->data, true);
 }
 
@@ -590,6 +637,8 @@ static int load_credentials(bee_daemon *d) {
     }
     bee_info(COMP, "revocations %s: %zu keys (seq %llu)", cfg->revocations,
              d->revoked.n, (unsigned long long)d->revoked.seq);
+    if (stat(cfg->revocations, &d->rl_st) < 0)
+      memset(&d->rl_st, 0, sizeof d->rl_st);
   }
   rc = proto_token_load(&d->token, cfg->token);
   if (rc) {

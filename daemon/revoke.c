@@ -146,6 +146,23 @@ static void publish(bee_revoke *r, const uint8_t *signed_list, size_t len) {
              (unsigned long long)r->list->seq, bee_strerror(rc));
 }
 
+bool bee_revoke_offer(bee_revoke *r, proto_revocation *rl) {
+  if (rl->seq <= r->list->seq)
+    return false;
+  proto_revocation_close(r->list);
+  *r->list = *rl; /* the host's handshakes read it from here on */
+  proto_revocation_init(rl);
+  r->published = false;
+  if (r->host && !r->stopped) {
+    proto_host_foreach(r->host, disconnect_revoked, r);
+    if (r->list->raw) {
+      r->published = true;
+      publish(r, r->list->raw, r->list->raw_len);
+    }
+  }
+  return true;
+}
+
 void bee_revoke_start(bee_revoke *r, proto_host *host, struct dht_glue *dht) {
   r->host = host;
   r->dht = dht;

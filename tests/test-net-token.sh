@@ -7,26 +7,35 @@
 # the periodic look at the file, no signal): the bee takes it and tells
 # its peers, and the queen keeps its connection open past the old token's
 # expiry.  A token with another role is refused; SIGHUP with the file
-# unchanged says so; SIGHUP never stops beed.  Beside it, bee "lapse"
+# unchanged says so; SIGHUP never stops beed.  Then the moderator revokes
+# bee "rogue" in the queen's --revocations file: the queen reads it again,
+# disconnects rogue and publishes the list, which renew gets from the DHT.  Beside it, bee "lapse"
 # keeps a 6 s token: the queen closes its connection at expiry and the
 # bee says its token has expired.  Every daemon exits 0 on SIGTERM.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
 
 key mod --moderator
-for n in queen renew lapse; do key "$n"; done
+for n in queen renew lapse rogue nobody; do key "$n"; done
 token queen mod net 1d
-moderated=(--moderator "$pk_mod" --swarm net)
+token rogue mod net 1d
+revoke() {
+  "$BEECTL" revoke --moderator-key "$work/mod.key" --swarm net --peer "$1" \
+    --list "$work/revoked.list" >/dev/null
+}
+revoke "$pk_nobody"
+moderated=(--moderator "$pk_mod" --swarm net --revocation-interval 2)
 join=(--join "127.0.0.1:$base")
-start queen "$base" "${moderated[@]}" --token queen.tok
+start queen "$base" "${moderated[@]}" --token queen.tok --revocations revoked.list
 wait_log queen 'listening on' 10
+start rogue $((base + 3)) "${moderated[@]}" --token rogue.tok "${join[@]}"
 token renew mod net 12s
 t0=$(date +%s)
 token lapse mod net 6s
 start renew $((base + 1)) "${moderated[@]}" --token renew.tok "${join[@]}"
 start lapse $((base + 2)) "${moderated[@]}" --token lapse.tok "${join[@]}"
-wait_log renew 'swarm: [12] peers' 10
-wait_log lapse 'swarm: [12] peers' 10
+wait_log renew 'swarm: [1-9][0-9]* peers' 10
+wait_log lapse 'swarm: [1-9][0-9]* peers' 10
 
 # A token for another key, read at once on SIGHUP: refused.
 cp "$work/queen.tok" "$work/renew.tok"
@@ -48,8 +57,9 @@ n=$(grep -c 'access token expired, closing' "$work/queen.log")
 grep -q "renewed token refused" "$work/queen.log" && fail "the queen refused the renewal"
 grep -q 'token renew.tok has expired\|token renew.tok expires in' "$work/renew.log" &&
   fail "renew warned of the token it had replaced"
-p=$(grep -o 'swarm: [0-9]* peers' "$work/renew.log" | tail -n 1)
-[ "$p" = "swarm: 1 peers" ] || fail "renew is not connected to the queen after its old token's expiry: $p"
+queen_id=$(field peer-id "$work/queen.txt")
+p=$(grep 'swarm: [0-9]* peers' "$work/renew.log" | tail -n 1)
+grep -q "${queen_id:0:8}" <<<"$p" || fail "renew is not connected to the queen after its old token's expiry: $p"
 
 # Another role is refused; the same file again is no change.
 token renew mod net 1d aux
@@ -66,5 +76,17 @@ done
 kill -HUP "${pid[renew]}"
 wait_log renew 'token renew.tok: unchanged' 5
 kill -0 "${pid[renew]}" || fail "SIGHUP stopped beed"
+
+# The moderator revokes rogue in the queen's list file: the queen takes
+# it without a restart, disconnects rogue, publishes the list, and renew
+# gets it from the DHT.
+wait_log renew 'revocation: list 1 from the DHT replaces 0' 10
+revoke "$pk_rogue"
+wait_log queen 'revocations revoked.list: list 2 replaces 1: 2 revoked keys' 8
+wait_log queen 'revocation: disconnecting revoked peer' 5
+wait_log renew 'revocation: list 2 from the DHT replaces 1' 10
+wait_log rogue 'refused by the peer: .*EREVOKED' 40
+kill -HUP "${pid[queen]}"
+wait_log queen 'revocations revoked.list: unchanged \(seq 2\)' 5
 stop_all
-echo "token: a bee renewed its 12 s token within $took s of its issue and stayed connected past the old expiry; a token for another key and one with another role were refused; a bee whose token lapsed was closed"
+echo "token: a bee renewed its 12 s token within $took s of its issue and stayed connected past the old expiry; a token for another key and one with another role were refused; a bee whose token lapsed was closed; a list revoking rogue, put in the queen's file, reached renew through the DHT"
