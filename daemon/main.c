@@ -17,7 +17,6 @@
 #include <errno.h>
 #include <signal.h>
 #include <sodium.h>
-#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -62,11 +61,9 @@ struct bee_daemon {
   bee_control control;
   uv_signal_t sigint, sigterm, sighup;
   uv_timer_t token_timer;  /* --token: renewals, expiry warnings */
-  struct stat token_st;    /* the token file as last read */
-  bool token_st_failed;    /* the last stat failed (warned once) */
-  struct stat rl_st;       /* the --revocations file as last read */
-  bool rl_st_failed;
-  size_t token_warn_next;  /* token_warn_s[] entries already warned */
+  proto_file_watch token_watch; /* the token file as last read */
+  proto_file_watch rl_watch;    /* the --revocations file as last read */
+  unsigned token_warned;        /* expiry warnings given for the token */
   uv_timer_t status_timer;
   uv_timer_t ask_timer; /* asks the join targets for their peers */
   uv_timer_t notify_timer; /* systemd: STATUS= and WATCHDOG=1 */
@@ -241,11 +238,19 @@ static size_t control_status(void *arg, char *buf, size_t cap) {
                    BEE_VERSION, hex, d->cfg.swarm, d->members.n);
   if (k > 0)
     n = (size_t)k < cap ? (size_t)k : cap - 1;
+  if (d->cfg.moderated && n < cap) {
+    k = snprintf(buf + n, cap - n, "token-expires %llu\nrevocations-seq %llu\n",
+                 (unsigned long long)d->token.expires,
+                 (unsigned long long)d->revoked.seq);
+    if (k > 0)
+      n += (size_t)k < cap - n ? (size_t)k : cap - n - 1;
+  }
   if (d->dht && n < cap) {
     dht_info in;
     dht_node_info(dht_glue_node(d->dht), &in);
-    k = snprintf(buf + n, cap - n, "dht-contacts %zu\ndht-keys %zu\n",
-                 in.contacts, in.keys);
+    k = snprintf(buf + n, cap - n,
+                 "dht-contacts %zu\ndht-keys %zu\ndht-lost %zu\n",
+                 in.contacts, in.keys, in.lost);
     if (k > 0)
       n += (size_t)k < cap - n ? (size_t)k : cap - n - 1;
   }
@@ -260,18 +265,6 @@ static void begin_stop(bee_daemon *d, const char *why);
 
 /* ---- the access token: renewals and expiry ------------------------------ */
 
-/* Warnings before the token expires, one at each (seconds left). */
-static const uint64_t token_warn_s[] = {86400, 6 * 3600, 3600, 600, 0};
-#define TOKEN_WARNS (sizeof token_warn_s / sizeof token_warn_s[0])
-
-/* The first warning still to come for a token with left seconds. */
-static size_t token_warn_from(int64_t left) {
-  size_t i = 0;
-  while (i < TOKEN_WARNS && left <= (int64_t)token_warn_s[i])
-    i++;
-  return i;
-}
-
 /* "24.0 h", "12 min", "8 s": a token's time left, for the log. */
 typedef struct { char s[32]; } span_text;
 static span_text span(int64_t left_s) {
@@ -285,12 +278,6 @@ static span_text span(int64_t left_s) {
   return t;
 }
 
-static bool same_file(const struct stat *a, const struct stat *b) {
-  return a->st_dev == b->st_dev && a->st_ino == b->st_ino &&
-         a->st_size == b->st_size && a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
-         a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
-}
-
 /* Reads --token again.  A token that passes the start-up checks (this
  * key, the swarm, the moderator, the clock, the revocations) with this
  * node's role replaces the one held, and the connected peers are told
@@ -299,27 +286,26 @@ static void token_reload(bee_daemon *d, bool hup) {
   const char *path = d->cfg.token;
   proto_token t;
   uint64_t now = (uint64_t)time(NULL);
-  int rc = proto_token_load(&t, path);
-  if (!rc)
-    rc = proto_token_verify(&t, d->cfg.moderator_pk, d->cfg.swarm, d->id.pk,
-                            PROTO_ROLE_BEE | PROTO_ROLE_AUX, now, &d->revoked);
+  int rc = proto_token_renewal(path, &d->token, d->cfg.moderator_pk,
+                               d->cfg.swarm, d->id.pk,
+                               PROTO_ROLE_BEE | PROTO_ROLE_AUX, now,
+                               &d->revoked, &t);
   span_text left = span((int64_t)d->token.expires - (int64_t)now);
-  if (!rc && t.role != d->token.role) {
+  if (rc == BEE_ETOKEN_ROLE && t.raw_len && t.role != d->token.role) {
     bee_warn(COMP, "token %s: role %s, but this node runs as %s: restart "
              "beed to change its role; the current token stays (expires in "
              "%s)", path, proto_role_name(t.role),
              proto_role_name(d->token.role), left.s);
-  } else if (rc) {
+  } else if (rc < 0) {
     bee_warn(COMP, "token %s: %s; the current one stays (expires in %s)",
              path, bee_strerror(rc), left.s);
-  } else if (t.raw_len == d->token.raw_len &&
-             memcmp(t.raw, d->token.raw, t.raw_len) == 0) {
+  } else if (rc == 0) {
     if (hup)
       bee_info(COMP, "token %s: unchanged (expires in %s)", path, left.s);
   } else {
     d->token = t;
     size_t told = d->host ? proto_host_token_renewed(d->host) : 0;
-    d->token_warn_next = token_warn_from((int64_t)(t.expires - now));
+    d->token_warned = proto_token_warnings_due((int64_t)(t.expires - now));
     bee_info(COMP, "token %s renewed: role %s, expires in %s; %zu "
              "connection%s told", path, proto_role_name(t.role),
              span((int64_t)t.expires - (int64_t)now).s, told,
@@ -358,23 +344,16 @@ static void revocations_reload(bee_daemon *d, bool hup) {
   proto_revocation_close(&rl);
 }
 
-/* Whether the file at path differs from *st (then *st is updated); a file
- * that cannot be looked at is warned of once (what, e.g. "token"). */
-static bool file_changed(const char *what, const char *path, struct stat *st,
-                         bool *failed, bool hup) {
-  struct stat now;
-  if (stat(path, &now) < 0) {
-    if (hup || !*failed)
-      bee_warn(COMP, "%s %s: %s; what was read from it stays", what, path,
-               strerror(errno));
-    *failed = true;
-    return false;
-  }
-  *failed = false;
-  if (!hup && same_file(&now, st))
-    return false;
-  *st = now;
-  return true;
+/* Whether a watched file changed since it was read (always at SIGHUP);
+ * one that cannot be looked at is warned of once (what: "token"...). */
+static bool file_changed(const char *what, const char *path,
+                         proto_file_watch *w, bool hup) {
+  int err;
+  bool changed = proto_file_changed(w, path, &err);
+  if (err || (hup && w->failed))
+    bee_warn(COMP, "%s %s: %s; what was read from it stays", what, path,
+             strerror(-w->error));
+  return changed || (hup && !w->failed);
 }
 
 /* Reads the token and revocation files again when they changed (or at
@@ -386,17 +365,15 @@ static void token_check(bee_daemon *d, bool hup) {
     return;
   }
   if (d->cfg.revocations[0] &&
-      file_changed("revocations", d->cfg.revocations, &d->rl_st,
-                   &d->rl_st_failed, hup))
+      file_changed("revocations", d->cfg.revocations, &d->rl_watch, hup))
     revocations_reload(d, hup);
-  if (file_changed("token", d->cfg.token, &d->token_st, &d->token_st_failed,
-                   hup))
+  if (file_changed("token", d->cfg.token, &d->token_watch, hup))
     token_reload(d, hup);
   int64_t left = (int64_t)d->token.expires - (int64_t)time(NULL);
-  size_t next = token_warn_from(left);
-  if (next <= d->token_warn_next)
+  unsigned due = proto_token_warnings_due(left);
+  if (due <= d->token_warned)
     return;
-  d->token_warn_next = next;
+  d->token_warned = due;
   if (left > 0)
     bee_warn(COMP, "token %s expires in %s: peers will close this "
              "node's connections then; put a renewed token in its place "
@@ -637,8 +614,8 @@ static int load_credentials(bee_daemon *d) {
     }
     bee_info(COMP, "revocations %s: %zu keys (seq %llu)", cfg->revocations,
              d->revoked.n, (unsigned long long)d->revoked.seq);
-    if (stat(cfg->revocations, &d->rl_st) < 0)
-      memset(&d->rl_st, 0, sizeof d->rl_st);
+    int err;
+    proto_file_changed(&d->rl_watch, cfg->revocations, &err);
   }
   rc = proto_token_load(&d->token, cfg->token);
   if (rc) {
@@ -662,9 +639,9 @@ static int load_credentials(bee_daemon *d) {
   bee_info(COMP, "token %s: role %s, expires in %s", cfg->token,
            proto_role_name(d->token.role),
            span((int64_t)d->token.expires - (int64_t)now).s);
-  if (stat(cfg->token, &d->token_st) < 0)
-    memset(&d->token_st, 0, sizeof d->token_st);
-  d->token_warn_next = token_warn_from((int64_t)(d->token.expires - now));
+  int err;
+  proto_file_changed(&d->token_watch, cfg->token, &err);
+  d->token_warned = proto_token_warnings_due((int64_t)(d->token.expires - now));
   return 0;
 }
 

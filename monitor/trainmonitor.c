@@ -60,7 +60,10 @@ typedef struct tm_state {
   mon_http *http;
   FILE *log;
   uv_timer_t timer;
-  uv_signal_t sigint, sigterm;
+  uv_signal_t sigint, sigterm, sighup;
+  uv_timer_t tok_timer;       /* the token file, for a renewal */
+  proto_file_watch tok_watch; /* as last read */
+  unsigned tok_warned;        /* expiry warnings given */
   uint8_t keys[READS][PROTO_DHT_KEY_BYTES]; /* the run's, by R_* */
   int stage;                                /* the read under way */
   bool joined, booting, busy, stopping;
@@ -327,6 +330,62 @@ static void tick(uv_timer_t *t) {
     s->busy = false;
 }
 
+/* A renewed token in the --token file (looked at every 5 s, and at
+ * SIGHUP) replaces the one held, and the swarm's nodes are told, so they
+ * keep the monitor's connections open past the old token's expiry. */
+static void token_check(tm_state *s, bool hup) {
+  const char *path = s->o.token;
+  int err;
+  if (s->o.open) {
+    if (hup)
+      bee_info(COMP, "SIGHUP: an open swarm has no token to read again");
+    return;
+  }
+  bool changed = proto_file_changed(&s->tok_watch, path, &err);
+  if (err || (hup && s->tok_watch.failed))
+    bee_warn(COMP, "%s: %s; the token held stays", path,
+             strerror(-s->tok_watch.error));
+  uint64_t now = (uint64_t)time(NULL);
+  if (changed || (hup && !s->tok_watch.failed)) {
+    proto_token t;
+    int rc = proto_token_renewal(path, &s->tok, s->mod, s->o.swarm, s->id.pk,
+                                 PROTO_ROLES_ALL, now, NULL, &t);
+    if (rc == 1) {
+      s->tok = t;
+      size_t told = proto_host_token_renewed(s->host);
+      s->tok_warned = proto_token_warnings_due((int64_t)(t.expires - now));
+      bee_info(COMP, "%s renewed: expires in %.1f h; %zu connection%s told",
+               path, ((double)t.expires - (double)now) / 3600, told,
+               told == 1 ? "" : "s");
+    } else if (rc == 0) {
+      if (hup)
+        bee_info(COMP, "%s: unchanged", path);
+    } else {
+      bee_warn(COMP, "%s: %s; the token held stays", path, bee_strerror(rc));
+    }
+    sodium_memzero(&t, sizeof t);
+  }
+  int64_t left = (int64_t)s->tok.expires - (int64_t)now;
+  unsigned due = proto_token_warnings_due(left);
+  if (due <= s->tok_warned)
+    return;
+  s->tok_warned = due;
+  if (left > 0)
+    bee_warn(COMP, "%s expires in %.1f h: the swarm will close this "
+             "monitor's connections then; put a renewed token in its place",
+             path, (double)left / 3600);
+  else
+    bee_err(COMP, "%s has expired: the swarm refuses this monitor until a "
+            "renewed token is put in its place", path);
+}
+
+static void tok_timer_cb(uv_timer_t *t) { token_check(t->data, false); }
+
+static void on_hup(uv_signal_t *h, int sig) {
+  (void)sig;
+  token_check(h->data, true);
+}
+
 /* Closes everything start made; the loop then runs out. */
 static void stop(tm_state *s) {
   if (s->stopping)
@@ -336,6 +395,8 @@ static void stop(tm_state *s) {
   uv_close((uv_handle_t *)&s->timer, NULL);
   uv_close((uv_handle_t *)&s->sigint, NULL);
   uv_close((uv_handle_t *)&s->sigterm, NULL);
+  uv_close((uv_handle_t *)&s->sighup, NULL);
+  uv_close((uv_handle_t *)&s->tok_timer, NULL);
   mon_http_stop(s->http);
   dht_glue_close(s->glue);
   s->glue = NULL;
@@ -380,6 +441,10 @@ static int credentials(tm_state *s, proto_auth *auth) {
       bee_err(COMP, "%s: %s", o->token, bee_strerror(rc));
       return rc;
     }
+    int err;
+    proto_file_changed(&s->tok_watch, o->token, &err);
+    s->tok_warned = proto_token_warnings_due(
+        (int64_t)s->tok.expires - (int64_t)time(NULL));
   }
   *auth = (proto_auth){.id = &s->id,
                        .token = o->open ? NULL : &s->tok,
@@ -428,7 +493,9 @@ static int start(tm_state *s) {
   s->timer.data = s;
   uv_signal_init(&s->loop, &s->sigint);
   uv_signal_init(&s->loop, &s->sigterm);
-  s->sigint.data = s->sigterm.data = s;
+  uv_signal_init(&s->loop, &s->sighup);
+  uv_timer_init(&s->loop, &s->tok_timer);
+  s->sigint.data = s->sigterm.data = s->sighup.data = s->tok_timer.data = s;
   if (http_addr(o->http, host, sizeof host, &port)) {
     bee_err(COMP, "bad --http '%s' (want ADDR:PORT, ADDR numeric)", o->http);
     return BEE_ECONFIG;
@@ -475,6 +542,9 @@ static int start(tm_state *s) {
   uv_timer_start(&s->timer, tick, 0, every);
   uv_signal_start(&s->sigint, on_signal, SIGINT);
   uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+  uv_signal_start(&s->sighup, on_hup, SIGHUP);
+  if (!o->open)
+    uv_timer_start(&s->tok_timer, tok_timer_cb, 5000, 5000);
   return 0;
 }
 
@@ -490,6 +560,7 @@ int main(int argc, char **argv) {
   }
   bee_log_set_level(s.o.log_level);
   signal(SIGPIPE, SIG_IGN);
+  signal(SIGHUP, SIG_IGN); /* until on_hup takes it: never a stop */
   if (sodium_init() < 0)
     return 1;
   uv_loop_init(&s.loop);

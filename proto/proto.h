@@ -374,6 +374,39 @@ int proto_revocation_load(proto_revocation *rl, const char *path,
                           const uint8_t moderator_pk[PROTO_PK_BYTES],
                           const char *swarm);
 
+/* Renewal.  A long run outlives its token: beed and trainmonitor look at
+ * their token file every few seconds (and at SIGHUP) and take a renewed
+ * token without a restart (proto_host_token_renewed tells the peers).
+ *
+ * proto_file_watch remembers how a file looked (device, inode, size,
+ * modification time); zero it, and proto_file_changed(w, path, &err)
+ * says whether the file looks different since the last call (the first
+ * call after zeroing does).  When it cannot be looked at, it returns
+ * false and sets err to -errno the first time in a row, 0 after, so a
+ * caller warns once. */
+typedef struct proto_file_watch {
+  uint64_t dev, ino, size, mtime_s, mtime_ns;
+  bool failed; /* the last look failed, with -errno error */
+  int error;
+} proto_file_watch;
+bool proto_file_changed(proto_file_watch *w, const char *path, int *err);
+/* Reads the token at path as a renewal of cur: it must load and pass
+ * proto_token_verify for this node (moderator_pk, swarm, pk, accept_roles,
+ * now, rl) and carry cur's role (else BEE_ETOKEN_ROLE).  Returns 1 when it
+ * does and differs from cur, 0 when the file holds cur itself, or the
+ * refusal.  *out holds the token read whenever it could be decoded (even
+ * when refused), zeros otherwise; wipe it when done. */
+int proto_token_renewal(const char *path, const proto_token *cur,
+                        const uint8_t moderator_pk[PROTO_PK_BYTES],
+                        const char *swarm, const uint8_t pk[PROTO_PK_BYTES],
+                        int accept_roles, uint64_t now,
+                        const proto_revocation *rl, proto_token *out);
+/* Expiry warnings come a day, 6 h, 1 h and 10 min before, and at expiry:
+ * how many of those moments lie behind a token with left seconds to go
+ * (0 to 5).  A caller warns when this grows, and starts from its value
+ * for a token it takes. */
+unsigned proto_token_warnings_due(int64_t left);
+
 /* ------------------------------------------------------------------------ */
 /* DHT payloads (issue 3): the requests and answers of the RPC methods
  * "dht.ping", "dht.store" and "dht.find".  docs/PROTOCOL.md has the

@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <sodium.h>
 
@@ -281,6 +282,60 @@ int proto_token_verify(const proto_token *tok,
   if (rl && proto_revocation_has(rl, peer_pk))
     return BEE_EREVOKED;
   return 0;
+}
+
+bool proto_file_changed(proto_file_watch *w, const char *path, int *err) {
+  struct stat st;
+  *err = 0;
+  if (stat(path, &st) < 0) {
+    if (!w->failed)
+      *err = -errno;
+    w->failed = true;
+    w->error = -errno;
+    return false;
+  }
+  proto_file_watch now = {.dev = (uint64_t)st.st_dev,
+                          .ino = (uint64_t)st.st_ino,
+                          .size = (uint64_t)st.st_size,
+                          .mtime_s = (uint64_t)st.st_mtim.tv_sec,
+                          .mtime_ns = (uint64_t)st.st_mtim.tv_nsec};
+  bool was_failed = w->failed;
+  w->failed = false;
+  if (!was_failed && now.dev == w->dev && now.ino == w->ino &&
+      now.size == w->size && now.mtime_s == w->mtime_s &&
+      now.mtime_ns == w->mtime_ns)
+    return false;
+  *w = now;
+  return true;
+}
+
+int proto_token_renewal(const char *path, const proto_token *cur,
+                        const uint8_t moderator_pk[PROTO_PK_BYTES],
+                        const char *swarm, const uint8_t pk[PROTO_PK_BYTES],
+                        int accept_roles, uint64_t now,
+                        const proto_revocation *rl, proto_token *out) {
+  int rc = proto_token_load(out, path);
+  if (rc) {
+    sodium_memzero(out, sizeof *out);
+    return rc;
+  }
+  if ((rc = proto_token_verify(out, moderator_pk, swarm, pk, accept_roles, now,
+                               rl)))
+    return rc;
+  if (out->role != cur->role)
+    return BEE_ETOKEN_ROLE;
+  return out->raw_len == cur->raw_len &&
+                 memcmp(out->raw, cur->raw, cur->raw_len) == 0
+             ? 0
+             : 1;
+}
+
+unsigned proto_token_warnings_due(int64_t left) {
+  static const int64_t at[] = {86400, 6 * 3600, 3600, 600, 0};
+  unsigned k = 0;
+  while (k < sizeof at / sizeof at[0] && left <= at[k])
+    k++;
+  return k;
 }
 
 int proto_token_save(const proto_token *tok, const char *path) {

@@ -624,6 +624,85 @@ static void test_token_file(void) {
 
 /* ---- revocation lists -------------------------------------------------- */
 
+/* Renewal: a file's changes are seen (a rewrite in place, a rename over
+ * it, a removal warned of once); a renewed token is taken only when it
+ * verifies for this node with its role, and the one held again is no
+ * change; expiry warnings come at a day, 6 h, 1 h, 10 min and 0. */
+static void test_renewal(void) {
+  proto_file_watch w = {0};
+  proto_token cur, t, other;
+  int err;
+  issue(&cur, "swarm-a", PROTO_ROLE_BEE, NOW - 10, NOW + 60);
+  ASSERT_OK(proto_token_save(&cur, path("r.token")));
+  ASSERT(proto_file_changed(&w, path("r.token"), &err)); /* first look */
+  ASSERT_EQ(err, 0);
+  ASSERT(!proto_file_changed(&w, path("r.token"), &err));
+  ASSERT_EQ(proto_token_renewal(path("r.token"), &cur, mod.pk, "swarm-a",
+                                peer.pk, PROTO_ROLES_ALL, NOW, NULL, &t), 0);
+
+  /* A renewal, put in place by a rename (what beectl does). */
+  issue(&t, "swarm-a", PROTO_ROLE_BEE, NOW, NOW + 86400);
+  ASSERT_OK(proto_token_save(&t, path("r.token")));
+  ASSERT(proto_file_changed(&w, path("r.token"), &err));
+  ASSERT_EQ(proto_token_renewal(path("r.token"), &cur, mod.pk, "swarm-a",
+                                peer.pk, PROTO_ROLES_ALL, NOW, NULL, &other), 1);
+  ASSERT_MEMEQ(&other, &t, sizeof t);
+  /* Refusals: another role (the token is still handed back), another
+   * peer, expired, revoked, another moderator, not a token at all. */
+  issue(&t, "swarm-a", PROTO_ROLE_AUX, NOW, NOW + 86400);
+  ASSERT_OK(proto_token_save(&t, path("r.token")));
+  ASSERT_EQ(proto_token_renewal(path("r.token"), &cur, mod.pk, "swarm-a",
+                                peer.pk, PROTO_ROLES_ALL, NOW, NULL, &other),
+            BEE_ETOKEN_ROLE);
+  ASSERT_EQ(other.role, PROTO_ROLE_AUX);
+  issue(&t, "swarm-a", PROTO_ROLE_BEE, NOW, NOW + 86400);
+  ASSERT_OK(proto_token_save(&t, path("r.token")));
+  ASSERT_EQ(proto_token_renewal(path("r.token"), &cur, mod.pk, "swarm-a",
+                                peer2.pk, PROTO_ROLES_ALL, NOW, NULL, &other),
+            BEE_ETOKEN_PEER);
+  ASSERT_EQ(proto_token_renewal(path("r.token"), &cur, mod.pk, "swarm-a",
+                                peer.pk, PROTO_ROLES_ALL, NOW + 86400, NULL,
+                                &other),
+            BEE_ETOKEN_EXPIRED);
+  ASSERT_EQ(proto_token_renewal(path("r.token"), &cur, mod2.pk, "swarm-a",
+                                peer.pk, PROTO_ROLES_ALL, NOW, NULL, &other),
+            BEE_ETOKEN_MODERATOR);
+  proto_revocation rl;
+  proto_revocation_init(&rl);
+  ASSERT_OK(proto_revocation_add(&rl, peer.pk));
+  ASSERT_EQ(proto_token_renewal(path("r.token"), &cur, mod.pk, "swarm-a",
+                                peer.pk, PROTO_ROLES_ALL, NOW, &rl, &other),
+            BEE_EREVOKED);
+  proto_revocation_close(&rl);
+  write_bytes(path("r.token"), "not a token\n", 12);
+  ASSERT(proto_file_changed(&w, path("r.token"), &err)); /* rewritten */
+  ASSERT_EQ(proto_token_renewal(path("r.token"), &cur, mod.pk, "swarm-a",
+                                peer.pk, PROTO_ROLES_ALL, NOW, NULL, &other),
+            BEE_EKEYFILE);
+  ASSERT_UEQ(other.raw_len, 0);
+
+  /* Gone: said once; back: a change. */
+  ASSERT_EQ(unlink(path("r.token")), 0);
+  ASSERT(!proto_file_changed(&w, path("r.token"), &err));
+  ASSERT_EQ(err, -ENOENT);
+  ASSERT(w.failed && w.error == -ENOENT);
+  ASSERT(!proto_file_changed(&w, path("r.token"), &err));
+  ASSERT_EQ(err, 0);
+  ASSERT_OK(proto_token_save(&cur, path("r.token")));
+  ASSERT(proto_file_changed(&w, path("r.token"), &err));
+  ASSERT(!w.failed);
+
+  ASSERT_EQ(proto_token_warnings_due(7 * 86400), 0);
+  ASSERT_EQ(proto_token_warnings_due(86401), 0);
+  ASSERT_EQ(proto_token_warnings_due(86400), 1);
+  ASSERT_EQ(proto_token_warnings_due(6 * 3600), 2);
+  ASSERT_EQ(proto_token_warnings_due(3000), 3);
+  ASSERT_EQ(proto_token_warnings_due(599), 4);
+  ASSERT_EQ(proto_token_warnings_due(1), 4);
+  ASSERT_EQ(proto_token_warnings_due(0), 5);
+  ASSERT_EQ(proto_token_warnings_due(-100), 5);
+}
+
 static void random_key(uint8_t k[32]) { randombytes_buf(k, 32); }
 
 static bool is_sorted(const proto_revocation *rl) {
@@ -949,6 +1028,7 @@ int main(void) {
   test_resigned();
   test_decode_strict();
   test_token_file();
+  test_renewal();
   test_revocation_set();
   test_revocation_codec();
   test_revocation_limits();
