@@ -129,6 +129,7 @@ typedef struct bee_config {
   bool resume;
   char control[BEE_PATH_MAX];   /* "": no control socket */
   char peers_file[BEE_PATH_MAX]; /* "": known peers not kept */
+  bool check;   /* --check: load and check everything, start nothing */
   bool help;    /* --help was given: print usage, nothing else is checked */
   bool version; /* --version was given */
 } bee_config;

@@ -81,6 +81,7 @@ enum opt_id {
   O_WARMUP_EPOCHS,
   O_TOTAL_EPOCHS,
   O_MIN_LR,
+  O_CHECK,
   O_HELP,
   O_VERSION,
 };
@@ -157,6 +158,7 @@ static const struct opt {
     {"resume", O_RESUME, K_BOOL, true},
     {"control", O_CONTROL, K_VALUE, true},
     {"peers-file", O_PEERS_FILE, K_VALUE, true},
+    {"check", O_CHECK, K_BOOL, false},
     {"help", O_HELP, K_ACTION, false},
     {"version", O_VERSION, K_ACTION, false},
 };
@@ -664,6 +666,7 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
   case O_ERROR_FEEDBACK:
   case O_DELAY_AVERAGING:
   case O_RESUME:
+  case O_CHECK:
   case O_BATCHNORM:
   case O_AUGMENT:
   case O_CLIENT: {
@@ -691,6 +694,8 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
       cfg->batchnorm = b;
     else if (o->id == O_AUGMENT)
       cfg->augment = b;
+    else if (o->id == O_CHECK)
+      cfg->check = b;
     else
       cfg->no_listen = b;
     return 0;
@@ -1039,6 +1044,11 @@ void bee_config_usage(FILE *f) {
       "  --control PATH           a unix socket (mode 0600) for beectl status\n"
       "                           and beectl leave (default: none)\n"
       "  --config FILE            read settings from FILE first\n"
+      "  --check                  check the settings and everything beed\n"
+      "                           would load (key, token, revocations,\n"
+      "                           data, checkpoint, files), print a summary\n"
+      "                           and exit 0 (it would start) or 1; opens\n"
+      "                           no socket and creates nothing\n"
       "  --help, --version\n"
       "\n",
       BEE_DEFAULT_LISTEN, BEE_JOIN_MAX, BEE_DEFAULT_IDENTITY, BEE_DEFAULT_SWARM,

@@ -17,6 +17,8 @@
 #include <errno.h>
 #include <signal.h>
 #include <sodium.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -589,7 +591,13 @@ static int handles_init(bee_daemon *d) {
 static int load_credentials(bee_daemon *d) {
   const bee_config *cfg = &d->cfg;
   char hex[2 * PROTO_PK_BYTES + 1];
-  int rc = proto_identity_load(&d->id, cfg->identity, true);
+  int rc = proto_identity_load(&d->id, cfg->identity, !cfg->check);
+  if (rc == -ENOENT && cfg->check) { /* --check makes no file */
+    bee_info(COMP, "identity %s: missing; beed would create it (a throwaway "
+             "key stands in for the rest of the check)", cfg->identity);
+    proto_identity_generate(&d->id);
+    rc = 0;
+  }
   if (rc) {
     bee_err(COMP, "identity %s: %s", cfg->identity, bee_strerror(rc));
     return rc;
@@ -772,6 +780,71 @@ static int daemon_start(bee_daemon *d) {
   return 0;
 }
 
+/* Where path would be written: a directory that is there and writable
+ * (missing: made at start when make is set).  Returns 0 or logs why not. */
+static int check_dir(const char *what, const char *dir, bool make) {
+  struct stat st;
+  if (stat(dir, &st) < 0) {
+    if (errno == ENOENT && make) {
+      bee_info(COMP, "%s %s: missing; beed would make it", what, dir);
+      return 0;
+    }
+    bee_err(COMP, "%s %s: %s", what, dir, strerror(errno));
+    return -errno;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    bee_err(COMP, "%s %s: %s", what, dir, strerror(ENOTDIR));
+    return -ENOTDIR;
+  }
+  if (access(dir, W_OK | X_OK) < 0) {
+    bee_err(COMP, "%s %s: %s", what, dir, strerror(errno));
+    return -errno;
+  }
+  return 0;
+}
+
+/* --check: what beed loads at start (the key, token and revocations were
+ * loaded by main), then the peers file, the training (data, model,
+ * device, the checkpoint to resume from) and the places it would write;
+ * a summary on stdout.  Opens no socket and makes no file.  Returns the
+ * exit status. */
+static int check_only(bee_daemon *d) {
+  const bee_config *cfg = &d->cfg;
+  int bad = 0;
+  if (cfg->peers_file[0] && known_load(d))
+    bad++;
+  if (cfg->checkpoint_dir[0] &&
+      check_dir("--checkpoint-dir", cfg->checkpoint_dir, true))
+    bad++;
+  if (cfg->control[0]) {
+    char dir[BEE_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", cfg->control);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+      snprintf(dir, sizeof dir, ".");
+    else
+      slash[slash == dir] = '\0';
+    if (check_dir("--control", dir, false))
+      bad++;
+  }
+  if (cfg->run[0] && bee_train_new(&d->loop, cfg, &d->id, &d->train))
+    bad++;
+  if (bad)
+    return 1;
+  printf("beed: would start: swarm '%s' (%s), %s%s, %zu join target%s",
+         cfg->swarm, cfg->open ? "open" : "moderated",
+         cfg->no_listen ? "not listening" : "listening on ",
+         cfg->no_listen ? "" : cfg->listen, cfg->njoin,
+         cfg->njoin == 1 ? "" : "s");
+  if (d->known.n)
+    printf(" and %zu known peer%s", d->known.n, d->known.n == 1 ? "" : "s");
+  if (cfg->run[0])
+    printf("; run '%s': %s, %s averaging", cfg->run, cfg->model,
+           bee_averaging_name(cfg->averaging));
+  printf("\n");
+  return 0;
+}
+
 static int run(bee_daemon *d) {
   int rc = handles_init(d);
   if (rc) {
@@ -782,14 +855,16 @@ static int run(bee_daemon *d) {
   bee_info(COMP, "swarm '%s' (%s), %zu join target%s", d->cfg.swarm,
            d->cfg.open ? "open" : "moderated", d->cfg.njoin,
            d->cfg.njoin == 1 ? "" : "s");
-  if (d->cfg.peers_file[0] && known_load(d))
+  if (d->cfg.check)
+    d->exit_code = check_only(d);
+  else if (d->cfg.peers_file[0] && known_load(d))
     d->exit_code = 1;
   else if (d->cfg.run[0] &&
            bee_train_new(&d->loop, &d->cfg, &d->id, &d->train))
     d->exit_code = 1;
   else if (daemon_start(d))
     d->exit_code = 1;
-  if (d->exit_code)
+  if (d->exit_code || d->cfg.check)
     daemon_stop(d);
   uv_run(&d->loop, UV_RUN_DEFAULT);
   rc = uv_loop_close(&d->loop);
@@ -797,7 +872,7 @@ static int run(bee_daemon *d) {
     bee_warn(COMP, "event loop not empty at exit: %s", uv_strerror(rc));
   bee_members_close(&d->members);
   bee_train_free(d->train);
-  if (!d->exit_code)
+  if (!d->exit_code && !d->cfg.check)
     bee_info(COMP, "stopped");
   return d->exit_code;
 }
@@ -838,7 +913,8 @@ int main(int argc, char **argv) {
     free(d);
     return 1;
   }
-  bee_info(COMP, "beed %s starting", BEE_VERSION);
+  bee_info(COMP, "beed %s %s", BEE_VERSION,
+           d->cfg.check ? "checking its settings (--check)" : "starting");
   proto_revocation_init(&d->revoked);
   int code = 1;
   if (load_credentials(d) == 0)

@@ -780,7 +780,7 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   proto_record_key(PROTO_REC_PROGRESS, cfg->run, 0, NULL, t->key);
   proto_record_key(PROTO_REC_METRICS, cfg->run, 0, NULL, t->mkey);
   proto_record_key(PROTO_REC_DONOR, cfg->run, 0, NULL, t->dkey);
-  if (cfg->checkpoint_dir[0] &&
+  if (cfg->checkpoint_dir[0] && !cfg->check && /* --check makes nothing */
       (rc = bee_ckpt_prepare(cfg->checkpoint_dir, err, sizeof err))) {
     bee_err(COMP, "%s", err);
     trn_order_free(&ord);

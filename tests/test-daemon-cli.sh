@@ -138,6 +138,33 @@ expect 2 "--model: bad model 'vgg' .want mlp, cnn, resnet or gpt." --open \
   --run-id r --model vgg
 expect 2 "--run-id: bad run name" --open --run-id 'a b'
 
+# ---- --check: everything loaded and checked, nothing made, no socket -------
+expect 0 "beed: would start: swarm 'beed' \(open\), not listening, 0 join targets" \
+  --check --open --no-listen --identity check-new.key --peers-file check.peers \
+  --control check.sock
+for f in check-new.key check.peers check.sock; do
+  [ ! -e "$tmp/$f" ] || fail "--check made $f"
+done
+expect 0 "listening on 127.0.0.1:1, 1 join target$" --check --open \
+  --identity check-new.key --listen 127.0.0.1:1 --join 127.0.0.1:2
+expect 1 'peers-file .*: Is a directory' --check --open --no-listen \
+  --identity check-new.key --peers-file "$tmp"
+expect 1 'control .*nonexistent-dir: No such file or directory' --check --open \
+  --no-listen --identity check-new.key --control "$tmp/nonexistent-dir/s.sock"
+expect 1 'token none.tok: No such file' --check --identity check-new.key \
+  --moderator 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff \
+  --token none.tok
+printf 'open = true\ncheck = true\n' >"$tmp/check.conf"
+expect 2 'check.conf:2: .*check' --config check.conf
+if [ -r /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  expect 0 "run 'r': mlp, gradients averaging" --check --open --no-listen \
+    --identity check-new.key --run-id r --checkpoint-dir "$tmp/check-ck/sub" \
+    --resume
+  [ ! -e "$tmp/check-ck" ] || fail "--check made the checkpoint directory"
+  expect 1 'data .*nonexistent-data' --check --open --no-listen \
+    --identity check-new.key --run-id r --data "$tmp/nonexistent-data"
+fi
+
 # ---- SIGTERM and SIGINT stop a running node with status 0 -----------------
 # stop_check NAME SIGNAL ARGS...: starts beed ARGS, waits until it runs,
 # sends SIGNAL and wants status 0 and "shutting down" in its log.
