@@ -419,15 +419,21 @@ static void known_collect(const uint8_t id[PROTO_ID_BYTES], const char *addr,
   bee_known_add(arg, addr);
 }
 
-/* Writes the DHT's contacts to --peers-file when they changed.  An empty
- * routing table leaves the file alone: the last swarm seen is still the
- * best guess for the next start. */
+/* Writes the DHT's contacts to --peers-file when they changed, then the
+ * addresses the file held before, up to BEE_KNOWN_MAX: right after a
+ * join the routing table holds a few contacts only, and a crash then
+ * must not cost the bee the rest of the swarm it knew.  An empty routing
+ * table leaves the file alone. */
 static void known_save(bee_daemon *d) {
   if (!d->cfg.peers_file[0] || !d->dht)
     return;
   bee_known now = {.n = 0};
   dht_node_foreach_contact(dht_glue_node(d->dht), known_collect, &now);
-  if (now.n == 0 || bee_known_same(&now, &d->known_saved))
+  if (now.n == 0)
+    return;
+  for (size_t i = 0; i < d->known_saved.n; i++)
+    bee_known_add(&now, d->known_saved.addr[i]);
+  if (bee_known_same(&now, &d->known_saved))
     return;
   char err[BEE_PATH_MAX + 128];
   if (bee_known_save(&now, d->cfg.peers_file, err, sizeof err)) {

@@ -61,6 +61,9 @@ same_after b1r b2 $((g + 1))
 stop_all
 grep -qx "127.0.0.1:$((base + 3))" "$work/p0.peers" ||
   fail "p0.peers does not list b1's new address: $(cat "$work/p0.peers")"
+# The addresses it held before stay behind the contacts of the moment.
+grep -qx "127.0.0.1:$((base + 1))" "$work/p0.peers" ||
+  fail "p0.peers lost the address it held before: $(cat "$work/p0.peers")"
 
 # A whole swarm gone: the queen waits a few seconds for its known peers,
 # then trains on its own.
