@@ -390,8 +390,10 @@ static void token_renewed(proto_conn *c, proto_bytes raw) {
     rc = BEE_ETOKEN_ROLE;
   if (rc) {
     double left = (double)c->peer.token_expires - (double)proto__now_s();
-    bee_warn(COMP, "%s: renewed token refused (%s); the old one expires in "
-             "%.1f h", who(c, id), bee_strerror(rc), left / 3600);
+    bee_log(c->token_refused ? BEE_LOG_DEBUG : BEE_LOG_WARN, COMP,
+            "%s: renewed token refused (%s); the old one expires in %.1f h",
+            who(c, id), bee_strerror(rc), left / 3600);
+    c->token_refused = true; /* a peer that keeps trying is not news */
     return;
   }
   bee_debug(COMP, "%s: access token renewed, expires in %.1f h", who(c, id),

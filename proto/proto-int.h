@@ -234,6 +234,7 @@ struct proto_conn {
   bool want_drain;  /* a send hit BEE_EQUEUE */
   uint64_t retire_ms; /* a duplicate: unused, closed at this time */
   unsigned token_gen; /* the host's when the handshake began */
+  bool token_refused; /* a renewal of the peer's was refused (logged once) */
   int purpose;
   char addr[64]; /* "ip:port" or the name being resolved */
   char ip[48];
