@@ -226,6 +226,7 @@ typedef struct dht_pending {
   bool has_id;
   char *addr;
   void *op;             /* dht_lookup, dht_put_op, dht_boot */
+  uint64_t sent_ms;     /* loop time it went out */
 } dht_pending;
 
 typedef struct dht_put_op {
@@ -306,6 +307,20 @@ struct dht_node {
   uint64_t replicate_check_ms;
   uint64_t skew_warned_ms;
 };
+
+/* How far a peer's clock reading `their` (Unix seconds, written into its
+ * answer) lies outside the time between our request and its answer,
+ * [ours - elapsed, ours], in whole seconds; 0 when inside.  Only answers
+ * are judged: a request may have waited in a stalled connection (a
+ * partition that healed delivers it late), an answer to a request that
+ * timed out is never taken. */
+static inline uint64_t dht__clock_skew(uint64_t their, uint64_t ours,
+                                       uint64_t elapsed_ms) {
+  uint64_t earliest = ours - (elapsed_ms + 999) / 1000 - 1; /* s granules */
+  if (their > ours + 1)
+    return their - ours - 1;
+  return their < earliest ? earliest - their : 0;
+}
 
 static inline uint64_t dht__now(const dht_node *n) {
   return n->io.now_ms(n->io.ctx);

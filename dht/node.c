@@ -165,6 +165,7 @@ int dht__send(dht_node *n, const uint8_t *id, const char *addr,
     return -ENOMEM;
   p->req = ++n->next_req;
   p->type = ptype;
+  p->sent_ms = dht__now(n);
   p->op = op;
   p->addr = dht__strdup(addr);
   if (id) {
@@ -253,10 +254,11 @@ void dht_node_add_contact(dht_node *n, const uint8_t id[PROTO_ID_BYTES],
   dht__seen(n, id, addr);
 }
 
-static void clock_check(dht_node *n, const uint8_t id[ID_BYTES], uint64_t their) {
+static void clock_check(dht_node *n, const uint8_t id[ID_BYTES], uint64_t their,
+                        uint64_t sent_ms) {
   uint64_t ours = dht__wall(n);
-  uint64_t skew = their > ours ? their - ours : ours - their;
   uint64_t now = dht__now(n);
+  uint64_t skew = dht__clock_skew(their, ours, now - sent_ms);
   if (skew <= DHT_CLOCK_SKEW_S || now < n->skew_warned_ms)
     return;
   n->skew_warned_ms = now + 60000; /* at most one line a minute */
@@ -335,7 +337,6 @@ int dht_node_handle(dht_node *n, const uint8_t from_id[PROTO_ID_BYTES],
                                                      : -1;
   if (req->type != want)
     return want < 0 ? BEE_ENOMETHOD : BEE_EUNKNOWN;
-  clock_check(n, from_id, req->now);
   char addr[PROTO_ADDR_MAX];
   if (req->port) { /* a server: it may enter our routing table */
     int w = strchr(from_ip, ':') ? snprintf(addr, sizeof addr, "[%s]:%u", from_ip, req->port)
@@ -441,7 +442,7 @@ void dht_node_answer(dht_node *n, uint64_t req, int status,
       status = BEE_ETYPE;
   }
   if (status == 0) {
-    clock_check(n, from_id, m->now);
+    clock_check(n, from_id, m->now, p->sent_ms);
     dht__unban(&n->table, from_id);
     dht__seen(n, from_id, p->addr);
   } else if (p->has_id) {

@@ -101,9 +101,23 @@ static void fill(dht_table *t, size_t ids, unsigned near_bits) {
   }
 }
 
+/* A peer's clock is judged by its answers only, against the time between
+ * our request and the answer (whole seconds, one of slack each way). */
+static void test_clock_skew(void) {
+  ASSERT_UEQ(dht__clock_skew(100, 100, 50), 0);
+  ASSERT_UEQ(dht__clock_skew(99, 100, 50), 0);  /* a second boundary */
+  ASSERT_UEQ(dht__clock_skew(101, 100, 50), 0);
+  ASSERT_UEQ(dht__clock_skew(110, 100, 10), 9); /* ahead */
+  ASSERT_UEQ(dht__clock_skew(40, 100, 100), 58); /* behind */
+  /* An answer that took 5 s may carry a reading 5 s old. */
+  ASSERT_UEQ(dht__clock_skew(95, 100, 5000), 0);
+  ASSERT_UEQ(dht__clock_skew(90, 100, 5000), 4);
+}
+
 int main(void) {
   ASSERT(sodium_init() >= 0);
   test_cmp();
+  test_clock_skew();
   static const unsigned near[] = {0, 16, 40, 159};
   static const size_t sizes[] = {0, 1, 5, 30, 400, 3000};
   for (size_t a = 0; a < sizeof near / sizeof *near; a++)
