@@ -377,7 +377,9 @@ static void token_renewed(proto_conn *c, proto_bytes raw) {
   char id[24];
   proto_token tok;
   if (!a->moderator_pk) {
-    bee_warn(COMP, "%s: a renewed token in an open swarm, ignored", who(c, id));
+    bee_log(c->token_refused ? BEE_LOG_DEBUG : BEE_LOG_WARN, COMP,
+            "%s: a renewed token in an open swarm, ignored", who(c, id));
+    c->token_refused = true;
     return;
   }
   int roles = c->peer.purpose == PROTO_PURPOSE_BULK ? a->accept_bulk_roles
