@@ -376,6 +376,21 @@ static void token_renewed(proto_conn *c, proto_bytes raw) {
   const proto_auth *a = &c->h->cfg.auth;
   char id[24];
   proto_token tok;
+  /* A signature check each, so a flood costs little: the renewal taken
+   * last, sent again, is skipped unchecked, and after a refusal the next
+   * PROTO_TOKEN_RENEW_MS bring nothing new (only the moderator can make
+   * another valid token; a real renewal comes once in hours). */
+  uint64_t now = proto__now_ms(c->h), fnv = 14695981039346656037ull;
+  for (size_t i = 0; i < raw.n; i++)
+    fnv = (fnv ^ raw.p[i]) * 1099511628211ull;
+  if (fnv == c->token_taken)
+    return;
+  if (c->token_refused &&
+      now - c->token_refused_ms < PROTO_TOKEN_RENEW_MS) {
+    bee_debug(COMP, "%s: another renewed token within %d ms of a refusal, "
+              "ignored", who(c, id), PROTO_TOKEN_RENEW_MS);
+    return;
+  }
   if (!a->moderator_pk) {
     bee_log(c->token_refused ? BEE_LOG_DEBUG : BEE_LOG_WARN, COMP,
             "%s: a renewed token in an open swarm, ignored", who(c, id));
@@ -396,11 +411,13 @@ static void token_renewed(proto_conn *c, proto_bytes raw) {
             "%s: renewed token refused (%s); the old one expires in %.1f h",
             who(c, id), bee_strerror(rc), left / 3600);
     c->token_refused = true; /* a peer that keeps trying is not news */
+    c->token_refused_ms = now;
     return;
   }
   bee_debug(COMP, "%s: access token renewed, expires in %.1f h", who(c, id),
             ((double)tok.expires - (double)proto__now_s()) / 3600);
   c->peer.token_expires = tok.expires;
+  c->token_taken = fnv;
 }
 
 void proto__conn_send_token(proto_conn *c) {

@@ -235,6 +235,8 @@ struct proto_conn {
   uint64_t retire_ms; /* a duplicate: unused, closed at this time */
   unsigned token_gen; /* the host's when the handshake began */
   bool token_refused; /* a renewal of the peer's was refused (logged once) */
+  uint64_t token_refused_ms; /* loop time of the last refusal */
+  uint64_t token_taken;      /* FNV-1a of the last renewal taken */
   int purpose;
   char addr[64]; /* "ip:port" or the name being resolved */
   char ip[48];

@@ -110,6 +110,11 @@ char *bee_printable(const void *p, size_t n, char *out, size_t cap);
  * handles it, never the application (proto_host_token_renewed). */
 #define PROTO_TOKEN_METHOD "proto.token"
 #endif
+#ifndef PROTO_TOKEN_RENEW_MS
+#define PROTO_TOKEN_RENEW_MS 1000 /* after a refused renewal, the next ones
+                                     a connection brings are not looked at
+                                     for so long */
+#endif
 #ifndef PROTO_TEXT_MAX
 #define PROTO_TEXT_MAX 512 /* error and close reason text, bytes */
 #endif

@@ -437,6 +437,16 @@ static void test_token_renewal(void) {
   e.n.tok.raw[e.n.tok.raw_len - 3] ^= 0x20; /* the signature no longer fits */
   ASSERT_UEQ(proto_host_token_renewed(e.h), 1);
 
+  /* Floods: b's renewal again and again (taken already, skipped
+   * unchecked), e's refused one again and again (not looked at within a
+   * second of the refusal).  Nothing changes, a keeps serving. */
+  for (int i = 0; i < 1000; i++) {
+    ASSERT_UEQ(proto_host_token_renewed(b.h), 1);
+    ASSERT_UEQ(proto_host_token_renewed(e.h), 1);
+  }
+  sleep_loop(100);
+  ASSERT_EQ(a.downs, downs);
+
   /* A bulk connection of b's, renewed again while it is being made. */
   cres r = {0};
   char addr[32];
