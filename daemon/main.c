@@ -790,23 +790,20 @@ static int daemon_start(bee_daemon *d) {
  * (missing: made at start when make is set).  Returns 0 or logs why not. */
 static int check_dir(const char *what, const char *dir, bool make) {
   struct stat st;
-  if (stat(dir, &st) < 0) {
-    if (errno == ENOENT && make) {
-      bee_info(COMP, "%s %s: missing; beed would make it", what, dir);
-      return 0;
-    }
-    bee_err(COMP, "%s %s: %s", what, dir, strerror(errno));
-    return -errno;
+  int err = 0;
+  if (stat(dir, &st) < 0)
+    err = errno;
+  else if (!S_ISDIR(st.st_mode))
+    err = ENOTDIR;
+  else if (access(dir, W_OK | X_OK) < 0)
+    err = errno;
+  if (err == ENOENT && make) {
+    bee_info(COMP, "%s %s: missing; beed would make it", what, dir);
+    return 0;
   }
-  if (!S_ISDIR(st.st_mode)) {
-    bee_err(COMP, "%s %s: %s", what, dir, strerror(ENOTDIR));
-    return -ENOTDIR;
-  }
-  if (access(dir, W_OK | X_OK) < 0) {
-    bee_err(COMP, "%s %s: %s", what, dir, strerror(errno));
-    return -errno;
-  }
-  return 0;
+  if (err)
+    bee_err(COMP, "%s %s: %s", what, dir, strerror(err));
+  return -err;
 }
 
 /* --check: what beed loads at start (the key, token and revocations were
