@@ -566,6 +566,12 @@ int bee_known_save(const bee_known *k, const char *path, char *err,
 /* Checkpoint files (ckpt.c): a state snapshot behind a header (magic,     */
 /* version, run, epoch, length, BLAKE2b-256), written atomically.           */
 
+/* 0 when dir is a directory this process may write in, else -errno
+ * (-ENOTDIR for another kind of file). */
+int bee_dir_check(const char *dir);
+/* The directory part of path into out (cap bytes): "." for a bare name,
+ * "/" for a name at the root. */
+void bee_dir_of(const char *path, char *out, size_t cap);
 /* Makes dir (and its missing parents, mode 0700) unless it is there, and
  * checks that it is a directory this process may write in.  Returns 0, or
  * -errno with err naming the directory and why. */

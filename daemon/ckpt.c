@@ -137,6 +137,25 @@ static int make_dirs(char *path) {
   return mkdir(path, 0700) < 0 && errno != EEXIST ? -errno : 0;
 }
 
+int bee_dir_check(const char *dir) {
+  struct stat st;
+  if (stat(dir, &st) < 0)
+    return -errno;
+  if (!S_ISDIR(st.st_mode))
+    return -ENOTDIR;
+  return access(dir, W_OK | X_OK) < 0 ? -errno : 0;
+}
+
+void bee_dir_of(const char *path, char *out, size_t cap) {
+  const char *slash = strrchr(path, '/');
+  if (!slash)
+    snprintf(out, cap, ".");
+  else if (slash == path)
+    snprintf(out, cap, "/");
+  else
+    snprintf(out, cap, "%.*s", (int)(slash - path), path);
+}
+
 int bee_ckpt_prepare(const char *dir, char *err, size_t errlen) {
   char path[BEE_PATH_MAX];
   size_t n = strlen(dir);
@@ -147,13 +166,8 @@ int bee_ckpt_prepare(const char *dir, char *err, size_t errlen) {
   while (n > 1 && path[n - 1] == '/')
     path[--n] = '\0';
   int rc = make_dirs(path);
-  struct stat st;
-  if (!rc && stat(path, &st) < 0)
-    rc = -errno;
-  if (!rc && !S_ISDIR(st.st_mode))
-    rc = -ENOTDIR;
-  if (!rc && access(path, W_OK | X_OK) < 0)
-    rc = -errno;
+  if (!rc)
+    rc = bee_dir_check(path);
   if (rc)
     return bee_failf(err, errlen, rc, "--checkpoint-dir %s: %s", dir,
                      strerror(-rc));

@@ -17,8 +17,6 @@
 #include <errno.h>
 #include <signal.h>
 #include <sodium.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -789,21 +787,14 @@ static int daemon_start(bee_daemon *d) {
 /* Where path would be written: a directory that is there and writable
  * (missing: made at start when make is set).  Returns 0 or logs why not. */
 static int check_dir(const char *what, const char *dir, bool make) {
-  struct stat st;
-  int err = 0;
-  if (stat(dir, &st) < 0)
-    err = errno;
-  else if (!S_ISDIR(st.st_mode))
-    err = ENOTDIR;
-  else if (access(dir, W_OK | X_OK) < 0)
-    err = errno;
-  if (err == ENOENT && make) {
+  int rc = bee_dir_check(dir);
+  if (rc == -ENOENT && make) {
     bee_info(COMP, "%s %s: missing; beed would make it", what, dir);
     return 0;
   }
-  if (err)
-    bee_err(COMP, "%s %s: %s", what, dir, strerror(err));
-  return -err;
+  if (rc)
+    bee_err(COMP, "%s %s: %s", what, dir, strerror(-rc));
+  return rc;
 }
 
 /* --check: what beed loads at start (the key, token and revocations were
@@ -821,12 +812,7 @@ static int check_only(bee_daemon *d) {
     bad++;
   if (cfg->control[0]) {
     char dir[BEE_PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", cfg->control);
-    char *slash = strrchr(dir, '/');
-    if (!slash)
-      snprintf(dir, sizeof dir, ".");
-    else
-      slash[slash == dir] = '\0';
+    bee_dir_of(cfg->control, dir, sizeof dir);
     if (check_dir("--control", dir, false))
       bad++;
   }

@@ -20,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #define KNOWN_FILE_MAX (64 * 1024)
 
@@ -57,26 +56,15 @@ int bee_known_prepare(const char *path, char *err, size_t errlen) {
   if (n == 0 || n >= sizeof dir)
     return bee_failf(err, errlen, BEE_ETOOBIG,
                      "--peers-file: a path of 1 to %d bytes", BEE_PATH_MAX - 1);
-  memcpy(dir, path, n + 1);
-  char *slash = strrchr(dir, '/');
-  if (!slash)
-    snprintf(dir, sizeof dir, ".");
-  else if (slash == dir)
-    dir[1] = '\0';
-  else
-    *slash = '\0';
+  bee_dir_of(path, dir, sizeof dir);
   struct stat st;
   int rc = 0;
   if (path[n - 1] == '/')
     rc = -EISDIR;
   else if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
     rc = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
-  else if (stat(dir, &st) < 0)
-    rc = -errno;
-  else if (!S_ISDIR(st.st_mode))
-    rc = -ENOTDIR;
-  else if (access(dir, W_OK | X_OK) < 0)
-    rc = -errno;
+  else
+    rc = bee_dir_check(dir);
   if (rc == -EINVAL)
     return bee_failf(err, errlen, rc, "--peers-file %s: not a regular file",
                      path);

@@ -122,6 +122,15 @@ same_after() {
     fail "$1 and $2 apart after epoch $3: $(hash_of "$1" "$3"), $(hash_of "$2" "$3")"
 }
 
+# stop NAME: SIGTERM to one node, which must exit 0.
+stop() {
+  local rc=0
+  kill -TERM "${pid[$1]}"
+  wait "${pid[$1]}" || rc=$?
+  [ "$rc" = 0 ] || fail "$1 exited with $rc after SIGTERM"
+  unset "pid[$1]"
+}
+
 # stop_all: SIGTERM to every node; each must exit 0.
 stop_all() {
   local n rc

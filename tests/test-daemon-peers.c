@@ -7,7 +7,8 @@
  * including a NUL inside one and one longer than an address may be; a
  * missing file is -ENOENT, a directory or an oversized file an error
  * naming it; and the start-up check refuses a missing directory, a
- * directory named as the file, and a path ending in '/'.  Files live in a
+ * directory named as the file, and a path ending in '/'; the directory of
+ * a path and its check.  Files live in a
  * fresh temporary directory.
  */
 #include "bee.h"
@@ -139,6 +140,19 @@ int main(void) {
   ASSERT_EQ(unlink(path), 0);
   ASSERT(bee_known_load(&r, dir, &bad, &bad_line, err, sizeof err) != 0);
   ASSERT(strstr(err, dir) && strstr(err, "not a regular file"));
+
+  /* Where a file's directory is, and whether it may be written in. */
+  bee_dir_of("peers", other, sizeof other);
+  ASSERT_STREQ(other, ".");
+  bee_dir_of("/peers", other, sizeof other);
+  ASSERT_STREQ(other, "/");
+  bee_dir_of("/var/lib/beed/peers", other, sizeof other);
+  ASSERT_STREQ(other, "/var/lib/beed");
+  bee_dir_of("a/", other, sizeof other);
+  ASSERT_STREQ(other, "a");
+  ASSERT_OK(bee_dir_check(dir));
+  snprintf(path, sizeof path, "%s/none", dir);
+  ASSERT_EQ(bee_dir_check(path), -ENOENT);
 
   /* The start-up check. */
   snprintf(path, sizeof path, "%s/missing/peers", dir);

@@ -25,13 +25,7 @@ start b2 $((base + 2)) "${train[@]}" --join "127.0.0.1:$base"
 for b in b0 b1 b2; do wait_log "$b" 'train: epoch 1 done' 90; done
 
 # Clean stops write the files: both list b2, the one that stays.
-for b in b1 b0; do
-  kill -TERM "${pid[$b]}"
-  rc=0
-  wait "${pid[$b]}" || rc=$?
-  [ "$rc" = 0 ] || fail "$b exited with $rc after SIGTERM"
-  unset "pid[$b]"
-done
+for b in b1 b0; do stop "$b"; done
 for f in p0 p1; do
   [ "$(stat -c %a "$work/$f.peers")" = 600 ] || fail "$f.peers is not mode 600"
   grep -qx "127.0.0.1:$((base + 2))" "$work/$f.peers" ||
@@ -64,11 +58,7 @@ same_after b0r b2 $((g + 1))
 same_after b1r b2 $((g + 1))
 # The queen stops first, while its peers run (a peer gone before the
 # queen's last write may have left its routing table already).
-kill -TERM "${pid[b0r]}"
-rc=0
-wait "${pid[b0r]}" || rc=$?
-[ "$rc" = 0 ] || fail "b0r exited with $rc after SIGTERM"
-unset "pid[b0r]"
+stop b0r
 stop_all
 grep -qx "127.0.0.1:$((base + 3))" "$work/p0.peers" ||
   fail "p0.peers does not list b1's new address: $(cat "$work/p0.peers")"
