@@ -69,6 +69,7 @@ enum opt_id {
   O_THREADS,
   O_DEVICE,
   O_PRECISION,
+  O_LOSS_SCALE,
   O_EVAL_EVERY,
   O_CHECKPOINT_DIR,
   O_CHECKPOINT_EVERY,
@@ -151,6 +152,7 @@ static const struct opt {
     {"threads", O_THREADS, K_VALUE, true},
     {"device", O_DEVICE, K_VALUE, true},
     {"precision", O_PRECISION, K_VALUE, true},
+    {"loss-scale", O_LOSS_SCALE, K_VALUE, true},
     {"eval-every", O_EVAL_EVERY, K_VALUE, true},
     {"checkpoint-dir", O_CHECKPOINT_DIR, K_VALUE, true},
     {"checkpoint-every", O_CHECKPOINT_EVERY, K_VALUE, true},
@@ -274,6 +276,23 @@ static int parse_uint(const char *s, unsigned long lo, unsigned long hi,
   if (v < lo || v > hi)
     return BEE_ECONFIG;
   *out = (unsigned)v;
+  return 0;
+}
+
+/* A loss scale: 2^E with E in -24..127, or a decimal power of two from 1
+ * to 2^31. */
+static int parse_scale(const char *s, float *out) {
+  unsigned u;
+  if (s[0] == '2' && s[1] == '^') {
+    bool neg = s[2] == '-';
+    if (parse_uint(s + 2 + neg, 0, neg ? 24 : 127, &u))
+      return BEE_ECONFIG;
+    *out = ldexpf(1.0f, neg ? -(int)u : (int)u);
+    return 0;
+  }
+  if (parse_uint(s, 1, 1ul << 31, &u) || (u & (u - 1)))
+    return BEE_ECONFIG;
+  *out = (float)u;
   return 0;
 }
 
@@ -636,10 +655,27 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
   }
   case O_PRECISION:
     if (strcmp(v, "fp32") != 0 && strcmp(v, "tf32") != 0 &&
-        strcmp(v, "bf16") != 0)
+        strcmp(v, "bf16") != 0 && strcmp(v, "fp16") != 0)
       return bee_failf(msg, cap, BEE_ECONFIG,
-                       "bad precision '%.80s' (want fp32, tf32 or bf16)", v);
+                       "bad precision '%.80s' (want fp32, tf32, bf16 or fp16)",
+                       v);
     snprintf(cfg->precision, sizeof cfg->precision, "%s", v);
+    return 0;
+  case O_LOSS_SCALE:
+    cfg->loss_scale = 0;
+    if (strcmp(v, "auto") == 0 || strcmp(v, "dynamic") == 0) {
+      cfg->loss_scale_mode = v[0] == 'a' ? BEE_LS_AUTO : BEE_LS_DYNAMIC;
+      return 0;
+    }
+    cfg->loss_scale_mode =
+        strncmp(v, "dynamic:", 8) == 0 ? BEE_LS_DYNAMIC : BEE_LS_FIXED;
+    if (parse_scale(v + (cfg->loss_scale_mode == BEE_LS_DYNAMIC ? 8 : 0),
+                    &cfg->loss_scale))
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad loss scale '%.80s' (want auto, dynamic, "
+                       "dynamic:S or S; S a power of two: 65536 or 2^16, "
+                       "2^-24 to 2^127)",
+                       v);
     return 0;
   case O_EVAL_EVERY:
     if (parse_uint(v, 0, 1000000, &u))
@@ -1112,16 +1148,31 @@ void bee_config_usage(FILE *f) {
       "  --max-state-uploads N    serve the state to at most N newcomers at\n"
       "                           once; the others are told to come back\n"
       "                           (default 2)\n"
-      "  --label TEXT             shown beside this bee's progress (a region)\n"
+      "  --label TEXT             shown beside this bee's progress (a region)\n",
+      BEE_DEFAULT_BATCH, BEE_DEFAULT_TARGET_BATCH,
+      BEE_DEFAULT_LR, BEE_DEFAULT_INNER_STEPS, BEE_DEFAULT_OUTER_LR,
+      BEE_DEFAULT_OUTER_MOMENTUM, BEE_DEFAULT_MATCHMAKING_S);
+  fputs(
       "  --threads N              compute threads, 1..64 (default 1)\n"
       "  --device D               auto, cpu, cuda or cuda:N: where the model\n"
       "                           trains (default auto: cuda:0 when a CUDA\n"
       "                           device is present, else the CPU)\n"
-      "  --precision P            fp32, tf32 or bf16: on CUDA, tf32 lets\n"
-      "                           matrix products and convolutions round\n"
+      "  --precision P            fp32, tf32, bf16 or fp16: on CUDA, tf32\n"
+      "                           lets matrix products and convolutions round\n"
       "                           their inputs to TF32 on the tensor cores;\n"
       "                           bf16 gives the products bf16 inputs, the\n"
-      "                           convolutions TF32 (default fp32)\n"
+      "                           convolutions TF32; fp16 gives both fp16\n"
+      "                           inputs and scales the loss (dynamic, as\n"
+      "                           PyTorch's GradScaler) (default fp32)\n"
+      "  --loss-scale L           auto, dynamic, dynamic:S or S: the loss\n"
+      "                           scale a training pass multiplies the\n"
+      "                           gradient by (a batch whose gradients\n"
+      "                           overflow is dropped); dynamic halves it at\n"
+      "                           an overflow and doubles it after 2000\n"
+      "                           clean batches, from S (default 2^15); S\n"
+      "                           alone keeps it; S a power of two (65536 or\n"
+      "                           2^16); auto: dynamic with fp16 on CUDA,\n"
+      "                           none otherwise (default auto)\n"
       "  --eval-every N           test accuracy every N epochs; 0 = never\n"
       "                           (default 1)\n"
       "  --checkpoint-dir DIR     write checkpoints there, in the background\n"
@@ -1136,7 +1187,5 @@ void bee_config_usage(FILE *f) {
       "\n"
       "Exit status: 0 after a clean shutdown (SIGINT, SIGTERM), 1 when the\n"
       "node cannot start (key, token, address), 2 for a bad flag or config.\n",
-      BEE_DEFAULT_BATCH, BEE_DEFAULT_TARGET_BATCH,
-      BEE_DEFAULT_LR, BEE_DEFAULT_INNER_STEPS, BEE_DEFAULT_OUTER_LR,
-      BEE_DEFAULT_OUTER_MOMENTUM, BEE_DEFAULT_MATCHMAKING_S);
+      f);
 }

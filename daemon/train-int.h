@@ -62,6 +62,7 @@
 #define SPLIT_MS 4000      /* in line: the same, to see a split */
 #define LINES_RING 16      /* own steps remembered for that */
 #define SPLIT_PEERS_MAX 16 /* more peers than a group holds: no check */
+#define SKIP_STREAK_WARN 100 /* batches dropped in a row (loss scaling) */
 
 enum { AHEAD_NONE, AHEAD_MATCHING, AHEAD_HELD, AHEAD_FAILED };
 
@@ -128,6 +129,8 @@ typedef struct shared {
     uint8_t hash[PROTO_PARAMS_HASH_BYTES]; /* of the parameters after it */
     /* for the metrics record */
     double compute_s, averaging_s;
+    uint64_t skipped;     /* batches loss scaling dropped since the last */
+    float loss_scale;     /* and its scale after them */
     uint64_t bytes_sent, bytes_recv;
     double grad_sq_local, grad_sq_avg;
     uint64_t batch_avg;   /* the group's samples (its members' weights) */
@@ -208,6 +211,8 @@ struct bee_train {
   trn_source *src; /* this bee's batches (images: made ahead on a thread
                       of their own) and the test set */
   size_t per;       /* predictions per sample: 1, gpt's window */
+  uint64_t skipped_told; /* loss scaling's dropped batches, reported */
+  uint64_t skip_streak;  /* dropped in a row */
   char desc[160];   /* the model, as trn_model_describe says it */
   /* the loop's */
   proto_host *host;

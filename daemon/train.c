@@ -175,6 +175,10 @@ static int finish_step(bee_train *t, const struct pend *s, float *g,
       .grad_sq_local = s->sq_local,
       .grad_sq_avg = sq_avg,
       .batch_avg = a->status == 0 ? a->batch : n};
+  uint64_t skipped = 0;
+  rep.loss_scale = trn_model_loss_scale(t->m, &skipped);
+  rep.skipped = skipped - t->skipped_told;
+  t->skipped_told = skipped;
   unsigned se = t->cfg->average_state_every;
   double state0 = mono_s();
   if (se && (epoch + 1) % se == 0 && state_round(t, epoch + 1, &rep))
@@ -491,7 +495,19 @@ static void worker(void *arg) {
     double t0 = mono_s(), loss = 0;
     rc = trn_source_train(t->src, t->m, &loss);
     loss /= (double)t->per; /* gpt's: the mean over a window's tokens */
-    if (rc == 0 && t->outer) { /* DiLoCo: a local step after each batch */
+    /* A batch whose scaled gradients overflowed added nothing (fp16's
+     * loss scaling has halved its scale): its samples do not count, and
+     * DiLoCo takes no local step for it. */
+    bool dropped = rc == 0 && trn_model_skipped(t->m);
+    if (dropped && ++t->skip_streak == SKIP_STREAK_WARN)
+      bee_warn(COMP,
+               "%u batches in a row dropped for gradients that overflowed "
+               "at loss scale 2^%d: the loss or the weights are no longer "
+               "finite",
+               SKIP_STREAK_WARN, ilogbf(trn_model_loss_scale(t->m, NULL)));
+    if (rc == 0 && !dropped)
+      t->skip_streak = 0;
+    if (rc == 0 && t->outer && !dropped) { /* DiLoCo: a local step */
       trn_optim_set_lr(t->o, lr_at(t, t->sh.epoch)); /* ours to write */
       rc = trn_model_step(t->m, t->o, /* on its device */
                           1.0f / ((float)b * (float)t->per));
@@ -502,12 +518,13 @@ static void worker(void *arg) {
       return;
     }
     double dt = mono_s() - t0;
+    uint64_t counted = dropped ? 0 : b;
     uv_mutex_lock(&t->mu);
-    t->sh.samples += b;
-    t->sh.pend_samples += b;
+    t->sh.samples += counted;
+    t->sh.pend_samples += counted;
     t->sh.pend_s += dt;
     t->sh.compute_s += dt;
-    t->sh.loss_sum += loss;
+    t->sh.loss_sum += dropped ? 0 : loss;
     uv_mutex_unlock(&t->mu);
   }
 }
@@ -578,12 +595,18 @@ static void async_cb(uv_async_t *h) {
       snprintf(st, sizeof st, "; state not averaged (%s)",
                r->state_status == -ENOENT ? "alone"
                                           : bee_strerror(r->state_status));
+    char sk[96] = "";
+    if (r->skipped)
+      snprintf(sk, sizeof sk,
+               "; %llu batch%s dropped for overflow, loss scale now 2^%d",
+               (unsigned long long)r->skipped, r->skipped == 1 ? "" : "es",
+               ilogbf(r->loss_scale));
     proto_hex(r->hash, sizeof r->hash, hash);
     bee_info(COMP,
-             "epoch %llu done: %llu local samples, training loss %.4f, %s%s, "
-             "parameters %s",
+             "epoch %llu done: %llu local samples, training loss %.4f, "
+             "%s%s%s, parameters %s",
              (unsigned long long)r->epoch, (unsigned long long)r->samples,
-             r->loss, how, st, hash);
+             r->loss, how, st, sk, hash);
     t->out_of_line = r->diverged;
     snprintf(t->last_step, sizeof t->last_step,
              "epoch %llu, %llu local samples, loss %.4f, %s",
@@ -671,6 +694,9 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   mc.device = dev.kind;
   mc.device_index = dev.index;
   mc.precision = trn_precision_parse(cfg->precision); /* config.c's */
+  if (cfg->loss_scale_mode != BEE_LS_AUTO)
+    mc.loss_scale = cfg->loss_scale ? cfg->loss_scale : TRN_LOSS_SCALE_START;
+  mc.loss_scale_fixed = cfg->loss_scale_mode == BEE_LS_FIXED;
   /* Every bee of the run starts from the same weights. */
   uint8_t h[8];
   crypto_generichash(h, sizeof h, (const uint8_t *)cfg->run, strlen(cfg->run),
@@ -858,6 +884,13 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
            cfg->batch_size, how,
            bee_optimizer_name(cfg->optimizer), bee_config_lr(cfg),
            cfg->threads, cfg->threads == 1 ? "" : "s");
+  float scale = trn_model_loss_scale(t->m, NULL);
+  if (scale)
+    bee_info(COMP, "precision %s, loss scale 2^%d (%s)", cfg->precision,
+             ilogbf(scale),
+             cfg->loss_scale_mode == BEE_LS_FIXED ? "fixed" : "dynamic");
+  else if (strcmp(cfg->precision, "fp32") != 0)
+    bee_info(COMP, "precision %s, no loss scaling", cfg->precision);
   if (cfg->compression != AVG_NONE)
     bee_info(COMP, "rounds send %s %s%s",
              t->outer ? "the change as" : "gradients as",

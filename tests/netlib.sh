@@ -96,6 +96,22 @@ done_line() {
 }
 hash_of() { local l; l=$(done_line "$1" "$2"); echo "${l##*parameters }"; }
 
+# in_step A B FROM TO [ERE]: every epoch FROM..TO, both A's and B's step
+# lines match ERE (default: averaged in a group of 2) and both hold the
+# same parameters after it; fails naming the first that does not.
+in_step() {
+  local e b h1 h2 how=${5:-averaged in a group of 2 }
+  for ((e = $3; e <= $4; e++)); do
+    for b in "$1" "$2"; do
+      grep -Eq "train: epoch $e done: .*$how" "$work/$b.log" ||
+        fail "$b: epoch $e's step is not '$how'"
+    done
+    h1=$(hash_of "$1" "$e") h2=$(hash_of "$2" "$e")
+    [ -n "$h1" ] && [ "$h1" = "$h2" ] ||
+      fail "after epoch $e the parameters differ ($h1, $h2)"
+  done
+}
+
 # back_in_line NAME REF FROM: the first epoch after FROM (up to FROM + 11)
 # after which NAME holds REF's parameters, waiting up to 90 s for each
 # epoch's step in both logs; fails if none.

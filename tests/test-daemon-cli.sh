@@ -132,8 +132,8 @@ if [ -r "$fm/train-images-idx3-ubyte.gz" ]; then
   expect 1 '--checkpoint-dir .*in-the-way/ck: Not a directory' --open \
     --no-listen --identity t.key --run-id r --checkpoint-dir "$tmp/in-the-way/ck"
 fi
-expect 2 "--precision: bad precision 'fp16' .want fp32, tf32 or bf16." --open \
-  --run-id r --precision fp16
+expect 2 "--precision: bad precision 'fp8' .want fp32, tf32, bf16 or fp16." \
+  --open --run-id r --precision fp8
 expect 2 "--model: bad model 'vgg' .want mlp, cnn, resnet or gpt." --open \
   --run-id r --model vgg
 expect 2 "--run-id: bad run name" --open --run-id 'a b'

@@ -23,23 +23,12 @@ stop_all
 
 grep -q "target 262144 samples per epoch (averaged behind the next)" \
   "$work/a1.log" || fail "the start line does not say the rounds are delayed"
-hash() {
-  sed -nE "s/.*train: epoch $2 done: .*, parameters ([0-9a-f]+)$/\1/p" \
-    "$work/$1.log" | head -n 1
-}
 loss() {
   sed -nE "s/.*train: epoch $2 done: [0-9]+ local samples, training loss ([0-9.]+),.*/\1/p" \
     "$work/$1.log" | head -n 1
 }
-for ((e = 1; e <= EPOCHS; e++)); do
-  for b in a1 a2; do
-    grep -Eq "train: epoch $e done: .*averaged in a group of 2 .*MiB sent \(behind the next epoch\)" \
-      "$work/$b.log" || fail "$b: epoch $e was not averaged by both behind the next"
-  done
-  h1=$(hash a1 $e) h2=$(hash a2 $e)
-  [ -n "$h1" ] && [ "$h1" = "$h2" ] ||
-    fail "after epoch $e the parameters differ ($h1, $h2)"
-done
+in_step a1 a2 1 "$EPOCHS" \
+  'averaged in a group of 2 .*MiB sent \(behind the next epoch\)'
 l1=$(loss a1 1) l5=$(loss a1 "$EPOCHS")
 awk -v a="$l1" -v b="$l5" 'BEGIN { exit !(b < a) }' ||
   fail "the training loss did not fall (epoch 1: $l1, epoch $EPOCHS: $l5)"

@@ -29,10 +29,6 @@ start a2 $((base + 1)) "${train[@]}" --checkpoint-dir "ck-a2" \
 for b in a1 a2; do wait_log "$b" "train: epoch $EPOCHS: test accuracy" 180; done
 stop_all
 
-hash() {
-  sed -nE "s/.*train: epoch $2 done: .*, parameters ([0-9a-f]+)$/\1/p" \
-    "$work/$1.log" | head -n 1
-}
 ckpt() { printf '%s/ck-%s/dl-%012d.ckpt' "$work" "$1" "$2"; }
 grep -q "DiLoCo: 150 local steps per round" "$work/a1.log" ||
   fail "the start line does not name DiLoCo"
@@ -53,7 +49,7 @@ for ((e = 1; e < EPOCHS; e++)); do
     grep -q "train: epoch $e done: .*averaged in a group of 2" "$work/$b.log" ||
       fail "$b: round $e was not averaged by the pair"
   done
-  h1=$(hash a1 $e) h2=$(hash a2 $e)
+  h1=$(hash_of a1 $e) h2=$(hash_of a2 $e)
   [ -n "$h1" ] && [ "$h1" = "$h2" ] ||
     fail "after round $e the parameters differ ($h1, $h2)"
   [ -f "$(ckpt a1 $((e + 1)))" ] && [ -f "$(ckpt a2 $((e + 1)))" ] ||

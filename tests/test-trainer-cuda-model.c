@@ -16,7 +16,13 @@
  * - evaluation agrees and leaves the dropout count alone;
  * - with TF32 allowed, cnn agrees within what TF32's rounding explains;
  *   with bf16 products (trn_model_config's precision TRN_BF16), mlp, cnn
- *   and gpt within what bf16's rounding explains;
+ *   and gpt within what bf16's rounding explains; with fp16 products and
+ *   convolutions (TRN_FP16, the loss scaled dynamically from 2^15), mlp,
+ *   cnn, resnet-8 and gpt within what fp16's rounding explains (as TF32's:
+ *   10 mantissa bits), and no batch dropped;
+ * - loss scaling on the device: at 2^10 the unscaled gradients' bits
+ *   (mlp, cnn with batch norm, gpt); at 2^127 a batch that overflows is
+ *   dropped and the gradients stay as they were;
  * - two fresh CUDA models give the same bits for the same batches;
  * - bad calls fail as on the CPU (-EINVAL);
  * - gpt (2 layers of 4 heads) likewise, on token batches of two lengths:
@@ -27,7 +33,7 @@
  *   host and device when a step is taken on the host in between;
  * - cnn trained on the GPU from Fashion-MNIST (the t10k set, when
  *   installed) learns: its accuracy on the training images passes 75%
- *   and its loss follows the CPU's.
+ *   and its loss follows the CPU's; with fp16 too.
  */
 #include "test.h"
 
@@ -102,7 +108,9 @@ static void same_bits(const trn_model_config *cfg, const float *x,
  * mantissa bits in the products' inputs, bf16 7 (and TF32 in the
  * convolutions). */
 static double tolerance(const trn_model_config *cfg) {
-  return cfg->precision == TRN_TF32 ? 50 : cfg->precision == TRN_BF16 ? 400 : 1;
+  return cfg->precision == TRN_TF32 || cfg->precision == TRN_FP16 ? 50
+         : cfg->precision == TRN_BF16                             ? 400
+                                                                  : 1;
 }
 
 /* Both models through the same batches and one SGD step; the arrays
@@ -137,6 +145,7 @@ static void compare(const char *label, const trn_model_config *cfg, size_t B) {
     double lc = 0, lg = 0;
     ASSERT_EQ(trn_model_train_batch(c, x, y, B, &lc), 0);
     ASSERT_EQ(trn_model_train_batch(g, x, y, B, &lg), 0);
+    ASSERT(!trn_model_skipped(g)); /* fp16: 2^15 overflows nothing here */
     printf("  batch %d: loss cpu %.9g cuda %.9g\n", step, lc, lg);
     if (!(fabs(lc - lg) <= 1e-4 * f * fabs(lc)))
       FAIL("batch %d: loss %.9g on the CPU, %.9g on CUDA", step, lc, lg);
@@ -218,6 +227,7 @@ static void compare_gpt(const trn_model_config *cfg, size_t B, size_t T) {
     double lc = 0, lg = 0;
     ASSERT_EQ(trn_model_train_tokens(c, x, yy, B, t, &lc), 0);
     ASSERT_EQ(trn_model_train_tokens(g, x, yy, B, t, &lg), 0);
+    ASSERT(!trn_model_skipped(g));
     printf("  batch %d (%zu tokens each): loss cpu %.9g cuda %.9g\n", step, t,
            lc, lg);
     if (!(fabs(lc - lg) <= 1e-4 * f * fabs(lc)))
@@ -235,14 +245,16 @@ static void compare_gpt(const trn_model_config *cfg, size_t B, size_t T) {
                                1.0f / (float)(2 * B * T)),
                 0);
       /* AdamW's first step moves each parameter by lr times its
-       * gradient's sign: a gradient near zero whose sign bf16's rounding
-       * flips moves its parameter 2 lr away (the gradients above are the
-       * close check). */
+       * gradient's sign: a gradient near zero whose sign bf16's or
+       * fp16's rounding flips moves its parameter 2 lr away (the
+       * gradients above are the close check). */
       const float *pc = trn_model_params(c);
       float big = 0;
       for (size_t i = 0; i < np; i++)
         big = fmaxf(big, fabsf(pc[i]));
-      double pt = f > 50 ? 2.05 * (double)oc.lr / (double)big : 1e-5 * f;
+      double pt = cfg->precision == TRN_BF16 || cfg->precision == TRN_FP16
+                      ? 2.05 * (double)oc.lr / (double)big
+                      : 1e-5 * f;
       near("parameters after a step", pc, trn_model_params(g), np, pt);
       trn_model_zero_grad(c);
       trn_model_zero_grad(g);
@@ -376,7 +388,89 @@ static void optim_steps(void) {
 
 /* cnn trained on the t10k images for 150 batches of 64 on both devices
  * from the same weights and order. */
-static void learns(void) {
+/* Loss scaling on the device: a power of two changes no bits; an
+ * overflowing batch is dropped. */
+static void scaling(void) {
+  trn_model_config cfg;
+  trn_model_config_default(&cfg);
+  cfg.max_batch = 16;
+  const char *names[] = {"mlp", "cnn", "gpt"};
+  for (int k = 0; k < 3; k++) {
+    cfg.name = names[k];
+    cfg.batchnorm = k == 1;
+    if (k == 2)
+      cfg.vocab = 64, cfg.ctx = 16, cfg.layers = 2, cfg.heads = 4,
+      cfg.embd = 32;
+    trn_model *a = make(&cfg, TRN_DEV_CUDA);
+    cfg.loss_scale = 1024.0f;
+    trn_model *b = make(&cfg, TRN_DEV_CUDA);
+    cfg.loss_scale = 0;
+    size_t B = 16, T = 16, np = trn_model_nparams(a);
+    size_t in = k == 2 ? B * T : B * trn_model_inputs(a);
+    float *x = malloc(in * sizeof *x);
+    int32_t *tok = malloc(in * sizeof *tok), *y = malloc(in * sizeof *y);
+    ASSERT(x && tok && y);
+    for (size_t i = 0; i < in; i++) {
+      x[i] = frand();
+      tok[i] = (int32_t)((rng >> 20) % 64);
+      frand();
+      y[i] = (int32_t)((rng >> 20) % (k == 2 ? 64 : 10));
+    }
+    double la, lb;
+    if (k == 2) {
+      ASSERT_EQ(trn_model_train_tokens(a, tok, y, B, T, &la), 0);
+      ASSERT_EQ(trn_model_train_tokens(b, tok, y, B, T, &lb), 0);
+    } else {
+      ASSERT_EQ(trn_model_train_batch(a, x, y, B, &la), 0);
+      ASSERT_EQ(trn_model_train_batch(b, x, y, B, &lb), 0);
+    }
+    ASSERT(la == lb && !trn_model_skipped(b));
+    if (memcmp(trn_model_grads(a), trn_model_grads(b), np * sizeof(float)))
+      FAIL("%s, loss scale 2^10 on cuda:0: the gradients differ from the "
+           "unscaled ones by %.2e of the largest",
+           names[k], rel_diff(trn_model_grads(a), trn_model_grads(b), np));
+    printf("loss scale 2^10 on cuda:0, %s: the unscaled gradients' bits\n",
+           names[k]);
+    free(x), free(tok), free(y);
+    trn_model_free(a);
+    trn_model_free(b);
+  }
+  /* 2^127 and large pixels: the weight gradients pass fp32's range. */
+  trn_model_config_default(&cfg);
+  cfg.max_batch = 16;
+  cfg.loss_scale = 0x1p127f;
+  cfg.loss_scale_fixed = true;
+  trn_model *m = make(&cfg, TRN_DEV_CUDA);
+  float *x = malloc(16 * 784 * sizeof *x);
+  int32_t y[16];
+  ASSERT(x);
+  for (size_t i = 0; i < 16 * 784; i++)
+    x[i] = 1e6f * frand();
+  for (size_t i = 0; i < 16; i++)
+    y[i] = (int32_t)(i % 10);
+  double l;
+  ASSERT_EQ(trn_model_train_batch(m, x, y, 16, &l), 0);
+  ASSERT(trn_model_skipped(m));
+  const float *g = trn_model_grads(m);
+  for (size_t i = 0; i < trn_model_nparams(m); i++)
+    if (g[i] != 0)
+      FAIL("a dropped batch left gradient %zu at %g", i, (double)g[i]);
+  uint64_t skipped = 0;
+  ASSERT(trn_model_loss_scale(m, &skipped) == 0x1p127f);
+  ASSERT_UEQ(skipped, 1);
+  printf("loss scale 2^127 on cuda:0: the overflowing batch dropped, the "
+         "gradients untouched\n");
+  trn_model_free(m);
+  free(x);
+  /* fp16 scales by default, from 2^15. */
+  trn_model_config_default(&cfg);
+  cfg.precision = TRN_FP16;
+  m = make(&cfg, TRN_DEV_CUDA);
+  ASSERT(trn_model_loss_scale(m, NULL) == TRN_LOSS_SCALE_START);
+  trn_model_free(m);
+}
+
+static void learns(int precision) {
   trn_images d;
   char err[256];
   const char *dir = getenv("BEE_FMNIST_DIR");
@@ -390,6 +484,7 @@ static void learns(void) {
   trn_model_config_default(&cfg);
   cfg.name = "cnn";
   cfg.max_batch = 256;
+  cfg.precision = precision;
   const size_t B = 64, steps = 150;
   double last[2] = {0, 0}, acc = 0;
   for (int dev = 0; dev < 2; dev++) {
@@ -415,10 +510,14 @@ static void learns(void) {
     }
     if (dev) {
       double loss;
+      uint64_t skipped = 0;
+      float scale = trn_model_loss_scale(m, &skipped);
       ASSERT_EQ(trn_model_evaluate(m, &d, &mean, &std, &loss, &acc), 0);
-      printf("learning: cnn on cuda:0, %zu batches of %zu: accuracy %.3f, "
-             "loss %.4f\n",
-             steps, B, acc, loss);
+      printf("learning: cnn on cuda:0 (%s), %zu batches of %zu: accuracy "
+             "%.3f, loss %.4f; loss scale %g, %llu batches dropped\n",
+             trn_precision_name(precision), steps, B, acc, loss, (double)scale,
+             (unsigned long long)skipped);
+      ASSERT(skipped <= 2); /* at most a halving or two from 2^15 */
     }
     free(x);
     free(y);
@@ -481,7 +580,29 @@ int main(void) {
   cfg.precision = TRN_BF16;
   printf("(bf16 products) ");
   compare_gpt(&cfg, 4, 32);
+  trn_model_config_default(&cfg);
+  cfg.max_batch = 64;
+  cfg.precision = TRN_FP16;
+  compare("mlp 784-256-10, fp16 products", &cfg, 64);
+  cfg.name = "cnn";
+  compare("cnn, fp16 products and convolutions", &cfg, 48);
+  trn_model_config_default(&cfg);
+  cfg.name = "resnet";
+  cfg.depth = 8, cfg.width = 4;
+  cfg.in_c = 3, cfg.in_h = cfg.in_w = 16;
+  cfg.max_batch = 16;
+  cfg.precision = TRN_FP16;
+  compare("resnet-8, fp16", &cfg, 16);
+  trn_model_config_default(&cfg);
+  cfg.name = "gpt";
+  cfg.vocab = 64, cfg.ctx = 32, cfg.layers = 2, cfg.heads = 4, cfg.embd = 32;
+  cfg.max_batch = 4;
+  cfg.precision = TRN_FP16;
+  printf("(fp16 products) ");
+  compare_gpt(&cfg, 4, 32);
+  scaling();
   optim_steps();
-  learns();
+  learns(TRN_FP32);
+  learns(TRN_FP16);
   return 0;
 }

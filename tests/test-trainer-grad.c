@@ -637,9 +637,9 @@ static void test_mlp(void) {
   c.nsizes = 1;
   ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), -EINVAL);
   c.nsizes = 4;
-  c.precision = 3;
+  c.precision = 4;
   ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), -EINVAL);
-  ASSERT(strstr(err, "precision 3: fp32, tf32 or bf16") != NULL);
+  ASSERT(strstr(err, "precision 4: fp32, tf32, bf16 or fp16") != NULL);
   c.precision = TRN_FP32;
   /* CUDA where this build or machine has none: an error, not a crash. */
   c.device = TRN_DEV_CUDA;

@@ -210,9 +210,10 @@ static __global__ void g_gelu_bwd(float *d, const float *inp, size_t n) {
 }
 
 /* layers.c's trn__softmax_ce, a block per row of V: the row's loss (in
- * double), its hit (the first maximum), and with dl softmax - onehot. */
+ * double), its hit (the first maximum), and with dl softmax - onehot
+ * times ds (the loss scale; 1: none, the same bits). */
 static __global__ void g_ce(const float *logits, const int32_t *y, float *dl,
-                            double *loss, uint8_t *hit, size_t V) {
+                            float ds, double *loss, uint8_t *hit, size_t V) {
   __shared__ float smx[THREADS];
   __shared__ unsigned sarg[THREADS];
   __shared__ double ssum[THREADS];
@@ -255,7 +256,8 @@ static __global__ void g_ce(const float *logits, const int32_t *y, float *dl,
   }
   if (dl)
     for (size_t j = threadIdx.x; j < V; j += blockDim.x)
-      dl[r * V + j] = (float)(exp((double)z[j] - lse) - (j == t ? 1.0 : 0.0));
+      dl[r * V + j] =
+          (float)(exp((double)z[j] - lse) - (j == t ? 1.0 : 0.0)) * ds;
 }
 
 /* ---- the state ------------------------------------------------------------ */
@@ -397,6 +399,7 @@ int trn__gpu_new_gpt(int index, const trn_model_config *c, size_t nparams,
   g->index = index;
   g->tf32 = precision != TRN_FP32;
   g->bf16 = precision == TRN_BF16;
+  g->fp16 = precision == TRN_FP16;
   g->nparams = nparams;
   g->max_batch = c->max_batch;
   g->in = c->ctx;
@@ -577,7 +580,8 @@ static int forward(trn__gpu *g, size_t B, size_t T, bool train) {
   TRY(mm_fwd(g, s->logits, s->lnf, par(g, TRN__GPT_WTE, 0), NULL, BT, C,
              s->V));
   g_ce<<<(unsigned)BT, THREADS, 0, g->st>>>(
-      s->logits, s->y, train ? s->dlogits : NULL, s->loss, s->hit, s->V);
+      s->logits, s->y, train ? s->dlogits : NULL,
+      train && g->scale > 0 ? g->scale : 1.0f, s->loss, s->hit, s->V);
   return CK(cudaGetLastError());
 }
 
@@ -669,13 +673,19 @@ int trn__gpu_tokens(trn__gpu *g, const int32_t *x, const int32_t *y, size_t B,
                          g->st)));
   s->logits_ok = false;
   TRY(forward(g, B, T, train));
-  if (train)
-    TRY(backward(g, x, B, T));
+  if (train) {
+    TRY(trn__gpu_scaled_begin(g));
+    int rc = backward(g, x, B, T);
+    int rc2 = trn__gpu_scaled_end(g); /* g->grads back either way */
+    TRY(rc ? rc : rc2);
+  }
   TRY(CK(cudaMemcpyAsync(s->h_loss, s->loss, BT * sizeof *s->loss,
                          cudaMemcpyDeviceToHost, g->st)));
   TRY(CK(cudaMemcpyAsync(s->h_hit, s->hit, BT * sizeof *s->hit,
                          cudaMemcpyDeviceToHost, g->st)));
   TRY(CK(cudaStreamSynchronize(g->st)));
+  if (train)
+    trn__gpu_scaled_check(g);
   s->B = B, s->T = T, s->logits_ok = true;
   trn__sum_losses(s->h_loss, s->h_hit, BT, loss, correct);
   return 0;

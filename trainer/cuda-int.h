@@ -63,6 +63,7 @@ struct trn__gpu {
   struct ggpt *gpt; /* gpt (cuda-gpt.cu): its state; then nl is 0 */
   bool tf32;  /* TF32 on the tensor cores allowed */
   bool bf16;  /* products with bf16 inputs (trn__gemm) */
+  bool fp16;  /* products and convolutions with fp16 inputs */
   bool timed; /* convolution algorithms by timing (conv_timed) */
   cudaStream_t st;
   cublasHandle_t blas;
@@ -102,6 +103,14 @@ struct trn__gpu {
   size_t passes, train_passes;
   double *lamb_part; /* LAMB: each block's sums, (2 blocks(nparams) + 2) */
   float *lamb_step;  /* LAMB: lr times the tensor's trust ratio */
+  /* Loss scaling (trn__gpu_set_scale): the scale (0: none), a scaled
+   * pass's own gradients (nparams), where the model's are kept during it,
+   * its overflow flag on the device and a pinned host copy, and the last
+   * pass's verdict. */
+  float scale;
+  float *sgrads, *kept;
+  int *bad, *h_bad;
+  bool overflow;
 };
 
 /* cudaMalloc that counts the bytes in g->bytes, and explains a failure in
@@ -109,22 +118,27 @@ struct trn__gpu {
 int trn__dalloc(trn__gpu *g, void **p, size_t bytes, const char *what,
                 char *err, size_t err_len);
 
+/* cuBLAS's compute type for products with bf16 or fp16 inputs. */
+static inline cublasComputeType_t trn__half(const trn__gpu *g) {
+  return g->fp16 ? CUBLAS_COMPUTE_32F_FAST_16F : CUBLAS_COMPUTE_32F_FAST_16BF;
+}
+
 /* C = alpha op(A) op(B) + beta C over fp32 arrays, column-major, as
- * cublasSgemm; with bf16 the products take bf16 inputs on the tensor
- * cores (cuBLAS rounds A and B as it reads them) and sum in fp32: the
- * arrays, and the master weights among them, stay fp32. */
+ * cublasSgemm; with bf16 (fp16) the products take bf16 (fp16) inputs on
+ * the tensor cores (cuBLAS rounds A and B as it reads them) and sum in
+ * fp32: the arrays, and the master weights among them, stay fp32. */
 static inline cublasStatus_t trn__gemm(trn__gpu *g, cublasOperation_t ta,
                                        cublasOperation_t tb, int m, int n,
                                        int k, const float *alpha,
                                        const float *a, int lda, const float *b,
                                        int ldb, const float *beta, float *c,
                                        int ldc) {
-  if (!g->bf16)
+  if (!g->bf16 && !g->fp16)
     return cublasSgemm(g->blas, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta,
                        c, ldc);
   return cublasGemmEx(g->blas, ta, tb, m, n, k, alpha, a, CUDA_R_32F, lda, b,
-                      CUDA_R_32F, ldb, beta, c, CUDA_R_32F, ldc,
-                      CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
+                      CUDA_R_32F, ldb, beta, c, CUDA_R_32F, ldc, trn__half(g),
+                      CUBLAS_GEMM_DEFAULT);
 }
 
 /* The same for `count` products, each array sa, sb, sc floats after the
@@ -135,13 +149,13 @@ trn__gemm_batched(trn__gpu *g, cublasOperation_t ta, cublasOperation_t tb,
                   int lda, long long sa, const float *b, int ldb, long long sb,
                   const float *beta, float *c, int ldc, long long sc,
                   int count) {
-  if (!g->bf16)
+  if (!g->bf16 && !g->fp16)
     return cublasSgemmStridedBatched(g->blas, ta, tb, m, n, k, alpha, a, lda,
                                      sa, b, ldb, sb, beta, c, ldc, sc, count);
   return cublasGemmStridedBatchedEx(
       g->blas, ta, tb, m, n, k, alpha, a, CUDA_R_32F, lda, sa, b, CUDA_R_32F,
-      ldb, sb, beta, c, CUDA_R_32F, ldc, sc, count,
-      CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
+      ldb, sb, beta, c, CUDA_R_32F, ldc, sc, count, trn__half(g),
+      CUBLAS_GEMM_DEFAULT);
 }
 
 #define DALLOC(p, n, what)                                                     \
@@ -151,6 +165,18 @@ trn__gemm_batched(trn__gpu *g, cublasOperation_t ta, cublasOperation_t tb,
  * buffer arrays (the gradients zeroed): what every model needs
  * (cuda-model.cu). */
 int trn__gpu_core(trn__gpu *g, char *err, size_t err_len);
+
+/* A scaled training pass (g->scale > 0; else these do nothing): begin
+ * zeroes the pass's own gradient array and the overflow flag and has the
+ * backward pass add to that array instead of g->grads; end puts g->grads
+ * back, checks the array for infs and NaNs and adds it divided by the
+ * scale to g->grads only when it holds none, and sends the flag to the
+ * host; after the stream's synchronization, trn__gpu_scaled_check sets
+ * g->overflow from it.  The logits' gradient is the caller's to scale
+ * (the cross-entropy kernels take the factor). */
+int trn__gpu_scaled_begin(trn__gpu *g);
+int trn__gpu_scaled_end(trn__gpu *g);
+void trn__gpu_scaled_check(trn__gpu *g);
 
 /* The summed loss (n per-sample losses, added in order) and hits. */
 static inline void trn__sum_losses(const double *loss, const uint8_t *hit,

@@ -206,9 +206,11 @@ __global__ void k_mul(const float *a, const float *b, float *y, size_t n,
 }
 
 /* layers.c's trn__softmax_ce, one thread per sample: its loss (double)
- * and hit, and with dl the gradient softmax - onehot. */
+ * and hit, and with dl the gradient softmax - onehot times ds (the loss
+ * scale; 1: none, the same bits). */
 __global__ void k_softmax_ce(const float *z0, const int32_t *labels, float *dl,
-                             double *loss, uint8_t *hit, size_t B, size_t C) {
+                             float ds, double *loss, uint8_t *hit, size_t B,
+                             size_t C) {
   size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= B)
     return;
@@ -227,7 +229,24 @@ __global__ void k_softmax_ce(const float *z0, const int32_t *labels, float *dl,
   hit[i] = arg == t;
   if (dl)
     for (size_t j = 0; j < C; j++)
-      dl[i * C + j] = (float)(exp((double)z[j] - lse) - (j == t ? 1.0 : 0.0));
+      dl[i * C + j] =
+          (float)(exp((double)z[j] - lse) - (j == t ? 1.0 : 0.0)) * ds;
+}
+
+/* *bad = 1 when one of s's n floats is an inf or a NaN (every thread that
+ * finds one writes the same 1: no order to it). */
+__global__ void k_nonfinite(const float *s, size_t n, int *bad) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n && !isfinite(s[i]))
+    *bad = 1;
+}
+
+/* g += s * inv, unless *bad. */
+__global__ void k_unscale_add(float *g, const float *s, size_t n, float inv,
+                              const int *bad) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n && !*bad)
+    g[i] += s[i] * inv;
 }
 
 /* ---- the device copy --------------------------------------------------------- */
@@ -264,15 +283,16 @@ static int set4d(cudnnTensorDescriptor_t d, size_t n, unsigned c, unsigned h,
 
 /* The first deterministic algorithm of perf (n results, the heuristics'
  * best first) that computes in fp32 (with tf32: may round inputs to TF32
- * on the tensor cores; never to fp16) and needs at most WS_MAX bytes: its
- * index, or -1. */
+ * on the tensor cores; with fp16: to fp16 too) and needs at most WS_MAX
+ * bytes: its index, or -1. */
 #define WS_MAX ((size_t)1 << 30)
-template <typename P> static int pick(const P *perf, int n, bool tf32) {
+template <typename P>
+static int pick(const P *perf, int n, bool tf32, bool fp16) {
   for (int i = 0; i < n; i++)
     if (perf[i].status == CUDNN_STATUS_SUCCESS &&
         perf[i].determinism == CUDNN_DETERMINISTIC &&
         (tf32 || perf[i].mathType != CUDNN_TENSOR_OP_MATH) &&
-        perf[i].mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION &&
+        (fp16 || perf[i].mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) &&
         perf[i].memory <= WS_MAX)
       return i;
   return -1;
@@ -283,7 +303,7 @@ typedef struct algo_key {
   int index;
   unsigned c, h, w, oc, k, pad, stride;
   size_t B;
-  bool tf32, data;
+  bool tf32, fp16, data;
 } algo_key;
 typedef struct algo_memo {
   algo_key key;
@@ -333,7 +353,8 @@ static int conv_find(trn__gpu *g, size_t i, gconv *c, size_t mem[3], char *err,
   key.index = g->index;
   key.c = cv->c, key.h = cv->h, key.w = cv->w, key.oc = cv->oc, key.k = cv->k;
   key.pad = cv->pad, key.stride = cv->stride ? cv->stride : 1;
-  key.B = g->max_batch, key.tf32 = g->tf32, key.data = g->l[i].src >= 0;
+  key.B = g->max_batch, key.tf32 = g->tf32, key.fp16 = g->fp16;
+  key.data = g->l[i].src >= 0;
   pthread_mutex_lock(&memo_lock);
   for (size_t m = 0; m < nmemo; m++)
     if (memcmp(&memo[m].key, &key, sizeof key) == 0) {
@@ -353,7 +374,7 @@ static int conv_find(trn__gpu *g, size_t i, gconv *c, size_t mem[3], char *err,
   if ((rc = DK(cudnnFindConvolutionForwardAlgorithm(g->dnn, c->x, c->w, c->cv,
                                                     c->y, N, &n, pf))))
     goto out;
-  if ((k = pick(pf, n, g->tf32)) < 0) {
+  if ((k = pick(pf, n, g->tf32, g->fp16)) < 0) {
     what = "forward";
     goto out;
   }
@@ -361,7 +382,7 @@ static int conv_find(trn__gpu *g, size_t i, gconv *c, size_t mem[3], char *err,
   if ((rc = DK(cudnnFindConvolutionBackwardFilterAlgorithm(
            g->dnn, c->x, c->y, c->cv, c->w, N, &n, pw))))
     goto out;
-  if ((k = pick(pw, n, g->tf32)) < 0) {
+  if ((k = pick(pw, n, g->tf32, g->fp16)) < 0) {
     what = "filter-gradient";
     goto out;
   }
@@ -370,7 +391,7 @@ static int conv_find(trn__gpu *g, size_t i, gconv *c, size_t mem[3], char *err,
     if ((rc = DK(cudnnFindConvolutionBackwardDataAlgorithm(
              g->dnn, c->w, c->y, c->cv, c->x, N, &n, pd))))
       goto out;
-    if ((k = pick(pd, n, g->tf32)) < 0) {
+    if ((k = pick(pd, n, g->tf32, g->fp16)) < 0) {
       what = "data-gradient";
       goto out;
     }
@@ -398,7 +419,7 @@ static int conv_heuristic(trn__gpu *g, size_t i, gconv *c, size_t mem[3],
   cudnnConvolutionFwdAlgoPerf_t pf[N];
   TRY(DK(cudnnGetConvolutionForwardAlgorithm_v7(g->dnn, c->x, c->w, c->cv, c->y,
                                                 N, &n, pf)));
-  if ((k = pick(pf, n, g->tf32)) < 0)
+  if ((k = pick(pf, n, g->tf32, g->fp16)) < 0)
     return trn__fail(err, err_len, -EIO,
                      "cuda:%d: no deterministic "
                      "forward algorithm for convolution %zu",
@@ -407,7 +428,7 @@ static int conv_heuristic(trn__gpu *g, size_t i, gconv *c, size_t mem[3],
   cudnnConvolutionBwdFilterAlgoPerf_t pw[N];
   TRY(DK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
       g->dnn, c->x, c->y, c->cv, c->w, N, &n, pw)));
-  if ((k = pick(pw, n, g->tf32)) < 0)
+  if ((k = pick(pw, n, g->tf32, g->fp16)) < 0)
     return trn__fail(err, err_len, -EIO,
                      "cuda:%d: no deterministic "
                      "filter-gradient algorithm for convolution %zu",
@@ -417,7 +438,7 @@ static int conv_heuristic(trn__gpu *g, size_t i, gconv *c, size_t mem[3],
     cudnnConvolutionBwdDataAlgoPerf_t pd[N];
     TRY(DK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
         g->dnn, c->w, c->y, c->cv, c->x, N, &n, pd)));
-    if ((k = pick(pd, n, g->tf32)) < 0)
+    if ((k = pick(pd, n, g->tf32, g->fp16)) < 0)
       return trn__fail(err, err_len, -EIO,
                        "cuda:%d: no deterministic "
                        "data-gradient algorithm for convolution %zu",
@@ -451,9 +472,12 @@ static int conv_setup(trn__gpu *g, size_t i, size_t *ws, char *err,
       c->cv, (int)cv->pad, (int)cv->pad, (int)stride, (int)stride, 1, 1,
       CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT)));
   /* FMA: never TF32.  DEFAULT: TF32 where cuDNN finds it faster (what
-   * PyTorch's allow_tf32 sets). */
-  TRY(DK(cudnnSetConvolutionMathType(c->cv, g->tf32 ? CUDNN_DEFAULT_MATH
-                                                    : CUDNN_FMA_MATH)));
+   * PyTorch's allow_tf32 sets).  ALLOW_CONVERSION: fp16 inputs on the
+   * tensor cores too. */
+  TRY(DK(cudnnSetConvolutionMathType(
+      c->cv, g->fp16   ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
+             : g->tf32 ? CUDNN_DEFAULT_MATH
+                       : CUDNN_FMA_MATH)));
   size_t mem[3] = {0, 0, 0};
   TRY(g->timed ? conv_find(g, i, c, mem, err, err_len)
                : conv_heuristic(g, i, c, mem, err, err_len));
@@ -597,6 +621,7 @@ int trn__gpu_new(int index, const trn__layer *l, size_t nl, size_t nparams,
   g->index = index;
   g->tf32 = precision != TRN_FP32; /* bf16: the convolutions on TF32 */
   g->bf16 = precision == TRN_BF16;
+  g->fp16 = precision == TRN_FP16;
   g->timed = conv_timed();
   g->nl = nl;
   g->nparams = nparams;
@@ -669,12 +694,16 @@ void trn__gpu_free(trn__gpu *g) {
       (void)cudaEventDestroy(g->bev[i]);
     }
   }
-  void *bufs[] = {g->params, g->grads, g->buffers, g->x,         g->y,
-                  g->loss,   g->hit,   g->ws,      g->lamb_part, g->lamb_step};
+  if (g->kept) /* a pass failed inside; its array is sgrads */
+    g->grads = g->kept;
+  void *bufs[] = {g->params,    g->grads,     g->buffers, g->x,
+                  g->y,         g->loss,      g->hit,     g->ws,
+                  g->lamb_part, g->lamb_step, g->sgrads,  g->bad};
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
     (void)cudaFree(bufs[i]);
   (void)cudaFreeHost(g->h_loss);
   (void)cudaFreeHost(g->h_hit);
+  (void)cudaFreeHost(g->h_bad);
   for (size_t i = 0; g->dbuf && i < g->ndbuf; i++)
     (void)cudaFree(g->dbuf[i]);
   for (size_t i = 0; g->bn && i < g->nl; i++) { /* all or none (new) */
@@ -985,11 +1014,15 @@ int trn__gpu_pass(trn__gpu *g, const float *x, const int32_t *y, size_t B,
   TRY(forward(g, B, train, seed, dropout_calls));
   const float *z = g->act[g->nl - 1];
   k_softmax_ce<<<blocks(B), THREADS, 0, g->st>>>(
-      z, g->y, train ? g->dbuf[g->grad[g->nl - 1]] : NULL, g->loss, g->hit, B,
-      g->classes);
+      z, g->y, train ? g->dbuf[g->grad[g->nl - 1]] : NULL,
+      train && g->scale > 0 ? g->scale : 1.0f, g->loss, g->hit, B, g->classes);
   TRY(CK(cudaGetLastError()));
-  if (train)
-    TRY(backward(g, B));
+  if (train) {
+    TRY(trn__gpu_scaled_begin(g));
+    int rc = backward(g, B);
+    int rc2 = trn__gpu_scaled_end(g); /* g->grads back either way */
+    TRY(rc ? rc : rc2);
+  }
   TRY(CK(cudaMemcpyAsync(g->h_loss, g->loss, B * sizeof *g->loss,
                          cudaMemcpyDeviceToHost, g->st)));
   TRY(CK(cudaMemcpyAsync(g->h_hit, g->hit, B * sizeof *g->hit,
@@ -1010,8 +1043,55 @@ int trn__gpu_pass(trn__gpu *g, const float *x, const int32_t *y, size_t B,
     g->passes++;
     g->train_passes += train;
   }
+  if (train)
+    trn__gpu_scaled_check(g);
   trn__sum_losses(g->h_loss, g->h_hit, B, loss, correct);
   return 0;
+}
+
+/* ---- loss scaling ------------------------------------------------------------ */
+
+int trn__gpu_set_scale(trn__gpu *g, float scale, char *err, size_t err_len) {
+  if (scale > 0 && !g->sgrads) {
+    TRY(CK(cudaSetDevice(g->index)));
+    DALLOC(g->sgrads, g->nparams, "loss scaling's gradients");
+    DALLOC(g->bad, 1, "loss scaling's flag");
+    TRY(CK(cudaMallocHost((void **)&g->h_bad, sizeof *g->h_bad)));
+    *g->h_bad = 0;
+  }
+  g->scale = scale > 0 ? scale : 0;
+  return 0;
+}
+
+bool trn__gpu_overflow(const trn__gpu *g) { return g->overflow; }
+
+int trn__gpu_scaled_begin(trn__gpu *g) {
+  g->overflow = false;
+  if (!(g->scale > 0))
+    return 0;
+  TRY(CK(cudaMemsetAsync(g->sgrads, 0, g->nparams * sizeof(float), g->st)));
+  TRY(CK(cudaMemsetAsync(g->bad, 0, sizeof *g->bad, g->st)));
+  g->kept = g->grads;
+  g->grads = g->sgrads;
+  return 0;
+}
+
+int trn__gpu_scaled_end(trn__gpu *g) {
+  if (!g->kept)
+    return 0;
+  g->grads = g->kept;
+  g->kept = NULL;
+  size_t n = g->nparams;
+  k_nonfinite<<<blocks(n), THREADS, 0, g->st>>>(g->sgrads, n, g->bad);
+  k_unscale_add<<<blocks(n), THREADS, 0, g->st>>>(g->grads, g->sgrads, n,
+                                                  1.0f / g->scale, g->bad);
+  TRY(CK(cudaGetLastError()));
+  return CK(cudaMemcpyAsync(g->h_bad, g->bad, sizeof *g->bad,
+                            cudaMemcpyDeviceToHost, g->st));
+}
+
+void trn__gpu_scaled_check(trn__gpu *g) {
+  g->overflow = g->scale > 0 && *g->h_bad != 0;
 }
 
 /* ---- optimizer steps --------------------------------------------------------- */

@@ -117,6 +117,10 @@ int trn__gpu_pass(trn__gpu *g, const float *x, const int32_t *y, size_t B,
                   float *logits, double *loss, size_t *correct) {
   return -ENOTSUP;
 }
+int trn__gpu_set_scale(trn__gpu *g, float scale, char *err, size_t err_len) {
+  return -ENOTSUP;
+}
+bool trn__gpu_overflow(const trn__gpu *g) { return false; }
 int trn__gpu_step(trn__gpu *g, float *state, const trn__step *s) {
   return -ENOTSUP;
 }

@@ -58,6 +58,10 @@ struct trn_model {
   bool dev_params_old, dev_grads_old, dev_bufs_old;
   bool host_params_old, host_grads_old, host_bufs_old;
   int gpu_rc;
+  /* Loss scaling (scale.c); on the CPU a scaled pass's gradients go to
+   * sgrads (nparams) first, on CUDA to the device's own array. */
+  trn__scaler sc;
+  float *sgrads;
 };
 
 void trn_model_config_default(trn_model_config *c) {
@@ -370,6 +374,23 @@ static int new_on_cuda(trn_model *m, const layer *l, size_t nl, char *err,
   return 0;
 }
 
+/* The room a scaled pass needs: the CPU's array, or the device's. */
+static int scaling_setup(trn_model *m, char *err, size_t errlen) {
+  if (m->sc.scale == 0)
+    return 0;
+  if (m->gpu) {
+    int rc = trn__gpu_set_scale(m->gpu, m->sc.scale, err, errlen);
+    m->act_bytes = trn__gpu_bytes(m->gpu); /* the array counted too */
+    return rc;
+  }
+  if (!(m->sgrads = malloc(m->nparams * sizeof *m->sgrads)))
+    return trn__fail(err, errlen, -ENOMEM,
+                     "%s: out of memory for loss scaling's %zu gradients",
+                     m->name, m->nparams);
+  m->act_bytes += m->nparams * sizeof *m->sgrads;
+  return 0;
+}
+
 int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
                   size_t errlen) {
   *out = NULL;
@@ -380,21 +401,24 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
   if (cfg->max_batch == 0 || cfg->max_batch > TRN_BATCH_MAX)
     return trn__fail(err, errlen, -EINVAL, "batch %zu: 1 to %d",
                      cfg->max_batch, TRN_BATCH_MAX);
-  if (cfg->precision != TRN_FP32 && cfg->precision != TRN_TF32 &&
-      cfg->precision != TRN_BF16)
-    return trn__fail(err, errlen, -EINVAL, "precision %d: fp32, tf32 or bf16",
-                     cfg->precision);
+  if (cfg->precision < TRN_FP32 || cfg->precision > TRN_FP16)
+    return trn__fail(err, errlen, -EINVAL,
+                     "precision %d: fp32, tf32, bf16 or fp16", cfg->precision);
+  trn__scaler sc;
+  int rc = trn__scaler_init(&sc, cfg, err, errlen);
+  if (rc)
+    return rc;
   trn_model *m = calloc(1, sizeof *m);
   if (!m)
     return trn__fail(err, errlen, -ENOMEM, "out of memory");
   m->cfg = *cfg;
+  m->sc = sc;
   snprintf(m->name, sizeof m->name, "%s", cfg->name);
   m->cfg.name = m->name;
-  int rc;
   if (strcmp(cfg->name, "gpt") == 0 || strcmp(cfg->name, "resnet") == 0) {
     rc = cfg->name[0] == 'g' ? build_gpt(m, cfg, err, errlen)
                              : build_resnet(m, cfg, err, errlen);
-    if (rc)
+    if (rc || (rc = scaling_setup(m, err, errlen)))
       goto fail;
     *out = m;
     return 0;
@@ -412,7 +436,7 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
   }
   if (cfg->device == TRN_DEV_CUDA) {
     rc = new_on_cuda(m, m->l, m->nl, err, errlen);
-    if (rc)
+    if (rc || (rc = scaling_setup(m, err, errlen)))
       goto fail;
     *out = m;
     return 0;
@@ -471,6 +495,8 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
     if (L->kind == L_POOL)
       m->act_bytes += L->out * B * sizeof *L->arg;
   }
+  if ((rc = scaling_setup(m, err, errlen)))
+    goto fail;
   trn_model_init(m, cfg->seed);
   *out = m;
   return 0;
@@ -488,6 +514,7 @@ void trn_model_free(trn_model *m) {
     free(m->l[i].arg);
   free(m->params);
   free(m->grads);
+  free(m->sgrads);
   free(m->buffers);
   free(m->ws);
   free(m->d0);
@@ -727,6 +754,43 @@ static int check_batch(const trn_model *m, const int32_t *y, size_t B) {
   return 0;
 }
 
+/* Where a CPU training pass adds its gradients: the model's, or with loss
+ * scaling sgrads, zeroed. */
+static float *pass_grads(trn_model *m) {
+  if (!m->sc.scale)
+    return m->grads;
+  memset(m->sgrads, 0, m->nparams * sizeof *m->sgrads);
+  return m->sgrads;
+}
+
+/* The end of a CPU training pass: a scaled one's gradients added to the
+ * model's unless they overflowed. */
+static void pass_end(trn_model *m) {
+  if (m->sc.scale)
+    trn__scaler_after(&m->sc, trn__unscale_add(m->grads, m->sgrads,
+                                               m->nparams, m->sc.scale));
+}
+
+/* A training pass on the device, at this pass's loss scale: images x, or
+ * gpt's tokens tok (B, T). */
+static int gpu_train(trn_model *m, const float *x, const int32_t *tok,
+                     const int32_t *y, size_t B, size_t T, double *l) {
+  int rc;
+  if ((rc = gpu_send(m)) ||
+      (m->sc.scale &&
+       (rc = trn__gpu_set_scale(m->gpu, m->sc.scale, NULL, 0))) ||
+      (rc = m->gpu_rc =
+           m->gpt ? trn__gpu_tokens(m->gpu, tok, y, B, T, true, l, NULL)
+                  : trn__gpu_pass(m->gpu, x, y, B, true, m->cfg.seed,
+                                  &m->dropout_calls, m->logits, l, NULL)))
+    return rc;
+  m->host_grads_old = true;
+  m->host_bufs_old = m->nbuffers > 0;
+  if (m->sc.scale)
+    trn__scaler_after(&m->sc, trn__gpu_overflow(m->gpu));
+  return 0;
+}
+
 int trn_model_train_batch(trn_model *m, const float *x, const int32_t *y,
                           size_t B, double *loss) {
   int rc = check_batch(m, y, B);
@@ -734,21 +798,21 @@ int trn_model_train_batch(trn_model *m, const float *x, const int32_t *y,
     return rc;
   if (m->gpu) {
     double l = 0;
-    if ((rc = gpu_send(m)) ||
-        (rc = m->gpu_rc = trn__gpu_pass(m->gpu, x, y, B, true, m->cfg.seed,
-                                        &m->dropout_calls, m->logits, &l,
-                                        NULL)))
+    if ((rc = gpu_train(m, x, NULL, y, B, 0, &l)))
       return rc;
-    m->host_grads_old = true;
-    m->host_bufs_old = m->nbuffers > 0;
     if (loss)
       *loss = l;
     return 0;
   }
+  float *G = pass_grads(m);
   if (m->resnet) {
+    float *dl = trn__resnet_dlogits(m->resnet);
     double l = trn__resnet_forward(m->resnet, m->params, m->buffers, x, y, B,
-                                   true, trn__resnet_dlogits(m->resnet), NULL);
-    trn__resnet_backward(m->resnet, m->params, m->grads, B);
+                                   true, dl, NULL);
+    if (m->sc.scale)
+      trn__scale_floats(dl, B * m->classes, m->sc.scale);
+    trn__resnet_backward(m->resnet, m->params, G, B);
+    pass_end(m);
     if (loss)
       *loss = l;
     return 0;
@@ -758,12 +822,14 @@ int trn_model_train_batch(trn_model *m, const float *x, const int32_t *y,
    * the first layer computes no gradient for the input. */
   float *d = m->d0, *dn = m->d1;
   double l = trn__softmax_ce(m->l[m->nl - 1].y, y, d, B, m->classes, NULL);
+  if (m->sc.scale)
+    trn__scale_floats(d, B * m->classes, m->sc.scale);
   for (size_t i = m->nl; i-- > 0;) {
     layer *L = &m->l[i];
     const float *in = i ? m->l[i - 1].y : x;
     const float *w = m->params + L->w_off;
-    float *dw = m->grads + L->w_off;
-    float *db = L->bias || L->kind == L_BN ? m->grads + L->b_off : NULL;
+    float *dw = G + L->w_off;
+    float *db = L->bias || L->kind == L_BN ? G + L->b_off : NULL;
     float *dx = i ? dn : NULL;
     switch (L->kind) {
     case L_LINEAR:
@@ -792,6 +858,7 @@ int trn_model_train_batch(trn_model *m, const float *x, const int32_t *y,
     d = dn;
     dn = t;
   }
+  pass_end(m);
   if (loss)
     *loss = l;
   return 0;
@@ -867,17 +934,18 @@ int trn_model_train_tokens(trn_model *m, const int32_t *x, const int32_t *y,
     return rc;
   if (m->gpu) {
     double l = 0;
-    if ((rc = gpu_send(m)) ||
-        (rc = m->gpu_rc = trn__gpu_tokens(m->gpu, x, y, B, T, true, &l, NULL)))
+    if ((rc = gpu_train(m, NULL, x, y, B, T, &l)))
       return rc;
-    m->host_grads_old = true;
     if (loss)
       *loss = l;
     return 0;
   }
-  double l = trn__gpt_forward(m->gpt, m->params, x, y, B, T,
-                              trn__gpt_dlogits(m->gpt), NULL);
-  trn__gpt_backward(m->gpt, m->params, m->grads, x, B);
+  float *G = pass_grads(m), *dl = trn__gpt_dlogits(m->gpt);
+  double l = trn__gpt_forward(m->gpt, m->params, x, y, B, T, dl, NULL);
+  if (m->sc.scale)
+    trn__scale_floats(dl, B * T * m->classes, m->sc.scale);
+  trn__gpt_backward(m->gpt, m->params, G, x, B);
+  pass_end(m);
   if (loss)
     *loss = l;
   return 0;
@@ -958,17 +1026,25 @@ int trn_model_evaluate_tokens(trn_model *m, const trn_tokens *t, size_t T,
   return evaluate(m, NULL, NULL, NULL, t, T, loss, accuracy);
 }
 
-static const char *const precisions[] = {"fp32", "tf32", "bf16"};
+static const char *const precisions[] = {"fp32", "tf32", "bf16", "fp16"};
 
 int trn_precision_parse(const char *name) {
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; i < 4; i++)
     if (name && strcmp(name, precisions[i]) == 0)
       return i;
   return -1;
 }
 
 const char *trn_precision_name(int precision) {
-  return precision >= 0 && precision < 3 ? precisions[precision] : "?";
+  return precision >= 0 && precision < 4 ? precisions[precision] : "?";
+}
+
+bool trn_model_skipped(const trn_model *m) { return m->sc.last_skipped; }
+
+float trn_model_loss_scale(const trn_model *m, uint64_t *skipped) {
+  if (skipped)
+    *skipped = m->sc.skipped;
+  return m->sc.scale;
 }
 
 int trn_model_describe(const trn_model *m, char *buf, size_t len) {

@@ -36,6 +36,33 @@ int trn__fail(char *err, size_t err_len, int rc, const char *fmt, ...)
 #endif
     ;
 
+/* Loss scaling's bookkeeping (scale.c), the same for both backends. */
+typedef struct trn__scaler {
+  float scale;       /* 0: no scaling */
+  bool fixed;        /* the scale never changes */
+  unsigned interval; /* clean passes in a row that double it */
+  unsigned clean;    /* clean passes since it last changed */
+  uint64_t skipped;  /* passes that added nothing */
+  bool last_skipped; /* the last training pass was one */
+} trn__scaler;
+#define TRN__LOSS_SCALE_MIN 0x1p-24f
+#define TRN__LOSS_SCALE_MAX 0x1p24f
+
+/* Sets s up from c's loss_scale, loss_scale_fixed, loss_scale_interval,
+ * precision and device.  0, or -EINVAL with err naming the setting. */
+int trn__scaler_init(trn__scaler *s, const trn_model_config *c, char *err,
+                     size_t err_len);
+/* After a training pass whose scaled gradients did (overflow) or did not
+ * hold an inf or a NaN: counts it, halves or doubles the scale.  Returns
+ * whether the pass's gradients were added (!overflow). */
+bool trn__scaler_after(trn__scaler *s, bool overflow);
+/* The CPU's end of a scaled pass: when every one of the n floats of
+ * scaled is finite, grads[i] += scaled[i] / scale and returns false;
+ * else leaves grads alone and returns true (an overflow). */
+bool trn__unscale_add(float *grads, const float *scaled, size_t n, float scale);
+/* x[i] *= scale for n floats (the logits' gradient of a scaled pass). */
+void trn__scale_floats(float *x, size_t n, float scale);
+
 /* Counts visible CUDA devices into *n.  "No driver" and "no device" are
  * not errors: *n = 0, and why (when why_len > 0) says which.  Returns 0 or
  * -EIO (logged, with why set). */
@@ -451,6 +478,16 @@ int trn__gpu_zero_grads(trn__gpu *g);
 int trn__gpu_pass(trn__gpu *g, const float *x, const int32_t *y, size_t B,
                   bool train, uint64_t seed, uint64_t *dropout_calls,
                   float *logits, double *loss, size_t *correct);
+/* Loss scaling on the device (either model kind): scale > 0 makes every
+ * later training pass (trn__gpu_pass, trn__gpu_tokens) compute the
+ * gradient of its loss times scale into an array of the device's own,
+ * check it for infs and NaNs, and add it divided by scale to the
+ * gradients only when it holds none; 0 turns that off.  The first call
+ * with a scale allocates the array (nparams floats): 0, -ENOMEM (err
+ * says the sizes) or -EIO. */
+int trn__gpu_set_scale(trn__gpu *g, float scale, char *err, size_t err_len);
+/* Whether the last scaled training pass overflowed (added nothing). */
+bool trn__gpu_overflow(const trn__gpu *g);
 
 /* gpt on CUDA device index (cuda-gpt.cu): c's dimensions, nparams
  * parameters laid out as trn__gpt_layout says, batches of up to

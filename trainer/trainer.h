@@ -297,16 +297,35 @@ typedef struct trn_model_config {
    * cuBLAS and cuDNN multiply on the tensor cores with TF32 inputs (10
    * mantissa bits) and fp32 sums, as PyTorch's allow_tf32; TRN_BF16 gives
    * cuBLAS's products bf16 inputs (8 bits) with fp32 sums, as PyTorch's
-   * set_float32_matmul_precision("medium"), and cuDNN's convolutions TF32.
-   * Every array stays fp32 (the parameters are their own master copy; no
-   * loss scaling: bf16 has fp32's range).  The CPU computes in fp32 in
+   * set_float32_matmul_precision("medium"), and cuDNN's convolutions TF32;
+   * TRN_FP16 gives both fp16 inputs (10 bits, a range to 65504) with fp32
+   * sums, and scales the loss (below).  Every array stays fp32 (the
+   * parameters are their own master copy).  The CPU computes in fp32 in
    * every case. */
   int precision;
+  /* Loss scaling, for fp16's range: a training pass computes the gradient
+   * of the loss times `scale` into an array of its own, and adds it to the
+   * gradients divided by the scale, unless it holds an inf or a NaN: then
+   * the pass adds nothing (trn_model_skipped says so).  0 (the default):
+   * dynamic with TRN_FP16 on CUDA, none otherwise; another value: the
+   * scale to start from, a power of two from 2^-24 to 2^127 (any device,
+   * any precision: a power of two changes no bits where nothing
+   * overflows).  Dynamic: an overflowing pass halves the scale (not below
+   * 2^-24), loss_scale_interval clean passes in a row double it (not past
+   * 2^24; 0: TRN_LOSS_SCALE_INTERVAL); loss_scale_fixed keeps it. */
+  float loss_scale;
+  bool loss_scale_fixed;
+  unsigned loss_scale_interval;
 } trn_model_config;
 
-enum { TRN_FP32 = 0, TRN_TF32, TRN_BF16 };
-/* "fp32", "tf32" or "bf16" to TRN_*, else -1; and back ("?" for another
- * value). */
+enum { TRN_FP32 = 0, TRN_TF32, TRN_BF16, TRN_FP16 };
+/* The scale dynamic loss scaling starts from: the logits' gradient of the
+ * summed loss is within [-1, 1] per entry, so 2^15 keeps it below fp16's
+ * largest value (65504) where 2^16 would not. */
+#define TRN_LOSS_SCALE_START 32768.0f
+#define TRN_LOSS_SCALE_INTERVAL 2000 /* PyTorch GradScaler's growth_interval */
+/* "fp32", "tf32", "bf16" or "fp16" to TRN_*, else -1; and back ("?" for
+ * another value). */
 int trn_precision_parse(const char *name);
 const char *trn_precision_name(int precision);
 
@@ -397,6 +416,13 @@ const float *trn_model_logits(const trn_model *m);
  * buffers, for LAMB's per-tensor trust ratio: up to max into ends;
  * returns how many there are (more than max: call again with room). */
 size_t trn_model_tensors(const trn_model *m, size_t *ends, size_t max);
+/* Whether the last training pass added nothing to the gradients because
+ * its scaled gradients overflowed (loss scaling only; always false
+ * without): the caller should not count its samples. */
+bool trn_model_skipped(const trn_model *m);
+/* The loss scale now (0: none) and the training passes skipped so far
+ * (either pointer may be NULL). */
+float trn_model_loss_scale(const trn_model *m, uint64_t *skipped);
 /* Dropout masks depend on the seed and on how many have been drawn: a
  * checkpoint keeps the count, a restore sets it, and the run goes on with
  * the same masks. */

@@ -22,6 +22,7 @@ is CPU time over wall time in the timed steps, so a run that used more
 cores than it was given shows.
 """
 import argparse
+import contextlib
 import gzip
 import importlib.util
 import os
@@ -73,7 +74,7 @@ def main():
     p.add_argument("--device", default="cpu")
     p.add_argument("--step-every", type=int, default=1)
     p.add_argument("--precision", default="fp32",
-                   choices=("fp32", "tf32", "bf16"))
+                   choices=("fp32", "tf32", "bf16", "fp16"))
     a = p.parse_args()
     dev = torch.device(a.device)
     if dev.type == "cuda":
@@ -81,7 +82,10 @@ def main():
         # beed's CUDA backend computes by default; tf32: both allowed, as
         # beed's --precision tf32; bf16: fp32 tensors whose matrix
         # products may take bf16 inputs ("medium"), convolutions on TF32,
-        # as beed's --precision bf16.  cuDNN times its algorithms
+        # as beed's --precision bf16; fp16: automatic mixed precision
+        # (autocast to float16, GradScaler), PyTorch's recipe for what
+        # beed's --precision fp16 does (autocast also keeps activations in
+        # fp16, beed keeps them fp32).  cuDNN times its algorithms
         # (benchmark), as beed's does by default.
         tf32 = a.precision != "fp32"
         torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -144,6 +148,8 @@ def main():
     at = 0
     t0 = 0.0
     loss = torch.tensor(0.0)
+    amp = dev.type == "cuda" and a.precision == "fp16"
+    scaler = torch.cuda.amp.GradScaler(enabled=amp)
     for s in range(-a.warmup, a.steps):
         if s == 0:
             t0 = time.perf_counter()
@@ -162,10 +168,13 @@ def main():
             xb, yb = x.index_select(0, idx), y.index_select(0, idx)
         # The batch is made on the host and sent, as beed's bench does.
         xb, yb = xb.to(dev), yb.to(dev)
-        loss = F.cross_entropy(model(xb), yb)
-        loss.backward()
+        with (torch.autocast(device_type="cuda", dtype=torch.float16)
+              if amp else contextlib.nullcontext()):
+            loss = F.cross_entropy(model(xb), yb)
+        scaler.scale(loss).backward()
         if (s + a.warmup + 1) % a.step_every == 0:
-            opt.step()
+            scaler.step(opt)
+            scaler.update()
             opt.zero_grad()
     if dev.type == "cuda":
         torch.cuda.synchronize()

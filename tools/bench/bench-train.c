@@ -47,7 +47,7 @@ static void usage(FILE *f) {
              "                   [--data DIR | --data synthetic:CxHxW:K]\n"
              "                   [--print-core] [--device cpu|cuda[:N]]\n"
              "                   [--step-every N] [--prefetch D]\n"
-             "                   [--precision fp32|tf32|bf16]\n"
+             "                   [--precision fp32|tf32|bf16|fp16]\n"
              "  defaults: mlp 784-256-10 (cnn, resnet: trainer.h's defaults;\n"
              "  --depth, --width set resnet's), batch 256, 1 thread, 400 steps after\n"
              "  20, Fashion-MNIST from " TRN_FASHION_MNIST_DIR ";\n"
@@ -149,7 +149,7 @@ int main(int argc, char **argv) {
   fprintf(stderr, "bench-train: %s\n", why);
   mc.device = dv.kind, mc.device_index = dv.index;
   if (trn_precision_parse(precision) < 0) {
-    fprintf(stderr, "bench-train: --precision %s: fp32, tf32 or bf16\n",
+    fprintf(stderr, "bench-train: --precision %s: fp32, tf32, bf16 or fp16\n",
             precision);
     return 2;
   }
@@ -263,6 +263,8 @@ int main(int argc, char **argv) {
   size_t ns;
   trn_optim_state(o, &ns);
   double mib = 1024.0 * 1024.0;
+  uint64_t dropped = 0; /* batches loss scaling dropped (warmup's too) */
+  float scale = trn_model_loss_scale(m, &dropped);
   double model_mib = (double)((2 * trn_model_nparams(m) + ns) * sizeof(float) +
                               trn_model_activation_bytes(m)) /
                      mib;
@@ -271,12 +273,14 @@ int main(int argc, char **argv) {
          "batch=%ld "
          "threads=%ld steps=%ld "
          "samples_per_s=%.1f loss=%.4f rss_mib=%.1f model_mib=%.1f "
-         "data_mib=%.1f cores=%.2f batch_ms=%.3f pass_ms=%.3f\n",
+         "data_mib=%.1f cores=%.2f batch_ms=%.3f pass_ms=%.3f "
+         "loss_scale=%g dropped=%llu\n",
          dv.kind == TRN_DEV_CUDA ? "cuda" : "cpu", precision, step_every,
          model, batch,
          threads, steps, (double)(steps * batch) / dt, loss,
          (double)ru.ru_maxrss / 1024.0, model_mib, data_mib, cores,
-         1e3 * prep_s / (double)steps, 1e3 * pass_s / (double)steps);
+         1e3 * prep_s / (double)steps, 1e3 * pass_s / (double)steps,
+         (double)scale, (unsigned long long)dropped);
   free(x);
   free(y);
   trn_loader_free(ld);

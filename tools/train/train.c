@@ -59,7 +59,8 @@ static void usage(FILE *f) {
           "             [--warmup STEPS] [--clip NORM] [--threads T]\n"
           "             [--seed S] [--data DIR] [--checkpoint FILE]\n"
           "             [--resume] [--min-accuracy PCT]\n"
-          "             [--device auto|cpu|cuda[:N]] [--precision fp32|tf32|bf16]\n"
+          "             [--device auto|cpu|cuda[:N]]\n"
+          "             [--precision fp32|tf32|bf16|fp16]\n"
           "             gpt: --tokens FILE --val-tokens FILE [--vocab V]\n"
           "             [--ctx T] [--layers L] [--heads H] [--embd C]\n"
           "             resnet: [--depth 18|20|32|44|56|110] [--width W]\n"
@@ -140,7 +141,7 @@ static void parse(int argc, char **argv, opts *o) {
     case 'G': o->device = optarg; break;
     case 'P':
       if ((o->precision = trn_precision_parse(optarg)) < 0) {
-        fprintf(stderr, "train: --precision %s: fp32, tf32 or bf16\n",
+        fprintf(stderr, "train: --precision %s: fp32, tf32, bf16 or fp16\n",
                 optarg);
         exit(2);
       }

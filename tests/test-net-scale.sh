@@ -1,0 +1,37 @@
+#!/bin/bash
+# test-net-scale.sh: loss scaling in a swarm.
+#
+# a1 scales its loss dynamically from 2^127 (--precision fp16 --loss-scale
+# dynamic:2^127: on the CPU the products stay fp32, the scaling runs as
+# on a GPU), so its first batches overflow and are dropped while the
+# scale halves; a2 does not scale.  The drops are reported in a1's epoch
+# lines with the scale they left, a1's dropped batches do not count as
+# samples, and every epoch is still averaged by both with the same
+# parameters after it: a dropped batch changes what one bee contributes,
+# never the swarm's step.
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
+
+EPOCHS=4
+train=(--open --run-id lsc --target-batch-size 4096 --eval-every 0
+  --min-peers 2)
+for b in a1 a2; do key "$b"; done
+start a1 "$base" "${train[@]}" --precision fp16 --loss-scale dynamic:2^127
+wait_log a1 'listening on' 10
+start a2 $((base + 1)) "${train[@]}" --join "127.0.0.1:$base"
+for b in a1 a2; do wait_log "$b" "train: epoch $EPOCHS done" 120; done
+stop_all
+
+grep -q "train: precision fp16, loss scale 2^127 (dynamic)" "$work/a1.log" ||
+  fail "a1's start does not name its loss scale"
+if grep -q "loss scale" "$work/a2.log"; then
+  fail "a2 scales its loss without being asked"
+fi
+drops=$(sed -nE 's/.*train: epoch [0-9]+ done: .*; ([0-9]+) batch(es)? dropped for overflow, loss scale now 2\^([0-9]+),.*/\1 \3/p' \
+  "$work/a1.log")
+[ -n "$drops" ] || fail "a1 reported no dropped batch"
+read -r n at <<<"$(head -n 1 <<<"$drops")"
+[ "$n" -ge 1 ] && [ "$at" -lt 127 ] ||
+  fail "a1's first drops: $n batches, scale 2^$at (want the scale halved)"
+in_step a1 a2 0 "$EPOCHS"
+echo "scale: a1 dropped $(awk '{ s += $1 } END { print s }' <<<"$drops") batches (the first $n, leaving 2^$at); $((EPOCHS + 1)) epochs averaged by both, in step"
