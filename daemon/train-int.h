@@ -288,6 +288,8 @@ struct bee_train {
   bool short_warned; /* epochs too short to share: said once */
   uint64_t metrics_exp; /* the last metrics record's expiration */
   char last_step[288];  /* the last epoch line's gist, for beectl status */
+  float loss_scale;     /* as of the last epoch line (0: none) */
+  uint64_t dropped;     /* batches loss scaling dropped, by those lines */
   bool out_of_line;     /* and whether its parameters left the swarm's */
   bool halted;          /* the threads are stopped */
   void (*leave_done)(void *arg); /* leaving: called once the last record

@@ -543,7 +543,7 @@ size_t bee_train_report(const bee_train *t, char *buf, size_t cap) {
       "run %s\nmodel %s\nswarm-epoch %llu\nswarm-samples %llu\n"
       "target %u\nswarm-samples-per-second %.0f\neta-seconds %.1f\n"
       "peers %zu\npeers-at-epoch %zu\nsamples-per-second %.0f\n"
-      "compression %s\nlast-step %s\nout-of-line %s\n",
+      "compression %s\nlast-step %s\nout-of-line %s\nprecision %s\n",
       t->cfg->run, t->desc, (unsigned long long)w->epoch,
       (unsigned long long)w->samples, t->cfg->target_batch_size,
       w->samples_per_second, w->eta_s, w->peers, w->peers_at_epoch,
@@ -551,7 +551,12 @@ size_t bee_train_report(const bee_train *t, char *buf, size_t cap) {
       t->last_step[0] ? t->last_step : "none yet",
       t->out_of_line ? "yes (stepped without its peers' round; loading "
                        "their state when one has it)"
-                     : "no");
+                     : "no",
+      t->cfg->precision);
+  if (n >= 0 && (size_t)n < cap && t->loss_scale)
+    n += snprintf(buf + n, cap - (size_t)n,
+                  "loss-scale 2^%d\nbatches-dropped %llu\n",
+                  ilogbf(t->loss_scale), (unsigned long long)t->dropped);
   return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
 }
 
@@ -608,6 +613,8 @@ static void async_cb(uv_async_t *h) {
              (unsigned long long)r->epoch, (unsigned long long)r->samples,
              r->loss, how, st, sk, hash);
     t->out_of_line = r->diverged;
+    t->loss_scale = r->loss_scale;
+    t->dropped += r->skipped;
     snprintf(t->last_step, sizeof t->last_step,
              "epoch %llu, %llu local samples, loss %.4f, %s",
              (unsigned long long)r->epoch, (unsigned long long)r->samples,
@@ -885,12 +892,17 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
            bee_optimizer_name(cfg->optimizer), bee_config_lr(cfg),
            cfg->threads, cfg->threads == 1 ? "" : "s");
   float scale = trn_model_loss_scale(t->m, NULL);
+  bool cpu = trn_model_device(t->m) == TRN_DEV_CPU;
+  t->loss_scale = scale;
+  if (scale || strcmp(cfg->precision, "fp32") != 0)
+    bee_info(COMP, "precision %s%s, %s", cfg->precision,
+             cpu && strcmp(cfg->precision, "fp32") != 0
+                 ? " (the CPU computes in fp32)"
+                 : "",
+             scale ? "loss scaled" : "no loss scaling");
   if (scale)
-    bee_info(COMP, "precision %s, loss scale 2^%d (%s)", cfg->precision,
-             ilogbf(scale),
+    bee_info(COMP, "loss scale 2^%d, %s", ilogbf(scale),
              cfg->loss_scale_mode == BEE_LS_FIXED ? "fixed" : "dynamic");
-  else if (strcmp(cfg->precision, "fp32") != 0)
-    bee_info(COMP, "precision %s, no loss scaling", cfg->precision);
   if (cfg->compression != AVG_NONE)
     bee_info(COMP, "rounds send %s %s%s",
              t->outer ? "the change as" : "gradients as",

@@ -8,7 +8,8 @@
 # lines with the scale they left, a1's dropped batches do not count as
 # samples, and every epoch is still averaged by both with the same
 # parameters after it: a dropped batch changes what one bee contributes,
-# never the swarm's step.
+# never the swarm's step.  beectl status shows each bee's precision, and
+# a1's scale and dropped batches.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
 
@@ -16,13 +17,19 @@ EPOCHS=4
 train=(--open --run-id lsc --target-batch-size 4096 --eval-every 0
   --min-peers 2)
 for b in a1 a2; do key "$b"; done
-start a1 "$base" "${train[@]}" --precision fp16 --loss-scale dynamic:2^127
+start a1 "$base" "${train[@]}" --precision fp16 --loss-scale dynamic:2^127 \
+  --control a1.sock
 wait_log a1 'listening on' 10
-start a2 $((base + 1)) "${train[@]}" --join "127.0.0.1:$base"
+start a2 $((base + 1)) "${train[@]}" --join "127.0.0.1:$base" \
+  --control a2.sock
 for b in a1 a2; do wait_log "$b" "train: epoch $EPOCHS done" 120; done
+st=$(cd "$work" && "$BEECTL" status --control a1.sock)
+st2=$(cd "$work" && "$BEECTL" status --control a2.sock)
 stop_all
 
-grep -q "train: precision fp16, loss scale 2^127 (dynamic)" "$work/a1.log" ||
+grep -q "train: precision fp16 (the CPU computes in fp32), loss scaled" \
+  "$work/a1.log" || fail "a1's start does not say how it computes"
+grep -q "train: loss scale 2^127, dynamic" "$work/a1.log" ||
   fail "a1's start does not name its loss scale"
 if grep -q "loss scale" "$work/a2.log"; then
   fail "a2 scales its loss without being asked"
@@ -34,4 +41,12 @@ read -r n at <<<"$(head -n 1 <<<"$drops")"
 [ "$n" -ge 1 ] && [ "$at" -lt 127 ] ||
   fail "a1's first drops: $n batches, scale 2^$at (want the scale halved)"
 in_step a1 a2 0 "$EPOCHS"
+grep -qx 'precision fp16' <<<"$st" || fail "beectl status: no precision: $st"
+grep -qE '^loss-scale 2\^([0-9]|[1-9][0-9]|1[01][0-9]|12[0-6])$' <<<"$st" ||
+  fail "beectl status: no loss scale below 2^127: $st"
+grep -qx 'precision fp32' <<<"$st2" && ! grep -q '^loss-scale' <<<"$st2" ||
+  fail "beectl status of a2 (no scaling): $st2"
+d=$(sed -nE 's/^batches-dropped ([0-9]+)$/\1/p' <<<"$st")
+[ -n "$d" ] && [ "$d" -ge "$n" ] ||
+  fail "beectl status: batches-dropped '$d', the first epoch line said $n"
 echo "scale: a1 dropped $(awk '{ s += $1 } END { print s }' <<<"$drops") batches (the first $n, leaving 2^$at); $((EPOCHS + 1)) epochs averaged by both, in step"
