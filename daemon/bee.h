@@ -122,10 +122,10 @@ typedef struct bee_config {
   unsigned threads;
   char device[32];              /* trainer device spec: auto, cpu, cuda:N */
   char precision[8];            /* --precision fp32, tf32, bf16, fp16 */
-  /* --loss-scale: auto (fp16 on CUDA: dynamic from 2^15), dynamic[:S]
-   * (any device), or S fixed; S a power of two, 0 when not given */
-  enum { BEE_LS_AUTO, BEE_LS_DYNAMIC, BEE_LS_FIXED } loss_scale_mode;
+  /* --loss-scale (trn_loss_scale_parse): 0 for auto (fp16 on CUDA:
+   * dynamic from 2^15), else the scale to start from, fixed or not */
   float loss_scale;
+  bool loss_scale_fixed;
   unsigned eval_every;          /* epochs; 0: never */
   char checkpoint_dir[BEE_PATH_MAX]; /* "": no checkpoints */
   unsigned checkpoint_every;    /* epochs */

@@ -280,17 +280,19 @@ static int parse_uint(const char *s, unsigned long lo, unsigned long hi,
 }
 
 /* A loss scale: 2^E with E in -24..127, or a decimal power of two from 1
- * to 2^31. */
+ * to 2^31 (trn_loss_scale_parse's S: this library does not link the
+ * trainer, and test-daemon-config holds the two to the same cases). */
 static int parse_scale(const char *s, float *out) {
   unsigned u;
   if (s[0] == '2' && s[1] == '^') {
     bool neg = s[2] == '-';
-    if (parse_uint(s + 2 + neg, 0, neg ? 24 : 127, &u))
+    if ((s[2 + neg] == '0' && s[3 + neg] != '\0') ||
+        parse_uint(s + 2 + neg, 0, neg ? 24 : 127, &u))
       return BEE_ECONFIG;
     *out = ldexpf(1.0f, neg ? -(int)u : (int)u);
     return 0;
   }
-  if (parse_uint(s, 1, 1ul << 31, &u) || (u & (u - 1)))
+  if (s[0] == '0' || parse_uint(s, 1, 1ul << 31, &u) || (u & (u - 1)))
     return BEE_ECONFIG;
   *out = (float)u;
   return 0;
@@ -661,22 +663,27 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
                        v);
     snprintf(cfg->precision, sizeof cfg->precision, "%s", v);
     return 0;
-  case O_LOSS_SCALE:
-    cfg->loss_scale = 0;
-    if (strcmp(v, "auto") == 0 || strcmp(v, "dynamic") == 0) {
-      cfg->loss_scale_mode = v[0] == 'a' ? BEE_LS_AUTO : BEE_LS_DYNAMIC;
-      return 0;
+  case O_LOSS_SCALE: {
+    /* auto: 0, the trainer's default; dynamic: from 2^15, the trainer's
+     * TRN_LOSS_SCALE_START */
+    bool dyn = strncmp(v, "dynamic", 7) == 0, ok = true;
+    float s = 0;
+    if (dyn) {
+      s = 32768.0f;
+      ok = v[7] == '\0' || (v[7] == ':' && parse_scale(v + 8, &s) == 0);
+    } else if (strcmp(v, "auto") != 0) {
+      ok = parse_scale(v, &s) == 0;
     }
-    cfg->loss_scale_mode =
-        strncmp(v, "dynamic:", 8) == 0 ? BEE_LS_DYNAMIC : BEE_LS_FIXED;
-    if (parse_scale(v + (cfg->loss_scale_mode == BEE_LS_DYNAMIC ? 8 : 0),
-                    &cfg->loss_scale))
+    if (!ok)
       return bee_failf(msg, cap, BEE_ECONFIG,
                        "bad loss scale '%.80s' (want auto, dynamic, "
                        "dynamic:S or S; S a power of two: 65536 or 2^16, "
                        "2^-24 to 2^127)",
                        v);
+    cfg->loss_scale = s;
+    cfg->loss_scale_fixed = !dyn && s != 0;
     return 0;
+  }
   case O_EVAL_EVERY:
     if (parse_uint(v, 0, 1000000, &u))
       return bee_failf(msg, cap, BEE_ECONFIG,

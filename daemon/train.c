@@ -701,9 +701,8 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   mc.device = dev.kind;
   mc.device_index = dev.index;
   mc.precision = trn_precision_parse(cfg->precision); /* config.c's */
-  if (cfg->loss_scale_mode != BEE_LS_AUTO)
-    mc.loss_scale = cfg->loss_scale ? cfg->loss_scale : TRN_LOSS_SCALE_START;
-  mc.loss_scale_fixed = cfg->loss_scale_mode == BEE_LS_FIXED;
+  mc.loss_scale = cfg->loss_scale; /* 0: the trainer's default */
+  mc.loss_scale_fixed = cfg->loss_scale_fixed;
   /* Every bee of the run starts from the same weights. */
   uint8_t h[8];
   crypto_generichash(h, sizeof h, (const uint8_t *)cfg->run, strlen(cfg->run),
@@ -902,7 +901,7 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
              scale ? "loss scaled" : "no loss scaling");
   if (scale)
     bee_info(COMP, "loss scale 2^%d, %s", ilogbf(scale),
-             cfg->loss_scale_mode == BEE_LS_FIXED ? "fixed" : "dynamic");
+             cfg->loss_scale_fixed ? "fixed" : "dynamic");
   if (cfg->compression != AVG_NONE)
     bee_info(COMP, "rounds send %s %s%s",
              t->outer ? "the change as" : "gradients as",

@@ -6,6 +6,7 @@
  */
 #include "averager.h"
 #include "bee.h"
+#include "loss-scale-cases.h"
 #include "test.h"
 
 #include <errno.h>
@@ -662,31 +663,18 @@ static void test_model_flags(void) {
   ASSERT_STREQ(c.precision, "fp16");
   expect_flag_error("--precision", "fp8");
   /* Loss scales: auto, dynamic[:S], S; S 2^E or a decimal power of two. */
-  ASSERT_EQ(c.loss_scale_mode, BEE_LS_AUTO);
-  ASSERT(c.loss_scale == 0);
-  static const struct {
-    const char *v;
-    int mode;
-    float scale;
-  } good[] = {{"auto", BEE_LS_AUTO, 0},
-              {"dynamic", BEE_LS_DYNAMIC, 0},
-              {"dynamic:2^127", BEE_LS_DYNAMIC, 0x1p127f},
-              {"dynamic:1024", BEE_LS_DYNAMIC, 1024},
-              {"2^-24", BEE_LS_FIXED, 0x1p-24f},
-              {"1", BEE_LS_FIXED, 1},
-              {"2147483648", BEE_LS_FIXED, 0x1p31f}};
-  for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
-    ASSERT_OK(parse(&c, "--open", "--loss-scale", good[i].v, NULL));
-    ASSERT_EQ(c.loss_scale_mode, good[i].mode);
-    if (c.loss_scale != good[i].scale)
-      FAIL("--loss-scale %s: %g, want %g", good[i].v, (double)c.loss_scale,
-           (double)good[i].scale);
+  ASSERT(c.loss_scale == 0 && !c.loss_scale_fixed);
+  for (size_t i = 0; i < sizeof loss_scale_good / sizeof *loss_scale_good;
+       i++) {
+    ASSERT_OK(parse(&c, "--open", "--loss-scale", loss_scale_good[i].spec,
+                    NULL));
+    ASSERT_EQ(c.loss_scale_fixed, loss_scale_good[i].fixed);
+    if (c.loss_scale != loss_scale_good[i].scale)
+      FAIL("--loss-scale %s: %g, want %g", loss_scale_good[i].spec,
+           (double)c.loss_scale, (double)loss_scale_good[i].scale);
   }
-  const char *bad[] = {"3",     "0",        "2^128", "2^-25",   "-2",
-                       "2^",    "2^+3",     "2^1x",  "dynamic:", "dynamic:3",
-                       "fixed", "4294967296", "1e3", ""};
-  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
-    expect_flag_error("--loss-scale", bad[i]);
+  for (size_t i = 0; i < sizeof loss_scale_bad / sizeof *loss_scale_bad; i++)
+    expect_flag_error("--loss-scale", loss_scale_bad[i]);
   ASSERT_ERR("a power of two");
 }
 

@@ -15,8 +15,10 @@
  *   clean passes, not past 2^24; a fixed scale never moves.
  * - Bad settings are refused with a message: a scale that is not a power
  *   of two, out of range, a NaN; an unknown precision.  fp16 on the CPU
- *   scales nothing unless asked.
+ *   scales nothing unless asked.  trn_loss_scale_parse takes and refuses
+ *   the specs beed's --loss-scale does (loss-scale-cases.h).
  */
+#include "loss-scale-cases.h"
 #include "test.h"
 #include "trainer.h"
 
@@ -269,6 +271,25 @@ static void test_settings(void) {
   ASSERT_EQ(trn_model_new(&c, &m, err, sizeof err), 0);
   ASSERT(trn_model_loss_scale(m, NULL) == 0);
   trn_model_free(m);
+  /* Specs: the same cases as beed's --loss-scale. */
+  for (size_t i = 0; i < sizeof loss_scale_good / sizeof *loss_scale_good;
+       i++) {
+    float v = -1;
+    bool fixed = !loss_scale_good[i].fixed;
+    ASSERT_EQ(trn_loss_scale_parse(loss_scale_good[i].spec, &v, &fixed), 0);
+    if (v != loss_scale_good[i].scale || fixed != loss_scale_good[i].fixed)
+      FAIL("loss scale spec %s: %g%s", loss_scale_good[i].spec, (double)v,
+           fixed ? " fixed" : "");
+  }
+  ASSERT(TRN_LOSS_SCALE_START == 32768.0f); /* "dynamic" above */
+  for (size_t i = 0; i < sizeof loss_scale_bad / sizeof *loss_scale_bad;
+       i++) {
+    float v = 7;
+    bool fixed = true;
+    if (trn_loss_scale_parse(loss_scale_bad[i], &v, &fixed) != -EINVAL ||
+        v != 7 || !fixed)
+      FAIL("loss scale spec '%s' was not refused cleanly", loss_scale_bad[i]);
+  }
   ASSERT_EQ(trn_precision_parse("fp16"), TRN_FP16);
   ASSERT_STREQ(trn_precision_name(TRN_FP16), "fp16");
   ASSERT_EQ(trn_precision_parse("FP16"), -1);

@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -174,6 +175,50 @@ int trn_device_parse(const char *spec, int *kind, int *index) {
   }
   *kind = k;
   *index = i;
+  return 0;
+}
+
+/* A decimal number in 0..max: digits only, no sign, no leading zero. */
+static int parse_uint(const char *s, unsigned long max, unsigned long *out) {
+  unsigned long v = 0;
+  if (*s == '\0' || (s[0] == '0' && s[1] != '\0'))
+    return -EINVAL;
+  for (; *s; s++) {
+    if (*s < '0' || *s > '9' || (v = v * 10 + (unsigned long)(*s - '0')) > max)
+      return -EINVAL;
+  }
+  *out = v;
+  return 0;
+}
+
+/* S of a loss-scale spec: 2^E or a decimal power of two. */
+static int parse_scale(const char *s, float *out) {
+  unsigned long u;
+  if (s[0] == '2' && s[1] == '^') {
+    bool neg = s[2] == '-';
+    if (parse_uint(s + 2 + neg, neg ? 24 : 127, &u))
+      return -EINVAL;
+    *out = ldexpf(1.0f, neg ? -(int)u : (int)u);
+    return 0;
+  }
+  if (parse_uint(s, 1ul << 31, &u) || u == 0 || (u & (u - 1)))
+    return -EINVAL;
+  *out = (float)u;
+  return 0;
+}
+
+int trn_loss_scale_parse(const char *spec, float *scale, bool *fixed) {
+  float v = TRN_LOSS_SCALE_START;
+  bool dyn = strncmp(spec, "dynamic", 7) == 0;
+  if (strcmp(spec, "auto") == 0)
+    v = 0;
+  else if (dyn && spec[7] != '\0' &&
+           (spec[7] != ':' || parse_scale(spec + 8, &v)))
+    return -EINVAL;
+  else if (!dyn && parse_scale(spec, &v))
+    return -EINVAL;
+  *scale = v;
+  *fixed = !dyn && v != 0;
   return 0;
 }
 

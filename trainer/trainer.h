@@ -324,6 +324,12 @@ enum { TRN_FP32 = 0, TRN_TF32, TRN_BF16, TRN_FP16 };
  * largest value (65504) where 2^16 would not. */
 #define TRN_LOSS_SCALE_START 32768.0f
 #define TRN_LOSS_SCALE_INTERVAL 2000 /* PyTorch GradScaler's growth_interval */
+/* A loss-scale spec, as beed's --loss-scale: "auto" (scale 0: dynamic with
+ * fp16 on CUDA, none otherwise), "dynamic" (from TRN_LOSS_SCALE_START),
+ * "dynamic:S" (from S) or "S" (fixed at S: *fixed set); S is 2^E with E
+ * from -24 to 127, or a decimal power of two from 1 to 2^31 ("65536").
+ * Returns 0, or -EINVAL for anything else (nothing written). */
+int trn_loss_scale_parse(const char *spec, float *scale, bool *fixed);
 /* "fp32", "tf32", "bf16" or "fp16" to TRN_*, else -1; and back ("?" for
  * another value). */
 int trn_precision_parse(const char *name);

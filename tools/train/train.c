@@ -42,6 +42,8 @@ typedef struct opts {
   uint64_t warmup, seed;
   bool resume, batchnorm;
   int precision;
+  float loss_scale; /* --loss-scale (trn_loss_scale_parse) */
+  bool loss_scale_fixed;
 } opts;
 
 static double now_s(void) {
@@ -61,6 +63,7 @@ static void usage(FILE *f) {
           "             [--resume] [--min-accuracy PCT]\n"
           "             [--device auto|cpu|cuda[:N]]\n"
           "             [--precision fp32|tf32|bf16|fp16]\n"
+          "             [--loss-scale auto|dynamic|dynamic:S|S]\n"
           "             gpt: --tokens FILE --val-tokens FILE [--vocab V]\n"
           "             [--ctx T] [--layers L] [--heads H] [--embd C]\n"
           "             resnet: [--depth 18|20|32|44|56|110] [--width W]\n"
@@ -98,6 +101,7 @@ static void parse(int argc, char **argv, opts *o) {
       {"heads", 1, 0, 'H'},    {"embd", 1, 0, 'E'},
       {"depth", 1, 0, 'D'},    {"width", 1, 0, 'R'},
       {"device", 1, 0, 'G'},   {"precision", 1, 0, 'P'},
+      {"loss-scale", 1, 0, 'X'},
       {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
   *o = (opts){.model = "mlp", .data = TRN_FASHION_MNIST_DIR, .device = "cpu",
               .epochs = 10,
@@ -142,6 +146,15 @@ static void parse(int argc, char **argv, opts *o) {
     case 'P':
       if ((o->precision = trn_precision_parse(optarg)) < 0) {
         fprintf(stderr, "train: --precision %s: fp32, tf32, bf16 or fp16\n",
+                optarg);
+        exit(2);
+      }
+      break;
+    case 'X':
+      if (trn_loss_scale_parse(optarg, &o->loss_scale, &o->loss_scale_fixed)) {
+        fprintf(stderr,
+                "train: --loss-scale %s: auto, dynamic, dynamic:S or S (S a "
+                "power of two: 65536 or 2^16, 2^-24 to 2^127)\n",
                 optarg);
         exit(2);
       }
@@ -209,6 +222,8 @@ int main(int argc, char **argv) {
   mc.depth = o.depth, mc.width = o.width; /* resnet, on the images */
   trn_source_fit(src, &mc); /* the images' shape and classes */
   mc.precision = o.precision;
+  mc.loss_scale = o.loss_scale;
+  mc.loss_scale_fixed = o.loss_scale_fixed;
   trn_device dev;
   if ((rc = trn_device_open(o.device, &dev, err, sizeof err))) {
     fprintf(stderr, "train: --device %s: %s\n", o.device, err);
@@ -280,10 +295,13 @@ int main(int argc, char **argv) {
       double l = 0;
       trn_model_zero_grad(m);
       rc = trn_source_train(src, m, &l);
-      if (!rc && o.clip > 0)
+      /* A batch loss scaling dropped (its gradients overflowed) takes no
+       * step, as PyTorch's GradScaler skips optimizer.step(). */
+      bool dropped = !rc && trn_model_skipped(m);
+      if (!rc && !dropped && o.clip > 0)
         trn_grad_clip(trn_model_grads(m), trn_model_nparams(m), scale,
                       o.clip);
-      if (!rc) /* on the model's device */
+      if (!rc && !dropped) /* on the model's device */
         rc = trn_model_step(m, opt, scale);
       if (rc) {
         fprintf(stderr, "train: epoch %llu, step %zu: %s\n",
@@ -309,6 +327,11 @@ int main(int argc, char **argv) {
       printf("epoch %llu: train loss %.4f, test loss %.4f, test accuracy "
              "%.2f%%, %.1f s, %.0f samples/s\n",
              (unsigned long long)e + 1, loss / n, tl, acc, dt, n / dt);
+    uint64_t dropped = 0;
+    float ls = trn_model_loss_scale(m, &dropped);
+    if (ls)
+      printf("# loss scale 2^%d, %llu batches dropped so far\n", ilogbf(ls),
+             (unsigned long long)dropped);
     fflush(stdout);
     done[0] = e + 1;
     if (o.ckpt) { /* the order at the next batch the trainer takes */
