@@ -719,11 +719,16 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     rc = trn_model_new(&mc, &t->m, err, sizeof err);
   }
   if (rc == 0 && cfg->eval_every && trn_source_test_items(t->src)) {
-    rc = trn_model_new(&mc, &t->em, err, sizeof err);
-    if (rc && mc.device == TRN_DEV_CUDA && fall_back) {
+    /* The test model never trains: it holds no loss scaling's array, and
+     * with fp16 evaluates on TF32 (the same 10 bits, fp32's range). */
+    trn_model_config ec = mc;
+    ec.loss_scale = 0;
+    if (ec.precision == TRN_FP16)
+      ec.precision = TRN_TF32;
+    rc = trn_model_new(&ec, &t->em, err, sizeof err);
+    if (rc && ec.device == TRN_DEV_CUDA && fall_back) {
       bee_warn(COMP, "the test model on cuda:%d: %s; testing on the CPU",
-               mc.device_index, err);
-      trn_model_config ec = mc;
+               ec.device_index, err);
       ec.device = TRN_DEV_CPU;
       rc = trn_model_new(&ec, &t->em, err, sizeof err);
     }

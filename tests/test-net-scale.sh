@@ -14,7 +14,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
 
 EPOCHS=4
-train=(--open --run-id lsc --target-batch-size 4096 --eval-every 0
+train=(--open --run-id lsc --target-batch-size 4096 --eval-every 2
   --min-peers 2)
 for b in a1 a2; do key "$b"; done
 start a1 "$base" "${train[@]}" --precision fp16 --loss-scale dynamic:2^127 \
@@ -41,6 +41,8 @@ read -r n at <<<"$(head -n 1 <<<"$drops")"
 [ "$n" -ge 1 ] && [ "$at" -lt 127 ] ||
   fail "a1's first drops: $n batches, scale 2^$at (want the scale halved)"
 in_step a1 a2 0 "$EPOCHS"
+grep -q 'train: epoch 2: test accuracy' "$work/a1.log" ||
+  fail "a1 did not evaluate (its test model does not scale)"
 grep -qx 'precision fp16' <<<"$st" || fail "beectl status: no precision: $st"
 grep -qE '^loss-scale 2\^([0-9]|[1-9][0-9]|1[01][0-9]|12[0-6])$' <<<"$st" ||
   fail "beectl status: no loss scale below 2^127: $st"

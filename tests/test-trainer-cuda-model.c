@@ -528,7 +528,10 @@ static void learns(int precision) {
   printf("learning: mean loss of the last 20 batches: cpu %.4f cuda %.4f\n",
          last[0], last[1]);
   ASSERT(acc > 0.75);
-  ASSERT(fabs(last[0] - last[1]) <= 0.05 * last[0]);
+  /* fp16's products round to 10 bits (TF32's): 150 SGD steps may drift
+   * further from the CPU's fp32 path than fp32 on the GPU does. */
+  ASSERT(fabs(last[0] - last[1]) <=
+         (precision == TRN_FP32 ? 0.05 : 0.10) * last[0]);
   trn_images_free(&d);
 }
 
