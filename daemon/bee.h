@@ -122,8 +122,9 @@ typedef struct bee_config {
   unsigned threads;
   char device[32];              /* trainer device spec: auto, cpu, cuda:N */
   char precision[8];            /* --precision fp32, tf32, bf16, fp16 */
-  /* --loss-scale (trn_loss_scale_parse): 0 for auto (fp16 on CUDA:
-   * dynamic from 2^15), else the scale to start from, fixed or not */
+  /* --loss-scale (trn_loss_scale_parse's syntax): 0 for auto (fp16 on
+   * CUDA: dynamic from 2^15), else the scale to start from, fixed or
+   * not */
   float loss_scale;
   bool loss_scale_fixed;
   unsigned eval_every;          /* epochs; 0: never */
