@@ -316,7 +316,8 @@ struct dht_node {
  * timed out is never taken. */
 static inline uint64_t dht__clock_skew(uint64_t their, uint64_t ours,
                                        uint64_t elapsed_ms) {
-  uint64_t earliest = ours - (elapsed_ms + 999) / 1000 - 1; /* s granules */
+  uint64_t back = (elapsed_ms + 999) / 1000 + 1; /* in s granules */
+  uint64_t earliest = ours > back ? ours - back : 0;
   if (their > ours + 1)
     return their - ours - 1;
   return their < earliest ? earliest - their : 0;

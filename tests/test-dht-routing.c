@@ -112,6 +112,10 @@ static void test_clock_skew(void) {
   /* An answer that took 5 s may carry a reading 5 s old. */
   ASSERT_UEQ(dht__clock_skew(95, 100, 5000), 0);
   ASSERT_UEQ(dht__clock_skew(90, 100, 5000), 4);
+  /* A clock near its zero (a simulation's) or a wait longer than it:
+   * the window stops at 0 rather than wrapping round. */
+  ASSERT_UEQ(dht__clock_skew(0, 3, 10000), 0);
+  ASSERT_UEQ(dht__clock_skew(5, 3, 10000), 1);
 }
 
 int main(void) {
