@@ -464,6 +464,15 @@ typedef struct avg_match_config {
   size_t target_size;          /* members at most, 2..AVG_GROUP_MAX, 16 */
   size_t min_size;             /* to begin at our start, default 2 */
   uint64_t matchmaking_ms;     /* our start, from now, default 5000 */
+  /* Our first declaration's start, from now, when later than
+   * matchmaking_ms (0: matchmaking_ms; at most 30 minutes, well inside
+   * the hour a start may be ahead): a peer that looks early but cannot
+   * average before then (a group formed ahead of its round) declares when
+   * it will be ready, so that the order makes a peer ready sooner its
+   * leader, and it does not lead a group that begins before the others
+   * are there.  Declarations after the first (a start that passed alone)
+   * take matchmaking_ms; deadline_ms still counts from avg_match_start. */
+  uint64_t first_start_ms;
   uint64_t request_timeout_ms; /* a JOIN's answer, default 3000 */
   uint64_t fetch_interval_ms;  /* re-reading the key, default 1000 */
   uint64_t deadline_ms;        /* no group by then: give up, 30000 */
@@ -631,6 +640,14 @@ int avg_node_match(avg_node *n, const avg_node_request *req, avg_node_cb cb,
  * run): its members get ABORT with why, and drop us at once instead of at
  * their timeouts, also those that begin its round later. */
 void avg_node_leave(avg_node *n, const avg_group *g, const char *why);
+/* Tells the members of g (one avg_node_match gave, whose round we will
+ * run but have not begun: our buffer is not ready) that we are coming:
+ * WAIT, which starts their timeouts for us again (a round's sender
+ * timeout would drop a member that begins later than that after the
+ * others).  Call it more often than the members' sender_timeout_ms; their
+ * round's deadline still holds.  Ignored by a node that runs no round for
+ * g. */
+void avg_node_wait(avg_node *n, const avg_group *g);
 /* Ends the averaging under way, matchmaking or round, with its callback
  * run now with BEE_ECANCELED (a round's members see us leave); the node
  * stays open.  Nothing under way, or NULL: nothing happens. */

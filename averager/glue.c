@@ -766,6 +766,9 @@ static void on_round_msg(proto_conn *c, proto_bytes method, proto_bytes p,
       return;
     }
   }
+  /* A WAIT is for a round under way; without one it says nothing. */
+  if (p.n >= 3 && p.p[2] == PROTO_T_AVG_WAIT)
+    return;
   /* Before our group is known (or before our round starts): keep it,
    * within bounds. */
   if (n->nearly >= EARLY_MAX || n->early_bytes + p.n > EARLY_BYTES_MAX) {
@@ -932,19 +935,12 @@ int avg_node_round(avg_node *n, const avg_group *g, const avg_node_request *req,
   return end_op(n, start_round(n, g, false));
 }
 
-void avg_node_leave(avg_node *n, const avg_group *g, const char *why) {
-  if (!n || n->closing || !g || g->nmembers > AVG_GROUP_MAX ||
-      g->self >= g->nmembers)
-    return;
+/* Sends m, a round message for g, to every other member of g. */
+static void to_group(avg_node *n, const avg_group *g, proto_avg_msg *m) {
   uint8_t buf[PROTO_AVG_HDR_MAX + PROTO_TEXT_MAX];
-  size_t len, wlen = why ? strlen(why) : 0;
-  proto_avg_msg m = {.type = PROTO_T_AVG_ABORT,
-                     .sender = (uint32_t)g->self,
-                     .code = BEE_ECANCELED,
-                     .text = {(const uint8_t *)why,
-                              wlen > PROTO_TEXT_MAX ? PROTO_TEXT_MAX : wlen}};
-  memcpy(m.group, g->id, sizeof m.group);
-  if (proto_avg_encode(&m, buf, sizeof buf, &len))
+  size_t len;
+  memcpy(m->group, g->id, sizeof m->group);
+  if (proto_avg_encode(m, buf, sizeof buf, &len))
     return;
   for (size_t k = 0; k < g->nmembers; k++)
     if (k != g->self && g->members[k].mode != PROTO_MODE_CLIENT)
@@ -952,6 +948,30 @@ void avg_node_leave(avg_node *n, const avg_group *g, const char *why) {
     else if (k != g->self) /* a CLIENT dials us; without a connection it is
                               gone */
       send_to(n, g->members[k].id, NULL, buf, len, true);
+}
+
+static bool group_ok(const avg_node *n, const avg_group *g) {
+  return n && !n->closing && g && g->nmembers <= AVG_GROUP_MAX &&
+         g->self < g->nmembers;
+}
+
+void avg_node_leave(avg_node *n, const avg_group *g, const char *why) {
+  if (!group_ok(n, g))
+    return;
+  size_t wlen = why ? strlen(why) : 0;
+  proto_avg_msg m = {.type = PROTO_T_AVG_ABORT,
+                     .sender = (uint32_t)g->self,
+                     .code = BEE_ECANCELED,
+                     .text = {(const uint8_t *)why,
+                              wlen > PROTO_TEXT_MAX ? PROTO_TEXT_MAX : wlen}};
+  to_group(n, g, &m);
+}
+
+void avg_node_wait(avg_node *n, const avg_group *g) {
+  if (!group_ok(n, g))
+    return;
+  proto_avg_msg m = {.type = PROTO_T_AVG_WAIT};
+  to_group(n, g, &m);
 }
 
 double avg_node_bandwidth_mbit(const avg_node *n) {

@@ -262,10 +262,14 @@ static void begin(avg_match *m) {
 
 /* ---- looking ----------------------------------------------------------- */
 
-/* Declares us (again) with a start matchmaking_ms from now, and reads the
- * key.  A CLIENT declares nothing: nobody could dial it to follow it. */
+/* Declares us (again) with a start matchmaking_ms from now (the first
+ * time first_start_ms when later), and reads the key.  A CLIENT declares
+ * nothing: nobody could dial it to follow it. */
 static void declare(avg_match *m) {
-  uint64_t ms = m->io.unix_ms(m->io.ctx) + m->cfg.matchmaking_ms;
+  uint64_t after = m->cfg.matchmaking_ms;
+  if (m->stats.declarations == 0 && m->cfg.first_start_ms > after)
+    after = m->cfg.first_start_ms;
+  uint64_t ms = m->io.unix_ms(m->io.ctx) + after;
   if (m->cfg.info.mode == PROTO_MODE_CLIENT) {
     m->expiration = UINT64_MAX;
   } else {
@@ -560,7 +564,7 @@ int avg_match_new(const avg_match_config *cfg, const avg_match_io *io,
   if (cfg->target_size < 2 || cfg->target_size > AVG_GROUP_MAX ||
       cfg->min_size < 1 || cfg->min_size > cfg->target_size ||
       cfg->request_timeout_ms == 0 || cfg->fetch_interval_ms == 0 ||
-      cfg->deadline_ms == 0)
+      cfg->deadline_ms == 0 || cfg->first_start_ms > FUTURE_MAX_S / 2 * 1000ull)
     return BEE_ERANGE;
   /* The record must be one we could publish (a valid proto_match). */
   int rc = proto_match_encode(&cfg->info, buf, sizeof buf, &len);

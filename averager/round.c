@@ -31,7 +31,9 @@
  *
  * Failures end in drops: a member is dropped when it stops sending
  * (sender_timeout_ms), stops answering (reducer_timeout_ms), cannot be
- * sent to, sends a result that does not decode, or says ABORT.  A dropped
+ * sent to, sends a result that does not decode, or says ABORT; a member
+ * of a group formed ahead that has not begun yet says WAIT now and then,
+ * and its timeouts start again.  A dropped
  * member is out for the rest of the round, both ways: its contributions
  * are no longer waited for nor used, its span is put back, and it gets an
  * ABORT so that it drops us at once too.  At the deadline every open span
@@ -117,6 +119,7 @@ typedef struct mem {
   /* Its parts of our span. */
   slot *slots; /* (window) ring, by part % window */
   uint64_t last_part_ms;
+  uint64_t waited; /* its WAITs: not begun yet, coming */
 } mem;
 
 struct avg_round {
@@ -1192,6 +1195,23 @@ int avg_round_start(avg_round *r, avg_round_cb cb, void *arg) {
   return 0;
 }
 
+/* WAIT: j, in a group formed ahead, has not begun its round yet (its
+ * buffer is not ready) and is still coming.  Its sender timeout starts
+ * again, and so does every member's reducer timeout: no owner can finish
+ * a part without j's contribution, so the results we wait for from the
+ * others are held up by j too.  The round's deadline still holds. */
+static void on_wait(avg_round *r, size_t j) {
+  char namebuf[96];
+  uint64_t t = now(r);
+  if (!r->m[j].waited)
+    bee_debug("avg", "group %s: %s has not begun yet: waiting for it",
+              r->gname, WHO(j));
+  r->m[j].waited++;
+  r->m[j].last_part_ms = t;
+  for (size_t k = 0; k < r->N; k++)
+    r->m[k].progress_ms = t;
+}
+
 int avg_round_handle(avg_round *r, size_t from, const uint8_t *msg,
                      size_t len) {
   char namebuf[96];
@@ -1225,6 +1245,7 @@ int avg_round_handle(avg_round *r, size_t from, const uint8_t *msg,
   switch (m.type) {
   case PROTO_T_AVG_PART: rc = on_part(r, from, &m); break;
   case PROTO_T_AVG_RESULT: rc = on_result(r, from, &m); break;
+  case PROTO_T_AVG_WAIT: on_wait(r, from); break;
   default: {
     char text[PROTO_TEXT_MAX + 1], why[PROTO_TEXT_MAX + 64];
     bee_printable(m.text.p, m.text.n, text, sizeof text);

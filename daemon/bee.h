@@ -404,6 +404,17 @@ size_t bee_progress_stepped(proto_progress *v,
 double bee_outer_due(const proto_progress *v, size_t n, const char *run,
                      uint64_t epoch, uint64_t want, uint64_t now_ms,
                      double *first);
+/* DiLoCo: seconds from now_ms until the round at epoch comes, by the
+ * others' records (v[0..n), counted as bee_outer_due counts them) and our
+ * own inner steps' end (own_left seconds from now; < 0: not known): the
+ * last of all those ends, unless it is more than lag_s after the one
+ * before it, whose end it then is, as that last bee takes the round with
+ * the steps it has (train.c's outer_lags).  -1 when no end is known.  A
+ * group formed ahead declares this start, so that it waits for the bees
+ * that will come (train-swarm.c). */
+double bee_outer_round(const proto_progress *v, size_t n, const char *run,
+                       uint64_t epoch, uint64_t want, uint64_t now_ms,
+                       double own_left, double lag_s);
 /* A download of the swarm's state that would land too late in the epoch
  * to join its group: the members form it ahead, about --matchmaking-time
  * before the target, counting the peers their views show at the epoch,

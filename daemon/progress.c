@@ -137,22 +137,30 @@ bool bee_round_deserted(const proto_progress *v, size_t n, const char *run,
          bee_round_candidates(v, n, run, epoch + 1, now_ms) == 0;
 }
 
+/* Seconds from now_ms until v's peer has taken want samples at epoch of
+ * run (0 when it has); -1 when it does not count (another run or epoch,
+ * leaving, no rate yet). */
+static double outer_left(const proto_progress *v, const char *run,
+                         uint64_t epoch, uint64_t want, uint64_t now_ms) {
+  if (v->leaving || v->epoch != epoch || strcmp(v->run, run) != 0 ||
+      !(v->samples_per_second > 0))
+    return -1;
+  double age = now_ms > v->time_ms ? (double)(now_ms - v->time_ms) / 1000 : 0;
+  if (age > PROTO_PROGRESS_EXTRAP_S)
+    age = PROTO_PROGRESS_EXTRAP_S;
+  double left =
+      ((double)want - (double)v->samples) / v->samples_per_second - age;
+  return left > 0 ? left : 0;
+}
+
 double bee_outer_due(const proto_progress *v, size_t n, const char *run,
                      uint64_t epoch, uint64_t want, uint64_t now_ms,
                      double *first) {
   double due = -1, first_left = -1;
   for (size_t i = 0; i < n; i++) {
-    if (v[i].leaving || v[i].epoch != epoch || strcmp(v[i].run, run) != 0 ||
-        !(v[i].samples_per_second > 0))
-      continue;
-    double age = now_ms > v[i].time_ms ? (double)(now_ms - v[i].time_ms) / 1000
-                                       : 0;
-    if (age > PROTO_PROGRESS_EXTRAP_S)
-      age = PROTO_PROGRESS_EXTRAP_S;
-    double left =
-        ((double)want - (double)v[i].samples) / v[i].samples_per_second - age;
+    double left = outer_left(&v[i], run, epoch, want, now_ms);
     if (left < 0)
-      left = 0;
+      continue;
     if (left > due)
       due = left;
     if (first_left < 0 || left < first_left)
@@ -161,6 +169,25 @@ double bee_outer_due(const proto_progress *v, size_t n, const char *run,
   if (first)
     *first = first_left;
   return due;
+}
+
+double bee_outer_round(const proto_progress *v, size_t n, const char *run,
+                       uint64_t epoch, uint64_t want, uint64_t now_ms,
+                       double own_left, double lag_s) {
+  double last = -1, next = -1; /* the two latest ends */
+  for (size_t i = 0; i <= n; i++) {
+    double left =
+        i < n ? outer_left(&v[i], run, epoch, want, now_ms) : own_left;
+    if (!(left >= 0))
+      continue;
+    if (left > last) {
+      next = last;
+      last = left;
+    } else if (left > next) {
+      next = left;
+    }
+  }
+  return next >= 0 && last > next + lag_s ? next : last;
 }
 
 bool bee_fetch_defer(bee_defer *d, double eta_s, double join_s,

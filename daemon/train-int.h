@@ -31,6 +31,9 @@
 #define STEP_RING 64 /* epoch steps the worker may be ahead of the log */
 #define MATCH_GRACE_MS 2000 /* no group this long after --matchmaking-time:
                                the local step */
+#define AHEAD_WAIT_S 2.0 /* a group formed ahead whose round we have not
+                            begun hears from us this often (avg_node_wait),
+                            well within the round's sender timeout (5 s) */
 #define STATE_ROUND (UINT64_C(1) << 63) /* a state round's number: this
                                            plus the epoch */
 #define DESERTED_VIEWS 2 /* views in a row with nobody else at the epoch
@@ -113,6 +116,8 @@ typedef struct shared {
   double others_due_s;   /* DiLoCo: when the others at the epoch will have
                             taken their inner steps, mono_s(); 0: none */
   double others_first_s; /* and when the first of them will have */
+  double round_s;        /* and when the round comes, this bee included
+                            (bee_outer_round) */
   int err;               /* worker -> loop: the worker has stopped */
   char errmsg[160];
   /* Epoch steps not yet logged by the loop: a ring, since a bee that
@@ -226,6 +231,7 @@ struct bee_train {
     int state; /* AHEAD_* */
     uint64_t epoch;
     double t0; /* the matchmaking began, mono_s() */
+    double wait_s; /* our last WAIT to its members, mono_s() */
     avg_group g;
     proto_group_member gm[AVG_GROUP_MAX];
   } ahead;

@@ -213,6 +213,13 @@ static size_t view_set(bee_train *t, proto_progress *all,
     double at = mono_s();
     t->sh.others_due_s = due >= 0 ? at + due : 0;
     t->sh.others_first_s = first >= 0 ? at + first : 0;
+    double own_rate = all[n].samples_per_second;
+    double own = samples >= want ? 0
+                 : own_rate > 0  ? (double)(want - samples) / own_rate
+                                 : -1;
+    double round = bee_outer_round(all, n, t->cfg->run, epoch, want, now,
+                                   own, OUTER_LAG_MIN_S);
+    t->sh.round_s = round >= 0 ? at + round : 0;
     t->swarm_due_s = sdue >= 0 ? at + sdue : 0;
     if (due >= 0 && samples < want && all[n].samples_per_second > 0)
       bee_debug(COMP, "epoch %llu: the others' inner steps end in %.1f to "
@@ -671,6 +678,7 @@ static void ahead_cb(avg_node *n, const avg_node_result *r, void *arg) {
     return; /* cancelled */
   if (r->status == 0) {
     t->ahead.state = AHEAD_HELD;
+    t->ahead.wait_s = mono_s();
     t->ahead.g = *r->group;
     memcpy(t->ahead.gm, r->group->members,
            r->group->nmembers * sizeof *t->ahead.gm);
@@ -686,12 +694,16 @@ static void ahead_cb(avg_node *n, const avg_node_result *r, void *arg) {
   bee__start_round(t); /* the worker may be waiting */
 }
 
+/* A group formed ahead waits at most this long for its round. */
+#define READY_MAX_S 600.0
+
 /* Matchmaking ahead (unless --no-match-ahead): once the swarm is expected
  * to reach the target within --matchmaking-time, by the last view and the
  * rates since, the group for the epoch's round forms while the worker
  * computes its last batches; the round begins as soon as the worker hands
  * its buffer over (bee__start_round).  DiLoCo: when this bee's inner steps
- * end within that time.  Only once the worker trains at the epoch (a
+ * end within that time (a laggard's: the first of the others'), declaring
+ * the start the round can keep.  Only once the worker trains at the epoch (a
  * state round at its start comes first), one averaging at a time. */
 void bee__match_ahead(bee_train *t) {
   if (t->cfg->no_match_ahead || !t->avg || t->averaging || t->stopped ||
@@ -706,37 +718,52 @@ void bee__match_ahead(bee_train *t) {
                (t->sh.avg_done && !t->sh.avg_state && t->sh.avg_epoch == epoch);
   double others = others_now(&t->sh);
   double others_rate = t->sh.others_rate;
-  double due_s = t->sh.others_first_s;
+  double first_s = t->sh.others_first_s, round_s = t->sh.round_s;
   uv_mutex_unlock(&t->mu);
   if (t->ahead.state != AHEAD_NONE && t->ahead.epoch != epoch)
     bee__ahead_drop(t, "the epoch moved on");
   if (asked || samples == 0 || t->ahead.state != AHEAD_NONE ||
       t->cand_epoch != epoch || t->candidates < 2 || !(rate > 0))
     return;
-  double eta;
+  /* eta: when to look; ready: when the round can run; own: when this
+   * bee's inner steps end (the weight). */
+  double eta, ready, own;
   if (t->outer) {
     double want =
         (double)bee_config_inner_steps(t->cfg) * (double)t->cfg->batch_size;
-    eta = (want - (double)samples) / rate;
-    /* A laggard's round comes when the others' inner steps end
-     * (outer_lags); their group forms by the time the first of them is
-     * done (its leader's start), so a laggard declares ahead of that. */
-    if (due_s > 0 && eta > OUTER_LAG_MIN_S) {
-      double due = due_s - mono_s();
-      if (due < eta)
-        eta = due > 0 ? due : 0;
-    }
+    eta = ready = own = (want - (double)samples) / rate;
+    double now = mono_s();
+    /* A laggard's round comes when the last of the others' inner steps
+     * end (outer_lags).  Their group forms by the time the first of them
+     * is done (its leader's start), so a laggard looks ahead of that. */
+    if (eta > OUTER_LAG_MIN_S && first_s > 0 && first_s - now < eta)
+      eta = first_s > now ? first_s - now : 0;
+    /* Every bee declares the start the round can keep, the bees slower
+     * than it and the laggard's early round counted (bee_outer_round):
+     * a group that began at its leader's own end would go without the
+     * bees that come after it, who then step alone. */
+    if (round_s > 0)
+      ready = round_s > now ? round_s - now : 0;
   } else {
     double left = (double)t->cfg->target_batch_size - (double)samples - others;
-    eta = left / (rate + others_rate);
+    eta = ready = own = left / (rate + others_rate);
   }
   if (eta > t->cfg->matchmaking_s)
     return;
   /* The weight we declare is a guess (what we will have by then); the
    * round weighs by the samples the worker hands it. */
-  double w = (double)samples + (eta > 0 ? rate * eta : 0);
+  double got = own < ready ? own : ready;
+  double w = (double)samples + (got > 0 ? rate * got : 0);
   avg_node_request req;
   fill_request(t, &req, epoch, false, t->candidates, w, NULL, 0);
+  if (ready > t->cfg->matchmaking_s) {
+    if (ready > READY_MAX_S)
+      ready = READY_MAX_S;
+    req.match.first_start_ms = (uint64_t)(ready * 1000);
+    req.match.deadline_ms = req.match.first_start_ms + MATCH_GRACE_MS;
+    bee_debug(COMP, "epoch %llu: matching ahead for a round in %.1f s",
+              (unsigned long long)epoch, ready);
+  }
   int rc = avg_node_match(t->avg, &req, ahead_cb, t);
   if (rc) {
     bee_debug(COMP, "epoch %llu: no matchmaking ahead: %s",
@@ -924,6 +951,13 @@ void bee__tick(uv_timer_t *h) {
   }
   bee__start_round(t);
   bee__match_ahead(t);
+  /* Members that began the group's round wait for our parts; we are
+   * still computing ours (DiLoCo: a slower bee's inner steps). */
+  if (t->ahead.state == AHEAD_HELD &&
+      mono_s() - t->ahead.wait_s >= AHEAD_WAIT_S) {
+    t->ahead.wait_s = mono_s();
+    avg_node_wait(t->avg, &t->ahead.g);
+  }
   bee__resync(t);
   unsigned every = t->cfg->status_interval_s;
   if (every && t->have_view && now - t->status_ms >= every * 1000ull) {

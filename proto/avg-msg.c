@@ -1,10 +1,12 @@
 /* avg-msg.c: the payloads of the averaging round.
  *
- * The butterfly all-reduce of averager/round.c speaks three messages, each
+ * The butterfly all-reduce of averager/round.c speaks four messages, each
  * a msgpack array [1, type, fields...] (docs/PROTOCOL.md, section 10):
  *   PART   [1, 60, group, sender, part, codec, weight, data or nil]
  *   RESULT [1, 61, group, part, codec, contributors, data or nil]
  *   ABORT  [1, 62, group, code, text]
+ *   WAIT   [1, 67, group]
+ * (63 to 66 are the matchmaking's, group-msg.c.)
  * group is a bin of 16 bytes, weight a float64, data a bin.
  *
  * Strict in the way of dht-msg.c: exact field counts and msgpack types,
@@ -22,11 +24,13 @@
 #include <float.h>
 #include <string.h>
 
-/* Fields after [version, type], by type - PROTO_T_AVG_PART. */
-static const uint8_t nfields_of[] = {6, 5, 3};
+/* Fields after [version, type], by type - PROTO_T_AVG_PART; the
+ * matchmaking's types between are not ours (is_avg). */
+static const uint8_t nfields_of[] = {6, 5, 3, 0, 0, 0, 0, 1};
 
 static bool is_avg(int type) {
-  return type >= PROTO_T_AVG_PART && type <= PROTO_T_AVG_ABORT;
+  return (type >= PROTO_T_AVG_PART && type <= PROTO_T_AVG_ABORT) ||
+         type == PROTO_T_AVG_WAIT;
 }
 
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
@@ -47,6 +51,8 @@ static int code_check(int64_t code) {
 static int msg_check(const proto_avg_msg *m) {
   if (!is_avg(m->type))
     return BEE_EUNKNOWN;
+  if (m->type == PROTO_T_AVG_WAIT)
+    return 0;
   if (m->type == PROTO_T_AVG_ABORT) {
     if (m->text.n > PROTO_TEXT_MAX)
       return BEE_ETOOBIG;
@@ -76,7 +82,7 @@ size_t proto_avg_encoded_max(const proto_avg_msg *m) {
   size_t max = 3 + 2 + PROTO_AVG_GROUP_BYTES;
   if (m->type == PROTO_T_AVG_ABORT)
     return max + 9 + 5 + min_size(m->text.n, PROTO_TEXT_MAX);
-  if (!is_avg(m->type))
+  if (!is_avg(m->type) || m->type == PROTO_T_AVG_WAIT)
     return max;
   /* sender, part, codec, weight or contributors, data header, data */
   return max + 9 + 9 + 9 + 9 + 5 + min_size(m->data.n, PROTO_AVG_DATA_MAX);
@@ -108,7 +114,10 @@ int proto_avg_encode(const proto_avg_msg *m, uint8_t *buf, size_t cap,
     return rc;
   proto_wr w;
   proto__wr_init(&w, buf, cap);
-  if (m->type == PROTO_T_AVG_ABORT) {
+  if (m->type == PROTO_T_AVG_WAIT) {
+    proto__wr_head(&w, m->type, nfields_of[m->type - PROTO_T_AVG_PART]);
+    proto__wr_bin(&w, m->group, PROTO_AVG_GROUP_BYTES);
+  } else if (m->type == PROTO_T_AVG_ABORT) {
     static const uint8_t none[1];
     proto__wr_head(&w, m->type, nfields_of[m->type - PROTO_T_AVG_PART]);
     proto__wr_bin(&w, m->group, PROTO_AVG_GROUP_BYTES);
@@ -134,7 +143,8 @@ int proto_avg_header_encode(const proto_avg_msg *m, uint8_t *buf, size_t cap,
   int rc = msg_check(m);
   if (rc)
     return rc;
-  if (m->type == PROTO_T_AVG_ABORT || !m->has_data)
+  if (m->type == PROTO_T_AVG_ABORT || m->type == PROTO_T_AVG_WAIT ||
+      !m->has_data)
     return BEE_ERANGE;
   proto_wr w;
   proto__wr_init(&w, buf, cap);
@@ -171,6 +181,8 @@ static int rd_data(proto_rd *r, proto_avg_msg *m) {
 /* The fields after the group, of a message of type m->type. */
 static int fields_get(proto_rd *r, proto_avg_msg *m) {
   int rc;
+  if (m->type == PROTO_T_AVG_WAIT)
+    return 0;
   if (m->type == PROTO_T_AVG_ABORT) {
     if ((rc = proto__rd_int(r, &m->code)) || (rc = code_check(m->code)))
       return rc;
@@ -192,18 +204,22 @@ static int fields_get(proto_rd *r, proto_avg_msg *m) {
 }
 
 /* Error codes as in docs/PROTOCOL.md, section 2: a type other than the
- * three round messages is BEE_EUNKNOWN; a group id that is not a bin of
+ * four round messages (60 to 62, 67) is BEE_EUNKNOWN; a group id that is not a bin of
  * 16 bytes, a sender >= 65535, a codec > 255, contributors > 65535, a
  * weight that is NaN, infinite, negative or beyond FLT_MAX, an ABORT code
  * that is not negative or is below INT32_MIN BEE_ERANGE; data or text
  * over its limit BEE_ETOOBIG; a float32 weight BEE_ETYPE. */
 int proto_avg_decode(const uint8_t *buf, size_t len, proto_avg_msg *m) {
   proto_rd r;
-  int type, rc;
+  int type = 0, rc;
   memset(m, 0, sizeof *m);
   proto__rd_init(&r, buf, len);
   rc = proto__rd_family_head(&r, PROTO_T_AVG_PART, (int)sizeof nfields_of,
                              nfields_of, &type);
+  /* The family's range holds the matchmaking's types (their field counts
+   * 0 here): another family's type is unknown, whatever its fields. */
+  if ((rc == 0 || rc == BEE_EMISSING || rc == BEE_ETYPE) && !is_avg(type))
+    rc = BEE_EUNKNOWN;
   if (rc == 0) {
     m->type = type;
     if ((rc = proto__rd_fixbin(&r, m->group, PROTO_AVG_GROUP_BYTES)) == 0 &&

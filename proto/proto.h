@@ -179,6 +179,7 @@ enum proto_type {
   PROTO_T_AVG_REPLY = 64,
   PROTO_T_AVG_BEGIN = 65,
   PROTO_T_AVG_LEAVE = 66,
+  PROTO_T_AVG_WAIT = 67,    /* averaging round, see proto_avg_msg */
   PROTO_T_STATE_REQ = 70,   /* state download, see proto_state_msg */
   PROTO_T_STATE_CHUNK = 71,
 };
@@ -714,6 +715,9 @@ int proto_record_check(const proto_dht_record *r, int *type);
  *   PART    group, sender, part, codec, weight, has_data + data
  *   RESULT  group, part, codec, contributors, has_data + data
  *   ABORT   group, code, text
+ *   WAIT    group: a member of a group formed ahead that has not begun
+ *           its round yet is still coming (it resets the receiver's
+ *           timeouts for it)
  * has_data false is nil on the wire: PART, "no contribution from me for
  * this part"; RESULT, "nothing was averaged, keep your own values".
  * Views point into the decoded buffer. */

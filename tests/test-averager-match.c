@@ -13,6 +13,9 @@
  *   - the same with starts spread out, with a leader killed after it took
  *     followers, with CLIENT peers (never leaders), with two schemas
  *     (never mixed);
+ *   - first_start_ms: two peers that look early for a round they can
+ *     keep only later wait for a third that looks late, where with plain
+ *     starts the two begin without it;
  *   - Moshpit: 16 peers in a 4 x 4 grid (group 4, 2 bits) run match and
  *     a real avg_round each round; the spread between peers falls below
  *     1e-6 of the mean within 4 rounds.
@@ -626,6 +629,12 @@ static void test_verdicts(void) {
   bad = cfg;
   snprintf(bad.info.bits, sizeof bad.info.bits, "2");
   ASSERT_RC(avg_match_new(&bad, &io, &m), BEE_ERANGE);
+  bad = cfg;
+  bad.first_start_ms = 1800001; /* more than 30 minutes */
+  ASSERT_RC(avg_match_new(&bad, &io, &m), BEE_ERANGE);
+  bad.first_start_ms = 1800000;
+  ASSERT_RC(avg_match_new(&bad, &io, &m), 0);
+  avg_match_free(m);
   avg_match_io noio = io;
   noio.send = NULL;
   ASSERT_RC(avg_match_new(&cfg, &noio, &m), BEE_ERANGE);
@@ -865,6 +874,65 @@ static void test_moshpit(void) {
   sim_free(&s);
 }
 
+/* ---- a first start later than the matchmaking time --------------------- */
+
+/* DiLoCo's groups formed ahead (daemon/train-swarm.c): A and C look at 0
+ * s for a round they can keep at 7 and 7.5 s (C is a laggard that looks
+ * ahead of the first one's end, A the peer expected first); B, whose
+ * steps were expected to end at 2 s but end at 7.2 s, looks at 5.2 s with
+ * the plain 2 s.  Declaring the start they can keep, A leads and waits:
+ * the three form one group when B comes.  With plain starts (the old
+ * way) A and C begin at 2 s as a pair and B finds nobody. */
+static void first_start_case(bool later, uint64_t seed) {
+  static sim s;
+  sim_init(&s, 3, seed);
+  avg_match_config c[3];
+  for (int i = 0; i < 3; i++) {
+    match_cfg(&s, i, &c[i], 7, 3);
+    c[i].matchmaking_ms = 2000;
+    c[i].fetch_interval_ms = 100;
+    c[i].deadline_ms = 12000;
+  }
+  if (later) {
+    c[0].first_start_ms = 7000;
+    c[2].first_start_ms = 7500;
+    c[0].deadline_ms = c[2].deadline_ms = 9000;
+  }
+  match_start(&s, 0, &c[0]);
+  match_start(&s, 2, &c[2]);
+  run(&s, 5200, false);
+  match_start(&s, 1, &c[1]);
+  run(&s, 60000, false);
+  int ungrouped;
+  int groups = check_groups(&s, 2, 3, &ungrouped, NULL);
+  peer *a = &s.p[0], *b = &s.p[1];
+  if (later) {
+    ASSERT_EQ(groups, 1);
+    ASSERT_EQ(ungrouped, 0);
+    ASSERT_UEQ(a->nmembers, 3);
+    ASSERT_UEQ(a->self, 0); /* A leads: the earliest start it can keep */
+    /* Full when B joined, before A's start. */
+    ASSERT_GE(b->done_ms, 5200);
+    ASSERT_LT(b->done_ms, 6000);
+  } else {
+    ASSERT_EQ(groups, 1);
+    ASSERT_EQ(ungrouped, 1);
+    ASSERT_UEQ(a->nmembers, 2);
+    ASSERT_LT(a->done_ms, 2500);
+    ASSERT_EQ(b->status, BEE_ETIMEOUT);
+  }
+  sim_free(&s);
+}
+
+static void test_first_start(void) {
+  for (uint64_t seed = 1; seed <= 5; seed++) {
+    first_start_case(false, seed);
+    first_start_case(true, seed);
+  }
+  printf("first start: a pair that would begin at 2 s waits for the third "
+         "(5 seeds each way)\n");
+}
+
 /* The bits function on its own: distinct cells in a group, the length
  * kept, the old bits shifted out. */
 static void test_bits(void) {
@@ -904,6 +972,7 @@ static void test_bits(void) {
 int main(void) {
   test_verdicts();
   test_bits();
+  test_first_start();
   static const scenario sc[] = {
       {"32 at once", 32, 8, 2, 10, 0, 0, false, 0, false},
       {"32 at once, groups of 16", 32, 16, 2, 10, 0, 0, false, 0, false},

@@ -501,6 +501,62 @@ static void run_leave(void) {
   members_free();
 }
 
+/* A member of a group formed ahead whose buffer comes 1.5 s after the
+ * others' (a slower bee), with the round's timeouts at 400 ms: it says
+ * WAIT every 150 ms until it begins (avg_node_wait), and the round
+ * averages all three, same bits everywhere. */
+static uv_timer_t wait_timer;
+static bool late_begun;
+static void say_wait(uv_timer_t *t) {
+  (void)t;
+  if (!late_begun)
+    avg_node_wait(mem[2].node, &mem[2].g);
+}
+static void late_go(uv_timer_t *t) {
+  late_begun = true;
+  ahead_go(t);
+}
+
+static void run_wait(void) {
+  const int N = 3;
+  const size_t n = ahead_n = 100003;
+  ahead_timeout_ms = 400;
+  members_new(N, n, false);
+  for (int i = 0; i < N; i++) {
+    avg_node_request req;
+    request(&mem[i], i, n, 9, &req);
+    ASSERT_RC(avg_node_match(mem[i].node, &req, on_matched, &mem[i]), 0);
+  }
+  ASSERT(test_run_until(loop, all_matched, NULL, 20000));
+  late_begun = false;
+  for (int i = 0; i < N; i++) {
+    ASSERT_RC(uv_timer_init(loop, &ahead_timer[i]), 0);
+    ahead_timer[i].data = &mem[i];
+    ASSERT_RC(uv_timer_start(&ahead_timer[i], i == 2 ? late_go : ahead_go,
+                             i == 2 ? 1500 : 50, 0),
+              0);
+  }
+  ASSERT_RC(uv_timer_init(loop, &wait_timer), 0);
+  ASSERT_RC(uv_timer_start(&wait_timer, say_wait, 0, 150), 0);
+  ASSERT(test_run_until(loop, all_done, NULL, 10000));
+  uv_timer_stop(&wait_timer);
+  for (int i = 0; i < N; i++) {
+    ASSERT_RC(mem[i].status, 0);
+    ASSERT_UEQ(mem[i].by_k[N], n); /* every float averaged by all three */
+    ASSERT(memcmp(mem[i].x, mem[0].x, n * sizeof *mem[0].x) == 0);
+  }
+  ASSERT_GE(mem[0].ms, 1400); /* it waited for member 2 */
+  printf("a member that began its round 1.5 s after the others (timeouts "
+         "400 ms) said WAIT: averaged by all three, same bits (%" PRIu64
+         " ms)\n",
+         mem[0].ms);
+  for (int i = 0; i < N; i++)
+    uv_close((uv_handle_t *)&ahead_timer[i], NULL);
+  uv_close((uv_handle_t *)&wait_timer, NULL);
+  ahead_timeout_ms = 0;
+  members_free();
+}
+
 /* Member 0 is in a round of group A with member 2, which never comes;
  * member 2 and member 1 begin group B's round meanwhile and send member 0
  * their parts.  Member 0 keeps them until A ends (member 2 dropped at the
@@ -765,6 +821,7 @@ int main(void) {
   run_fixed();
   run_ahead();
   run_leave();
+  run_wait();
   run_other_group();
   run_cancel();
   run_kill(4, 1u << 20, false);

@@ -12,7 +12,7 @@
  * for every codec (the round adopts what the receivers decode), and
  * against the exact mean in double within the codecs' documented bounds.
  * Failures (members killed at random times, corrupt or huge contributions,
- * deadlines) must leave every span of every survivor either averaged
+ * deadlines, a member that begins late without saying WAIT) must leave every span of every survivor either averaged
  * over the contributions the owner reports or exactly as it was.
  */
 #include "averager.h"
@@ -79,6 +79,12 @@ typedef struct scen {
   int tamper_kind;
   bool free_in_cb;
   bool spans_by_bw; /* pass bw to avg_spans (else equal) */
+  /* A member that begins its round at late_us (a group formed ahead whose
+   * buffer comes later), its messages kept till then as avg_node keeps
+   * them, and until then says WAIT to the others every wait_us (0:
+   * never).  late NONE: everyone begins at 0. */
+  size_t late;
+  uint64_t late_us, wait_us;
 } scen;
 
 static scen scen_make(size_t N, size_t P, uint64_t seed) {
@@ -94,7 +100,8 @@ static scen scen_make(size_t N, size_t P, uint64_t seed) {
             .lat_us = 2000,
             .seed = seed,
             .kill = NONE,
-            .tamper = NONE};
+            .tamper = NONE,
+            .late = NONE};
   for (size_t i = 0; i < N; i++) {
     s.modes[i] = AVG_MODE_NODE;
     s.bw[i] = 1000; /* 1 GB/s */
@@ -131,7 +138,7 @@ typedef struct peer {
   size_t idx;
   avg_round *r;
   float *x, *x0, *res, *res0; /* buffer, original, residual, original */
-  bool dead, done;
+  bool dead, done, started;
   uint64_t next_tick; /* us */
   uint64_t busy_until;
   size_t queued[NMAX];
@@ -471,10 +478,25 @@ static void reap(net *n, bool wait) {
   }
 }
 
+/* The late member begins its round. */
+static void begin_late(net *n) {
+  peer *p = &n->p[n->s.late];
+  p->started = true;
+  ASSERT_OK(avg_round_start(p->r, on_done, p));
+  tick(p);
+}
+
 static void process(net *n, ev e) {
   peer *from = &n->p[e.from], *to = e.to < n->s.N ? &n->p[e.to] : NULL;
   switch (e.kind) {
   case EV_MSG:
+    if (!to->started && !to->dead && n->now < n->s.late_us) {
+      e.at = n->s.late_us; /* kept till it begins, in order */
+      push(n, e);
+      break;
+    }
+    if (!to->started)
+      begin_late(n);
     if (!to->dead && to->r && !to->done) {
       avg_round_handle(to->r, e.from, e.buf, e.len);
       tick(to);
@@ -503,13 +525,39 @@ static bool all_done(const net *n) {
 }
 
 /* Runs until every live member has its callback. */
+/* The late member's WAIT to every other member. */
+static void say_wait(net *n, peer *p) {
+  proto_avg_msg m = {.type = PROTO_T_AVG_WAIT};
+  memset(m.group, 0xa5, sizeof m.group);
+  m.group[0] = (uint8_t)n->s.seed;
+  uint8_t buf[64];
+  size_t len;
+  ASSERT_OK(proto_avg_encode(&m, buf, sizeof buf, &len));
+  for (size_t j = 0; j < n->s.N; j++)
+    if (j != p->idx)
+      ASSERT_OK(io_send(p, j, buf, len));
+}
+
 static void net_run(net *n) {
   unsigned still = 0; /* turns without the clock moving */
+  size_t late = n->s.late;
+  uint64_t next_wait = n->s.wait_us ? n->s.wait_us : UINT64_MAX;
   for (size_t i = 0; i < n->s.N; i++) {
+    if (i == late)
+      continue;
+    n->p[i].started = true;
     ASSERT_OK(avg_round_start(n->p[i].r, on_done, &n->p[i]));
     tick(&n->p[i]);
   }
   while (!all_done(n)) {
+    if (late < n->s.N && !n->p[late].started) {
+      if (n->now >= n->s.late_us) {
+        begin_late(n);
+      } else if (n->now >= next_wait) {
+        say_wait(n, &n->p[late]);
+        next_wait += n->s.wait_us;
+      }
+    }
     reap(n, n->out > 0);
     if (all_done(n))
       break;
@@ -520,6 +568,12 @@ static void net_run(net *n) {
         t = p->next_tick;
       if (!p->dead && i == n->s.kill && n->s.kill_us < t)
         t = n->s.kill_us;
+    }
+    if (late < n->s.N && !n->p[late].started) {
+      if (n->s.late_us < t)
+        t = n->s.late_us;
+      if (next_wait < t)
+        t = next_wait;
     }
     if (t == UINT64_MAX)
       FAIL("the network is stuck at %" PRIu64 " us", n->now);
@@ -1217,6 +1271,36 @@ static void test_deadline(void) {
   net_free(n);
 }
 
+/* A member that begins 2 s after the others (a group formed ahead whose
+ * buffer comes late), sender timeout 300 ms: its WAITs every 100 ms keep
+ * it in, and the round is exact over all three; without them the others
+ * drop it at their sender timeout.  Each way with every member late once
+ * and with deferred jobs. */
+static void test_late(void) {
+  for (size_t late = 0; late < 3; late++)
+    for (int waits = 0; waits < 2; waits++) {
+      scen s = scen_make(3, 30000, 3100 + late);
+      s.jobs = late == 1 ? JOBS_DEFERRED : JOBS_INLINE;
+      s.late = late;
+      s.late_us = 2000000;
+      s.wait_us = waits ? 100000 : 0;
+      net *n = net_new(&s);
+      net_run(n);
+      if (waits) {
+        check_round(n, 0);
+        for (size_t i = 0; i < 3; i++)
+          if (i != late) /* it waited for the late one */
+            ASSERT_GE(n->p[i].ms, 2000);
+      } else {
+        for (size_t i = 0; i < 3; i++)
+          if (i != late)
+            ASSERT_EQ(n->p[i].members[late].dropped,
+                      AVG_DROP_SENDER_TIMEOUT);
+      }
+      net_free(n);
+    }
+}
+
 static int cb_calls;
 static int cb_status;
 static void count_cb(avg_round *r, const avg_round_summary *s, void *arg) {
@@ -1428,6 +1512,7 @@ int main(int argc, char **argv) {
       {"half_dead", test_half_dead}, {"corrupt", test_corrupt},
       {"clip", test_clip},           {"backpressure", test_backpressure},
       {"bytes", test_bytes},         {"deadline", test_deadline},
+      {"late", test_late},
   };
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
     if (argc > 1 && strcmp(argv[1], tests[i].name) != 0)

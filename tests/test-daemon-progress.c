@@ -459,6 +459,56 @@ static void test_outer_due(void) {
   ASSERT(bee_outer_due(p, 0, "r", 5, 10000, now, &first) == -1);
 }
 
+/* DiLoCo: when the round comes, this bee and the others counted: the
+ * last end, or the one before it when the last bee lags by more than
+ * lag_s (it takes the round with the steps it has). */
+static void test_outer_round(void) {
+  const uint64_t now = 1700000000000ull;
+  proto_progress p[5] = {
+      rec("r", 5, 6000, 1000, now - 1000, PROTO_MODE_NODE), /* 3 s left */
+      rec("r", 5, 2000, 2000, now, PROTO_MODE_NODE),        /* 4 s left */
+      rec("r", 5, 0, 500, now, PROTO_MODE_NODE),            /* 20 s left */
+      rec("r", 4, 0, 1000, now, PROTO_MODE_NODE),           /* not counted */
+      rec("r", 5, 0, 10, now, PROTO_MODE_NODE),             /* leaving */
+  };
+  p[4].leaving = true;
+  static const struct {
+    size_t from, n; /* the records p[from..from+n) */
+    double own, want;
+  } cases[] = {
+      /* Others at 3 and 4 s.  Slower than us: the round waits for them. */
+      {0, 2, 1.0, 4.0},
+      {0, 2, 0.0, 4.0},
+      /* Within lag_s (1 s) of the one before: the last of us all; exactly
+       * lag_s is not a laggard. */
+      {0, 2, 4.5, 4.5},
+      {0, 2, 5.0, 5.0},
+      /* More than lag_s behind: our round is the last of the others'. */
+      {0, 2, 5.5, 4.0},
+      {0, 2, 60, 4.0},
+      /* Another bee lags (20 s): the round is at 4 s for us too, and at
+       * our own end when that is later. */
+      {0, 5, 2.0, 4.0},
+      {0, 5, 7.0, 7.0},
+      /* Our end unknown (-1, NaN): the others'. */
+      {0, 2, -1, 4.0},
+      {0, 3, NAN, 4.0},
+      /* Alone: our end. */
+      {0, 0, 2.5, 2.5},
+      /* One other, far behind us: it lags, so the round is ours. */
+      {2, 1, 3.0, 3.0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    double got = bee_outer_round(p + cases[i].from, cases[i].n, "r", 5, 10000,
+                                 now, cases[i].own, 1.0);
+    if (!(fabs(got - cases[i].want) < 1e-9))
+      FAIL("case %zu: %g, not %g", i, got, cases[i].want);
+  }
+  /* Nobody known: -1. */
+  ASSERT(bee_outer_round(p + 3, 2, "r", 5, 10000, now, -1, 1.0) == -1);
+  ASSERT(bee_outer_round(p, 3, "r", 6, 10000, now, -1, 1.0) == -1);
+}
+
 /* A download waits for the swarm's step when the target comes sooner
  * than the bee could join the epoch's group; once per download, and for
  * at most BEE_DEFER_MAX_MS. */
@@ -501,6 +551,7 @@ int main(void) {
   test_stepped();
   test_fetch_defer();
   test_outer_due();
+  test_outer_round();
   test_split();
   return 0;
 }

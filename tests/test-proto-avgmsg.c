@@ -1,7 +1,8 @@
 /* test-proto-avgmsg.c: the averaging round's payloads (proto/avg-msg.c).
  *
  * The example of docs/PROTOCOL.md section 10, round trips, and one error
- * code per malformed class.
+ * code per malformed class, WAIT's and the matchmaking's types between
+ * included.
  */
 #include "proto.h"
 #include "test.h"
@@ -45,6 +46,17 @@ static void test_msg(void) {
       {"95 01 3e " G "01 a0", BEE_ERANGE},
       {"95 01 3e " G "d3 ffffffff7fffffff a0", BEE_ERANGE},
       {"95 01 3e " G "d2 80000000 a0", 0},
+      /* WAIT: the group alone. */
+      {"93 01 43 " G, 0},
+      {"92 01 43", BEE_EMISSING},
+      {"94 01 43 " G "00", BEE_ETYPE},
+      {"93 01 43 c4 0f 5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a", BEE_ERANGE},
+      /* The matchmaking's types between ABORT and WAIT, and past WAIT,
+       * are unknown whatever their field count. */
+      {"92 01 3f", BEE_EUNKNOWN},
+      {"93 01 40 " G, BEE_EUNKNOWN},
+      {"92 01 42", BEE_EUNKNOWN},
+      {"93 01 44 " G, BEE_EUNKNOWN},
       {"c1", BEE_EMALFORMED},
   };
   uint8_t buf[256], again[256];
@@ -99,6 +111,15 @@ static void test_msg(void) {
   ASSERT_RC(proto_avg_encode(&b, buf, sizeof buf, &len), BEE_ERANGE);
   b = m, b.type = 63;
   ASSERT_RC(proto_avg_encode(&b, buf, sizeof buf, &len), BEE_EUNKNOWN);
+  b = m, b.type = 66;
+  ASSERT_RC(proto_avg_encode(&b, buf, sizeof buf, &len), BEE_EUNKNOWN);
+  /* A WAIT carries the group only, and has no header of its own. */
+  b = m, b.type = PROTO_T_AVG_WAIT;
+  ASSERT_OK(proto_avg_encode(&b, buf, sizeof buf, &len));
+  ASSERT_UEQ(len, test_unhex("93 01 43 " G, again));
+  ASSERT_MEMEQ(buf, again, len);
+  ASSERT_UEQ(proto_avg_encoded_max(&b), 3 + 2 + PROTO_AVG_GROUP_BYTES);
+  ASSERT_RC(proto_avg_header_encode(&b, buf, sizeof buf, &len), BEE_ERANGE);
   ASSERT_RC(proto_avg_encode(&m, buf, 20, &len), BEE_ETOOBIG);
   /* Data over the limit, with its bytes there. */
   size_t big = PROTO_AVG_DATA_MAX + 1;
