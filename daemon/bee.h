@@ -598,18 +598,21 @@ int bee_ckpt_prepare(const char *dir, char *err, size_t errlen);
 int bee_ckpt_write(const char *dir, const char *run, uint64_t epoch,
                    const uint8_t *payload, size_t len, unsigned keep,
                    char *path, size_t pathcap, char *err, size_t errlen);
-/* Reads the checkpoint at path, which must be run's and hold want_len
- * bytes of state: 0 and *payload (heap, the caller frees) and *epoch; or
- * -errno, -EBADMSG (not a checkpoint, another version, damaged, short),
- * -EINVAL (another run or model), with err naming the file and why. */
-int bee_ckpt_read(const char *path, const char *run, size_t want_len,
-                  uint8_t **payload, uint64_t *epoch, char *err,
-                  size_t errlen);
+/* Reads the checkpoint at path, which must be run's and hold min_len or
+ * max_len bytes of state (the payload's two layouts this model takes; the
+ * same twice for one): 0 and *payload (heap, the caller frees), *len and
+ * *epoch; or -errno, -EBADMSG (not a checkpoint, another version,
+ * damaged, short), -EINVAL (another run or model), with err naming the
+ * file and why. */
+int bee_ckpt_read(const char *path, const char *run, size_t min_len,
+                  size_t max_len, uint8_t **payload, size_t *len,
+                  uint64_t *epoch, char *err, size_t errlen);
 /* The newest valid checkpoint of run in dir (the ones refused on the way
  * are logged); -ENOENT when there is none. */
-int bee_ckpt_newest(const char *dir, const char *run, size_t want_len,
-                    uint8_t **payload, uint64_t *epoch, char *path,
-                    size_t pathcap, char *err, size_t errlen);
+int bee_ckpt_newest(const char *dir, const char *run, size_t min_len,
+                    size_t max_len, uint8_t **payload, size_t *len,
+                    uint64_t *epoch, char *path, size_t pathcap, char *err,
+                    size_t errlen);
 
 /* ------------------------------------------------------------------------ */
 /* The systemd notify protocol (notify.c).                                  */

@@ -2,8 +2,9 @@
  *
  * A checkpoint's payload is train.c's business: the state snapshot it
  * serves to peers (parameters, optimizer state and steps, buffers) and
- * what is the bee's own (its data position, its dropout count), behind a
- * header that says what it is:
+ * what is the bee's own (its data position, its dropout count, its loss
+ * scale; a reader may take two lengths of it, an older layout and the
+ * current one), behind a header that says what it is:
  *
  *   "BEEDCKPT"  magic, 8 bytes
  *   u32         format version, 2 (1: the snapshot's header had no
@@ -231,9 +232,9 @@ int bee_ckpt_write(const char *dir, const char *run, uint64_t epoch,
   return 0;
 }
 
-int bee_ckpt_read(const char *path, const char *run, size_t want_len,
-                  uint8_t **payload, uint64_t *epoch, char *err,
-                  size_t errlen) {
+int bee_ckpt_read(const char *path, const char *run, size_t min_len,
+                  size_t max_len, uint8_t **payload, size_t *len,
+                  uint64_t *epoch, char *err, size_t errlen) {
   *payload = NULL;
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
@@ -247,8 +248,9 @@ int bee_ckpt_read(const char *path, const char *run, size_t want_len,
   uint64_t size = (uint64_t)st.st_size;
   uint8_t *buf = NULL;
   int rc = 0;
-  if (size > hl + SUM + (uint64_t)want_len)
+  if (size > hl + SUM + (uint64_t)max_len)
     size = hl; /* longer than this model's: the head says whose it is */
+  uint64_t want_len = size > hl + SUM ? size - hl - SUM : 0;
   buf = malloc(size ? size : 1);
   if (!buf) {
     close(fd);
@@ -279,11 +281,19 @@ int bee_ckpt_read(const char *path, const char *run, size_t want_len,
   else if (rle(buf + 12, 4) != rn || size < 16 + rn ||
            memcmp(buf + 16, run, rn) != 0)
     rc = bee_failf(err, errlen, -EINVAL, "%s: from another run", path);
-  else if (size != hl + SUM + want_len || rle(buf + 24 + rn, 8) != want_len)
+  else if (want_len < min_len || rle(buf + 24 + rn, 8) != want_len)
     rc = bee_failf(err, errlen, -EINVAL,
-              "%s: %llu bytes, where this model's checkpoint takes %zu (another "
-              "model, or truncated)",
-              path, (unsigned long long)st.st_size, hl + SUM + want_len);
+                   "%s: %llu bytes, where this model's checkpoint takes %s%zu "
+                   "(another model, or truncated)",
+                   path, (unsigned long long)st.st_size,
+                   min_len == max_len ? "" : "from ", hl + SUM + min_len);
+  if (!rc && min_len != max_len && want_len != min_len &&
+      want_len != max_len)
+    rc = bee_failf(err, errlen, -EINVAL,
+                   "%s: %llu bytes, where this model's checkpoint takes %zu "
+                   "or %zu (another model, or damaged)",
+                   path, (unsigned long long)st.st_size, hl + SUM + min_len,
+                   hl + SUM + max_len);
   if (!rc) {
     uint8_t sum[SUM];
     checksum(buf, hl, buf + hl + SUM, want_len, sum);
@@ -298,12 +308,14 @@ int bee_ckpt_read(const char *path, const char *run, size_t want_len,
   *epoch = rle(buf + 16 + rn, 8);
   memmove(buf, buf + hl + SUM, want_len);
   *payload = buf;
+  *len = want_len;
   return 0;
 }
 
-int bee_ckpt_newest(const char *dir, const char *run, size_t want_len,
-                    uint8_t **payload, uint64_t *epoch, char *path,
-                    size_t pathcap, char *err, size_t errlen) {
+int bee_ckpt_newest(const char *dir, const char *run, size_t min_len,
+                    size_t max_len, uint8_t **payload, size_t *len,
+                    uint64_t *epoch, char *path, size_t pathcap, char *err,
+                    size_t errlen) {
   int64_t *eps;
   size_t ne;
   *payload = NULL;
@@ -313,8 +325,8 @@ int bee_ckpt_newest(const char *dir, const char *run, size_t want_len,
   for (size_t i = 0; i < ne; i++) {
     char why[BEE_PATH_MAX + 256];
     snprintf(path, pathcap, "%s/%s-%012lld.ckpt", dir, run, (long long)eps[i]);
-    if (bee_ckpt_read(path, run, want_len, payload, epoch, why, sizeof why) ==
-        0) {
+    if (bee_ckpt_read(path, run, min_len, max_len, payload, len, epoch, why,
+                      sizeof why) == 0) {
       free(eps);
       return 0;
     }

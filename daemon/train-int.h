@@ -85,14 +85,19 @@ struct pend {
  * to its end however many steps the donor takes meanwhile.  The last
  * reference frees it (bee__snap_unref). */
 /* A checkpoint is a snapshot followed by what is this bee's own and no
- * donor's business: where its data order stands (pass and position) and
- * how many dropout masks it has drawn, three little-endian u64. */
-#define CKPT_LOCAL 24
+ * donor's business: where its data order stands (pass and position), how
+ * many dropout masks it has drawn and its loss scale (the float's bits,
+ * 0: none), four little-endian u64.  Checkpoints written before the loss
+ * scale (CKPT_LOCAL_OLD, three) are read too. */
+#define CKPT_LOCAL 32
+#define CKPT_LOCAL_OLD 24
+#define CKPT_NLOCAL (CKPT_LOCAL / 8)
 
 typedef struct bee_snap {
   unsigned refs;
   uint64_t epoch;
-  uint64_t local[3]; /* CKPT_LOCAL's: order pass, position, dropout calls */
+  uint64_t local[CKPT_NLOCAL]; /* CKPT_LOCAL's: order pass, position,
+                                  dropout calls, loss scale */
   size_t len;
   uint8_t sum[PROTO_STATE_SUM_BYTES];
   uint8_t data[]; /* len bytes: the header, then the state's arrays */
@@ -387,8 +392,9 @@ size_t bee__snapshot_size(bee_train *t);
  * buffers, and its schema (the model, the optimizer and the averaging
  * mode, which same-sized states of AdamW and LAMB tell apart). */
 const char *bee__snapshot_mismatch(bee_train *t, const uint8_t *b);
-/* Reads a checkpoint's CKPT_LOCAL bytes at b. */
-void bee__ckpt_local(const uint8_t *b, uint64_t local[3]);
+/* Reads a checkpoint's n local bytes at b (CKPT_LOCAL or CKPT_LOCAL_OLD;
+ * what the old one lacks is 0). */
+void bee__ckpt_local(const uint8_t *b, size_t n, uint64_t local[CKPT_NLOCAL]);
 /* Worker: the state after the step that began epoch, for donors and
  * checkpoints. */
 void bee__make_snapshot(bee_train *t, uint64_t epoch);

@@ -142,6 +142,10 @@ void bee__make_snapshot(bee_train *t, uint64_t epoch) {
     trn_order_free(&o);
   }
   s->local[2] = trn_model_dropout_calls(t->m);
+  float scale = trn_model_loss_scale(t->m, NULL);
+  uint32_t bits;
+  memcpy(&bits, &scale, sizeof bits);
+  s->local[3] = bits;
   bee__state_pack(t, STATE_PARTS, b + STATE_HDR);
   crypto_generichash(s->sum, sizeof s->sum, b, len, NULL, 0);
   uv_mutex_lock(&t->mu);
@@ -150,9 +154,9 @@ void bee__make_snapshot(bee_train *t, uint64_t epoch) {
   uv_mutex_unlock(&t->mu);
 }
 
-void bee__ckpt_local(const uint8_t *b, uint64_t local[3]) {
-  for (int i = 0; i < 3; i++)
-    local[i] = get_u64(b + 8 * i);
+void bee__ckpt_local(const uint8_t *b, size_t n, uint64_t local[CKPT_NLOCAL]) {
+  for (size_t i = 0; i < CKPT_NLOCAL; i++)
+    local[i] = 8 * i + 8 <= n ? get_u64(b + 8 * i) : 0;
 }
 
 /* Worker: loads a snapshot the loop checked (size, checksum and shape),
@@ -184,7 +188,7 @@ static void ckpt_write_latest(bee_train *t) {
                       : NULL;
   if (copy) {
     memcpy(copy, s->data, len);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < CKPT_NLOCAL; i++)
       put_u64(copy + len + 8 * i, s->local[i]);
     len += CKPT_LOCAL;
   }

@@ -648,6 +648,30 @@ static void async_cb(uv_async_t *h) {
 
 /* ---- life cycle --------------------------------------------------------- */
 
+/* --resume: the checkpoint's loss scale (its float's bits; 0: none), so
+ * that a restarted bee does not start again from its first scale and
+ * drop the batches that costs. */
+static void resume_loss_scale(bee_train *t, uint64_t bits, const char *path) {
+  if (bits == 0)
+    return;
+  float scale = 0;
+  uint32_t b32 = (uint32_t)bits;
+  memcpy(&scale, &b32, sizeof scale);
+  int rc = bits >> 32 ? -EINVAL : trn_model_set_loss_scale(t->m, scale);
+  if (rc == 0)
+    bee_info(COMP, "--resume: the loss scale goes on at 2^%d", ilogbf(scale));
+  else if (rc == -EPERM)
+    bee_info(COMP,
+             "--resume: the checkpoint's loss scale (2^%d) is not taken: "
+             "this run's is %s",
+             ilogbf(scale), trn_model_loss_scale(t->m, NULL) ? "fixed" : "off");
+  else
+    bee_warn(COMP,
+             "--resume: %s holds a loss scale that is not a power of two "
+             "from 2^-24 to 2^127; the scale starts afresh",
+             path);
+}
+
 int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
                   const proto_identity *id, bee_train **out) {
   char err[256];
@@ -828,12 +852,14 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     uint8_t *blob;
     uint64_t epoch;
     size_t snap = bee__snapshot_size(t);
-    rc = bee_ckpt_newest(cfg->checkpoint_dir, cfg->run, snap + CKPT_LOCAL,
-                         &blob, &epoch, path, sizeof path, err, sizeof err);
+    size_t blen = 0;
+    rc = bee_ckpt_newest(cfg->checkpoint_dir, cfg->run, snap + CKPT_LOCAL_OLD,
+                         snap + CKPT_LOCAL, &blob, &blen, &epoch, path,
+                         sizeof path, err, sizeof err);
     const char *bad = rc == 0 ? bee__snapshot_mismatch(t, blob) : NULL;
-    uint64_t local[3] = {0, 0, 0};
+    uint64_t local[CKPT_NLOCAL] = {0};
     if (rc == 0)
-      bee__ckpt_local(blob + snap, local);
+      bee__ckpt_local(blob + snap, blen - snap, local);
     if (!bad && rc == 0 && local[1] > items)
       bad = "a data position past the training set's end (another "
             "dataset?)";
@@ -852,6 +878,7 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
         return rc;
       }
       trn_model_set_dropout_calls(t->m, local[2]);
+      resume_loss_scale(t, local[3], path);
       t->sh.load = blob;
       t->sh.load_epoch = epoch;
       t->sh.epoch = epoch; /* what the first view compares */

@@ -62,18 +62,50 @@ int main(void) {
   ASSERT(mkdtemp(dir) != NULL);
   enum { N = 4000 };
   uint8_t a[N], *got;
+  size_t glen;
   uint64_t epoch;
   char path[512], p5[512];
 
   /* Round trip. */
   fill(a, N, 1);
-  ASSERT_OK(bee_ckpt_write(dir, "run-a", 5, a, N, 3, p5, sizeof p5, err,
-                           sizeof err));
+  ASSERT_OK(
+      bee_ckpt_write(dir, "run-a", 5, a, N, 3, p5, sizeof p5, err, sizeof err));
   ASSERT(strstr(p5, "/run-a-000000000005.ckpt"));
-  ASSERT_OK(bee_ckpt_read(p5, "run-a", N, &got, &epoch, err, sizeof err));
+  ASSERT_OK(
+      bee_ckpt_read(p5, "run-a", N, N, &got, &glen, &epoch, err, sizeof err));
   ASSERT_UEQ(epoch, 5);
+  ASSERT_UEQ(glen, N);
   ASSERT_MEMEQ(got, a, N);
   free(got);
+
+  /* A reader that takes two layouts (N - 8 bytes, as written before the
+   * loss scale, or N): either is read with its length; one between, or
+   * the model's old size alone, is another model's. */
+  char p4[512];
+  ASSERT_OK(bee_ckpt_write(dir, "run-l", 4, a, N - 8, 3, p4, sizeof p4, err,
+                           sizeof err));
+  ASSERT_OK(bee_ckpt_read(p4, "run-l", N - 8, N, &got, &glen, &epoch, err,
+                          sizeof err));
+  ASSERT_UEQ(glen, N - 8);
+  ASSERT_MEMEQ(got, a, N - 8);
+  free(got);
+  ASSERT_OK(bee_ckpt_read(p5, "run-a", N - 8, N, &got, &glen, &epoch, err,
+                          sizeof err));
+  ASSERT_UEQ(glen, N);
+  free(got);
+  ASSERT_OK(bee_ckpt_write(dir, "run-l", 5, a, N - 4, 3, p4, sizeof p4, err,
+                           sizeof err));
+  ASSERT_RC(bee_ckpt_read(p4, "run-l", N - 8, N, &got, &glen, &epoch, err,
+                          sizeof err),
+            -EINVAL);
+  ASSERT(got == NULL && strstr(err, "or ") && strstr(err, "another model"));
+  ASSERT_OK(bee_ckpt_newest(dir, "run-l", N - 8, N, &got, &glen, &epoch, path,
+                            sizeof path, err, sizeof err));
+  ASSERT_UEQ(epoch, 4); /* epoch 5's was skipped */
+  free(got);
+  ASSERT_RC(bee_ckpt_read(p5, "run-a", N - 8, N - 8, &got, &glen, &epoch, err,
+                          sizeof err),
+            -EINVAL);
 
   /* The newest 3 of run-a stay; run-b's file is not run-a's to prune. */
   ASSERT_OK(bee_ckpt_write(dir, "run-b", 1, a, N, 1, path, sizeof path, err,
@@ -86,8 +118,8 @@ int main(void) {
   ASSERT_EQ(count("run-a-"), 3);
   ASSERT_EQ(count("run-b-"), 1);
   ASSERT_EQ(count(".run-a"), 0); /* no temporary file left */
-  ASSERT_OK(bee_ckpt_newest(dir, "run-a", N, &got, &epoch, path, sizeof path,
-                            err, sizeof err));
+  ASSERT_OK(bee_ckpt_newest(dir, "run-a", N, N, &got, &glen, &epoch, path,
+                            sizeof path, err, sizeof err));
   ASSERT_UEQ(epoch, 9);
   fill(a, N, 9);
   ASSERT_MEMEQ(got, a, N);
@@ -103,68 +135,81 @@ int main(void) {
   for (size_t i = 0; i < n; i += (i < 120 ? 1 : 97)) {
     copy[i] ^= 0x40;
     rewrite(p9, copy, n);
-    ASSERT(bee_ckpt_read(p9, "run-a", N, &got, &epoch, err, sizeof err) != 0);
+    ASSERT(bee_ckpt_read(p9, "run-a", N, N, &got, &glen, &epoch, err,
+                         sizeof err) != 0);
     ASSERT(got == NULL);
     ASSERT(strstr(err, "run-a-000000000009.ckpt"));
     copy[i] ^= 0x40;
   }
   copy[n - 1] ^= 1;
   rewrite(p9, copy, n);
-  ASSERT_RC(bee_ckpt_read(p9, "run-a", N, &got, &epoch, err, sizeof err),
-            -EBADMSG);
+  ASSERT_RC(
+      bee_ckpt_read(p9, "run-a", N, N, &got, &glen, &epoch, err, sizeof err),
+      -EBADMSG);
   ASSERT(strstr(err, "checksum"));
-  ASSERT_OK(bee_ckpt_newest(dir, "run-a", N, &got, &epoch, path, sizeof path,
-                            err, sizeof err));
+  ASSERT_OK(bee_ckpt_newest(dir, "run-a", N, N, &got, &glen, &epoch, path,
+                            sizeof path, err, sizeof err));
   ASSERT_UEQ(epoch, 8);
   free(got);
 
   /* Truncated, padded, another model's size, another run, not a
    * checkpoint, another version, a directory, a missing file. */
   rewrite(p9, copy, n / 2);
-  ASSERT_RC(bee_ckpt_read(p9, "run-a", N, &got, &epoch, err, sizeof err),
-            -EINVAL);
+  ASSERT_RC(
+      bee_ckpt_read(p9, "run-a", N, N, &got, &glen, &epoch, err, sizeof err),
+      -EINVAL);
   ASSERT(strstr(err, "another model, or truncated"));
   memcpy(copy, orig, n);
   copy[n] = 0;
   rewrite(p9, copy, n + 1);
-  ASSERT_RC(bee_ckpt_read(p9, "run-a", N, &got, &epoch, err, sizeof err),
-            -EINVAL);
+  ASSERT_RC(
+      bee_ckpt_read(p9, "run-a", N, N, &got, &glen, &epoch, err, sizeof err),
+      -EINVAL);
   rewrite(p9, copy, n);
-  ASSERT_RC(bee_ckpt_read(p9, "run-a", N + 4, &got, &epoch, err, sizeof err),
+  ASSERT_RC(bee_ckpt_read(p9, "run-a", N + 4, N + 4, &got, &glen, &epoch, err,
+                          sizeof err),
             -EINVAL);
-  ASSERT_RC(bee_ckpt_read(p9, "run-x", N, &got, &epoch, err, sizeof err),
-            -EINVAL);
+  ASSERT_RC(
+      bee_ckpt_read(p9, "run-x", N, N, &got, &glen, &epoch, err, sizeof err),
+      -EINVAL);
   ASSERT(strstr(err, "another run"));
-  ASSERT_RC(bee_ckpt_read(p9, "run-aa", N, &got, &epoch, err, sizeof err),
-            -EINVAL);
+  ASSERT_RC(
+      bee_ckpt_read(p9, "run-aa", N, N, &got, &glen, &epoch, err, sizeof err),
+      -EINVAL);
   copy[0] = 'X';
   rewrite(p9, copy, n);
-  ASSERT_RC(bee_ckpt_read(p9, "run-a", N, &got, &epoch, err, sizeof err),
-            -EBADMSG);
+  ASSERT_RC(
+      bee_ckpt_read(p9, "run-a", N, N, &got, &glen, &epoch, err, sizeof err),
+      -EBADMSG);
   ASSERT(strstr(err, "not a beed checkpoint"));
   copy[0] = 'B';
   copy[8] = 1; /* format 1: snapshots without their schema */
   rewrite(p9, copy, n);
-  ASSERT_RC(bee_ckpt_read(p9, "run-a", N, &got, &epoch, err, sizeof err),
-            -EBADMSG);
+  ASSERT_RC(
+      bee_ckpt_read(p9, "run-a", N, N, &got, &glen, &epoch, err, sizeof err),
+      -EBADMSG);
   ASSERT(strstr(err, "format version 1, not 2"));
   copy[8] = 3;
   rewrite(p9, copy, n);
-  ASSERT_RC(bee_ckpt_read(p9, "run-a", N, &got, &epoch, err, sizeof err),
-            -EBADMSG);
+  ASSERT_RC(
+      bee_ckpt_read(p9, "run-a", N, N, &got, &glen, &epoch, err, sizeof err),
+      -EBADMSG);
   ASSERT(strstr(err, "version 3"));
   rewrite(p9, copy, 3);
-  ASSERT(bee_ckpt_read(p9, "run-a", N, &got, &epoch, err, sizeof err) != 0);
-  ASSERT_RC(bee_ckpt_read(dir, "run-a", N, &got, &epoch, err, sizeof err),
-            -EINVAL);
+  ASSERT(bee_ckpt_read(p9, "run-a", N, N, &got, &glen, &epoch, err,
+                       sizeof err) != 0);
+  ASSERT_RC(
+      bee_ckpt_read(dir, "run-a", N, N, &got, &glen, &epoch, err, sizeof err),
+      -EINVAL);
   snprintf(path, sizeof path, "%s/none.ckpt", dir);
-  ASSERT_RC(bee_ckpt_read(path, "run-a", N, &got, &epoch, err, sizeof err),
-            -ENOENT);
+  ASSERT_RC(
+      bee_ckpt_read(path, "run-a", N, N, &got, &glen, &epoch, err, sizeof err),
+      -ENOENT);
   ASSERT(strstr(err, "none.ckpt"));
 
   /* No run-c at all; a directory that is not there. */
-  ASSERT_RC(bee_ckpt_newest(dir, "run-c", N, &got, &epoch, path, sizeof path,
-                            err, sizeof err),
+  ASSERT_RC(bee_ckpt_newest(dir, "run-c", N, N, &got, &glen, &epoch, path,
+                            sizeof path, err, sizeof err),
             -ENOENT);
   snprintf(path, sizeof path, "%s/missing", dir);
   ASSERT(bee_ckpt_write(path, "run-a", 1, a, N, 3, p5, sizeof p5, err,

@@ -236,11 +236,37 @@ static void test_dynamic(void) {
     pass(s, false, x, NULL, y, B, 0, &l);
   ASSERT(trn_model_loss_scale(s, NULL) == 0x1p24f);
   trn_model_free(s);
-  /* Fixed: never grows. */
+  /* Fixed: never grows, and is not set back. */
   s = make(&c, 16.0f, true, 1);
   for (int i = 0; i < 4; i++)
     pass(s, false, x, NULL, y, B, 0, &l);
   ASSERT(trn_model_loss_scale(s, NULL) == 16.0f);
+  ASSERT_EQ(trn_model_set_loss_scale(s, 64.0f), -EPERM);
+  ASSERT(trn_model_loss_scale(s, NULL) == 16.0f);
+  trn_model_free(s);
+  /* A checkpoint's scale set back: the passes go on from it, and the
+   * count of clean passes starts again (2 clean passes, set, 2 more: no
+   * growth yet; the third doubles it). */
+  s = make(&c, 16.0f, false, 3);
+  for (int i = 0; i < 2; i++)
+    pass(s, false, x, NULL, y, B, 0, &l);
+  ASSERT_EQ(trn_model_set_loss_scale(s, 0x1p10f), 0);
+  for (int i = 0; i < 3; i++) {
+    ASSERT(trn_model_loss_scale(s, NULL) == 0x1p10f);
+    pass(s, false, x, NULL, y, B, 0, &l);
+    ASSERT(!trn_model_skipped(s));
+  }
+  ASSERT(trn_model_loss_scale(s, NULL) == 0x1p11f);
+  const float bad[] = {3.0f, 0x1p-25f, 0, -2.0f, INFINITY, NAN};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    ASSERT_EQ(trn_model_set_loss_scale(s, bad[i]), -EINVAL);
+  ASSERT_EQ(trn_model_set_loss_scale(s, 0x1p127f), 0); /* dynamic's top */
+  ASSERT(trn_model_loss_scale(s, NULL) == 0x1p127f);
+  trn_model_free(s);
+  /* No scaling: nothing to set. */
+  s = make(&c, 0, false, 0);
+  ASSERT_EQ(trn_model_set_loss_scale(s, 16.0f), -EPERM);
+  ASSERT(trn_model_loss_scale(s, NULL) == 0);
   trn_model_free(s);
   trn_model_free(a);
   free(zero);

@@ -1047,6 +1047,10 @@ float trn_model_loss_scale(const trn_model *m, uint64_t *skipped) {
   return m->sc.scale;
 }
 
+int trn_model_set_loss_scale(trn_model *m, float scale) {
+  return trn__scaler_set(&m->sc, scale);
+}
+
 int trn_model_describe(const trn_model *m, char *buf, size_t len) {
   const trn_model_config *c = &m->cfg;
   if (m->gpt)

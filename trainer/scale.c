@@ -43,6 +43,16 @@ int trn__scaler_init(trn__scaler *s, const trn_model_config *c, char *err,
   return 0;
 }
 
+int trn__scaler_set(trn__scaler *s, float scale) {
+  if (s->scale == 0 || s->fixed)
+    return -EPERM;
+  if (!power_of_two(scale, -24, 127))
+    return -EINVAL;
+  s->scale = scale;
+  s->clean = 0;
+  return 0;
+}
+
 bool trn__scaler_after(trn__scaler *s, bool overflow) {
   s->last_skipped = overflow;
   if (overflow) {

@@ -56,6 +56,10 @@ int trn__scaler_init(trn__scaler *s, const trn_model_config *c, char *err,
  * hold an inf or a NaN: counts it, halves or doubles the scale.  Returns
  * whether the pass's gradients were added (!overflow). */
 bool trn__scaler_after(trn__scaler *s, bool overflow);
+/* A dynamic scale set back (a checkpoint's): 0; -EPERM when s does not
+ * scale dynamically (no scaling, or a fixed scale); -EINVAL for a scale
+ * that is not a power of two from 2^-24 to 2^127. */
+int trn__scaler_set(trn__scaler *s, float scale);
 /* The CPU's end of a scaled pass: when every one of the n floats of
  * scaled is finite, grads[i] += scaled[i] / scale and returns false;
  * else leaves grads alone and returns true (an overflow). */

@@ -429,6 +429,13 @@ bool trn_model_skipped(const trn_model *m);
 /* The loss scale now (0: none) and the training passes skipped so far
  * (either pointer may be NULL). */
 float trn_model_loss_scale(const trn_model *m, uint64_t *skipped);
+/* Sets a dynamic loss scale back to scale (a checkpoint's, so that a
+ * restarted run does not start again from its first scale and drop the
+ * batches that takes); the count of clean passes starts again.  0;
+ * -EPERM when m does not scale dynamically (no scaling, or a fixed
+ * scale); -EINVAL for a scale that is not a power of two from 2^-24 to
+ * 2^127. */
+int trn_model_set_loss_scale(trn_model *m, float scale);
 /* Dropout masks depend on the seed and on how many have been drawn: a
  * checkpoint keeps the count, a restore sets it, and the run goes on with
  * the same masks. */
