@@ -968,8 +968,9 @@ void bee__tick(uv_timer_t *h) {
 
 /* One epoch's metrics under "<run>_metrics" (subkey: our key), for the
  * monitor: loss, samples/s, computing and averaging time, bytes, the
- * group, and the squared gradient norms before and after averaging with
- * their batches (the gradient noise scale's inputs). */
+ * group, the squared gradient norms before and after averaging with
+ * their batches (the gradient noise scale's inputs), and with loss
+ * scaling the scale and the batches dropped for overflow. */
 static void metrics_put_cb(dht_node *n, int status, unsigned stored,
                            const dht_stats *st, void *arg) {
   (void)n, (void)stored, (void)st, (void)arg;
@@ -997,7 +998,10 @@ void bee__publish_metrics(bee_train *t, const struct step_report *r) {
                      .has_by_all = true,
                      .by_all = r->avg_status == 0 ? r->by_all : 0,
                      .diverged = r->diverged,
-                     .has_params = true};
+                     .has_params = true,
+                     .has_loss_scale = r->loss_scale > 0,
+                     .loss_scale = r->loss_scale,
+                     .dropped = r->skipped};
   memcpy(m.params, r->hash, sizeof m.params);
   /* The lines before this step, newest first: a peer that looks after
    * this bee has moved on still counts it at those steps (split_cb). */

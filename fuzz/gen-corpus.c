@@ -245,6 +245,17 @@ static void gen_records(void) {
   m.loss = 2.75;
   must(proto_metrics_encode(&m, buf, sizeof buf, &len), "metrics");
   put_rec("metrics", 3, buf, len);
+  /* The optional fields: by_all, diverged, the hash, no lines, the loss
+   * scale and the batches dropped. */
+  m.has_by_all = true;
+  m.by_all = 1;
+  m.has_params = true;
+  memset(m.params, 0x5a, sizeof m.params);
+  m.has_loss_scale = true;
+  m.loss_scale = 32768;
+  m.dropped = 3;
+  must(proto_metrics_encode(&m, buf, sizeof buf, &len), "metrics");
+  put_rec("metrics-scaled", 3, buf, len);
 
   proto_match a = {.round = 41,
                    .mode = PROTO_MODE_CLIENT,

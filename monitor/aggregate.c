@@ -196,7 +196,7 @@ static void take_metrics(mon *m, const mon_record *r, uint64_t now_ms) {
   /* A new step's round, as its peer saw it (only between two records of
    * the peer: the first one may be of any age). */
   if (p->has_metrics && x.step != p->metrics.step) {
-    char txt[80] = "";
+    char txt[128] = "";
     if (x.group_size < 2 && m->npeers > 1)
       snprintf(txt, sizeof txt, "stepped alone at epoch %llu (no group)",
                (unsigned long long)x.step);
@@ -207,6 +207,16 @@ static void take_metrics(mon *m, const mon_record *r, uint64_t now_ms) {
                100 * x.by_all);
     if (txt[0])
       event(m, now_ms, MON_EV_ROUND, p->id, x.step, txt);
+    /* Loss scaling dropped batches in the step (their scaled gradients
+     * overflowed): a few while the scale settles, more is trouble. */
+    if (x.has_loss_scale && x.dropped > 0) {
+      snprintf(txt, sizeof txt,
+               "epoch %llu: %llu batch%s dropped for overflow, loss scale "
+               "now 2^%d",
+               (unsigned long long)x.step, (unsigned long long)x.dropped,
+               x.dropped == 1 ? "" : "es", ilogb(x.loss_scale));
+      event(m, now_ms, MON_EV_ROUND, p->id, x.step, txt);
+    }
   }
   /* Its parameters left the swarm's, or came back (a state loaded, or a
    * full state round): said when it changes, the first record too. */

@@ -80,12 +80,16 @@ function renderRows(snap) {
     } else if (p.diverged) {
       tr.className = "behind"; tr.title = "out of line: stepped without its peers' round"; apart++;
     }
+    /* The loss scale as a power of two; the batches it dropped in its
+     * last epoch (overflows) in the cell's title. */
+    const scale = p.loss_scale ? "2^" + Math.round(Math.log2(p.loss_scale)) : "–";
     const cells = [p.id.slice(0, 8), p.label, p.addr || "–", p.mode, p.epoch, fmt(p.samples_per_second, 0),
-      fmt(p.loss, 4), fmt(p.round_s, 2), p.group ?? "–", age < 1.5 ? "now" : dur(age) + " ago"];
+      fmt(p.loss, 4), scale, fmt(p.round_s, 2), p.group ?? "–", age < 1.5 ? "now" : dur(age) + " ago"];
     cells.forEach((v, i) => {
       const td = document.createElement("td"); td.textContent = v;
       if (i === 0) { td.className = "id"; td.title = p.id; }
-      if (i === 9 && age > 5) td.className = "stale";
+      if (i === 7 && p.dropped) td.title = p.dropped + " batches dropped for overflow in its last epoch";
+      if (i === 10 && age > 5) td.className = "stale";
       tr.appendChild(td);
     });
     tb.appendChild(tr);

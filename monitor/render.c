@@ -124,6 +124,11 @@ static void peer_json(mon_buf *b, const mon_peer *p) {
     num(b, "compute_s", x->compute_s, true);
     num(b, "round_s", x->averaging_s, true);
     num(b, "averaged", x->has_by_all ? x->by_all : NAN, true);
+    num(b, "loss_scale", x->has_loss_scale ? x->loss_scale : NAN, true);
+    if (x->has_loss_scale)
+      mon_buf_printf(b, "\"dropped\":%llu,", (unsigned long long)x->dropped);
+    else
+      mon_buf_printf(b, "\"dropped\":null,");
     mon_buf_printf(b,
                    "\"group\":%llu,\"bytes_sent\":%llu,"
                    "\"bytes_received\":%llu,\"diverged\":%s}",
@@ -133,7 +138,8 @@ static void peer_json(mon_buf *b, const mon_peer *p) {
                    x->diverged ? "true" : "false");
   } else { /* the same keys, unknown yet */
     mon_buf_printf(b, "\"step\":null,\"loss\":null,\"compute_s\":null,"
-                      "\"round_s\":null,\"averaged\":null,\"group\":null,"
+                      "\"round_s\":null,\"averaged\":null,"
+                      "\"loss_scale\":null,\"dropped\":null,\"group\":null,"
                       "\"bytes_sent\":null,\"bytes_received\":null,"
                       "\"diverged\":null}");
   }

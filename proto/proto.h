@@ -598,6 +598,14 @@ typedef struct proto_metrics {
                                   first, steps below step), so that a peer
                                   that looks after others moved on still
                                   counts every line of a step */
+  bool has_loss_scale;         /* optional nineteenth and twentieth fields,
+                                  after lines (then written, empty
+                                  included): */
+  double loss_scale;           /* the peer's loss scale after the step,
+                                  finite, > 0 */
+  uint64_t dropped;            /* and the batches it dropped in the step
+                                  because their scaled gradients
+                                  overflowed */
 } proto_metrics;
 
 typedef struct proto_match {

@@ -7,8 +7,8 @@
  *   ["bee.metrics", 1, run, step, loss, samples_per_second, compute_s,
  *    averaging_s, bytes_sent, bytes_received, group_size, grad_sq_local,
  *    batch_local, grad_sq_avg, batch_avg, time_ms, by_all, diverged,
- *    params, lines (the last four optional, each only after the one
- *    before)]
+ *    params, lines, loss_scale, dropped (the last six optional, each only
+ *    after the one before)]
  *   ["bee.match", 1, run, round, bits, addr, schema_hash, mode,
  *    bandwidth_mbit, weight]
  *   ["bee.donor", 1, run, addr, epoch, slots]
@@ -359,7 +359,9 @@ static int metrics_check(const proto_metrics *m, size_t *run_n) {
       !f64_ok(m->grad_sq_avg, F_NONNEG) ||
       (m->has_by_all && !(m->by_all >= 0 && m->by_all <= 1)) ||
       ((m->diverged || m->has_params) && !m->has_by_all) ||
-      m->nlines > PROTO_METRICS_LINES_MAX || (m->nlines && !m->has_params))
+      m->nlines > PROTO_METRICS_LINES_MAX ||
+      ((m->nlines || m->has_loss_scale) && !m->has_params) ||
+      (m->has_loss_scale && !f64_ok(m->loss_scale, F_POS)))
     return BEE_ERANGE;
   for (size_t i = 0; i < m->nlines; i++)
     if (m->lines[i].step >= m->step || m->lines[i].group_size < 2 ||
@@ -379,7 +381,9 @@ int proto_metrics_encode(const proto_metrics *m, uint8_t *buf, size_t cap,
   wr_head(&w, PROTO_REC_METRICS,
           (m->has_by_all ? 1u : 0u) +
               (m->diverged || m->has_params ? 1u : 0u) +
-              (m->has_params ? 1u : 0u) + (m->nlines ? 1u : 0u));
+              (m->has_params ? 1u : 0u) +
+              (m->nlines || m->has_loss_scale ? 1u : 0u) +
+              (m->has_loss_scale ? 2u : 0u));
   proto__wr_str(&w, m->run, run_n);
   proto__wr_uint(&w, m->step);
   if (m->has_loss)
@@ -403,7 +407,8 @@ int proto_metrics_encode(const proto_metrics *m, uint8_t *buf, size_t cap,
     proto__wr_bool(&w, m->diverged); /* a seventeenth follows */
   if (m->has_params)
     proto__wr_bin(&w, m->params, sizeof m->params);
-  if (m->nlines) { /* an eighteenth: [[step, group, hash], ...] */
+  if (m->nlines || m->has_loss_scale) { /* an eighteenth: [[step, group,
+                                            hash], ...] */
     proto__wr_array(&w, (uint32_t)m->nlines);
     for (size_t i = 0; i < m->nlines; i++) {
       proto__wr_array(&w, 3);
@@ -411,6 +416,10 @@ int proto_metrics_encode(const proto_metrics *m, uint8_t *buf, size_t cap,
       proto__wr_uint(&w, m->lines[i].group_size);
       proto__wr_bin(&w, m->lines[i].params, sizeof m->lines[i].params);
     }
+  }
+  if (m->has_loss_scale) { /* a nineteenth and a twentieth */
+    proto__wr_f64(&w, m->loss_scale);
+    proto__wr_uint(&w, m->dropped);
   }
   return wr_done(&w, len);
 }
@@ -470,6 +479,7 @@ int proto_metrics_decode(const uint8_t *buf, size_t len, proto_metrics *out) {
   /* After the hash, an eighteenth that is an array holds the peer's
    * earlier averaged steps: up to PROTO_METRICS_LINES_MAX of [step below
    * this one, group of 2..PROTO_GROUP_MAX, hash]. */
+  bool eighteenth = false;
   if (extra && out->has_params) {
     uint32_t n;
     rc = proto__rd_array(&r, &n);
@@ -497,10 +507,30 @@ int proto_metrics_decode(const uint8_t *buf, size_t len, proto_metrics *out) {
         }
       }
       out->nlines = n;
-      extra--;
+      extra--, eighteenth = true;
     } else if (rc != BEE_ETYPE) {
       goto fail;
     }
+  }
+  /* After lines (written, empty or not, when these follow), a nineteenth
+   * that is a float is the peer's loss scale (> 0), and after it a
+   * twentieth that is a uint the batches it dropped in the step: the two
+   * come together (a scale alone would re-encode longer than it came). */
+  if (extra && eighteenth) {
+    rc = rd_float(&r, F_POS, &out->loss_scale);
+    if (rc == 0 && extra == 1)
+      rc = BEE_EMISSING;
+    if (rc == 0)
+      extra--, out->has_loss_scale = true;
+    else if (rc != BEE_ETYPE)
+      goto fail;
+  }
+  if (extra && out->has_loss_scale) {
+    rc = proto__rd_uint(&r, &out->dropped);
+    if (rc == 0)
+      extra--;
+    else if (rc != BEE_ETYPE)
+      goto fail;
   }
   if ((rc = rd_tail(&r, extra)) == 0)
     return 0;

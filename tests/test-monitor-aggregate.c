@@ -40,6 +40,8 @@ static void progress(rec *r, int who, const char *run, uint64_t epoch,
 /* The by_all field metrics() writes; < 0: none. */
 static double g_by_all = -1;
 static bool g_diverged; /* the next metrics record says diverged */
+static double g_scale;  /* its loss scale (0: none), with its hash */
+static uint64_t g_dropped; /* and its batches dropped for overflow */
 
 static void metrics(rec *r, int who, uint64_t step, double loss, double comp,
                     double avg, uint64_t group, double gl, uint64_t bl,
@@ -62,7 +64,11 @@ static void metrics(rec *r, int who, uint64_t step, double loss, double comp,
                      .time_ms = t,
                      .has_by_all = g_by_all >= 0,
                      .by_all = g_by_all >= 0 ? g_by_all : 0,
-                     .diverged = g_diverged && g_by_all >= 0};
+                     .diverged = g_diverged && g_by_all >= 0,
+                     .has_params = g_scale > 0,
+                     .has_loss_scale = g_scale > 0,
+                     .loss_scale = g_scale,
+                     .dropped = g_dropped};
   snprintf(x.run, sizeof x.run, "r");
   ASSERT_OK(proto_metrics_encode(&x, r->buf, sizeof r->buf, &r->n));
 }
@@ -397,7 +403,33 @@ static void test_round_events(void) {
   ASSERT(strstr(b.p, "\"diverged\":false") != NULL);
   ASSERT(strstr(b.p, "\"type\":\"state\"") != NULL);
   ASSERT(strstr(b.p, "\"type\":\"round\"") != NULL);
+  ASSERT(strstr(b.p, "\"loss_scale\":null,\"dropped\":null") != NULL);
   mon_buf_free(&b);
+  /* Scrape 6: step 14 with loss scaling, 3 batches dropped (one event,
+   * the same record again adds none), then step 15 with none dropped. */
+  g_by_all = 1;
+  g_scale = 32768;
+  g_dropped = 3;
+  metrics(&x[0], 1, 14, 1.0, 1, 1, 2, 1, 1, 1, 1, t);
+  mr[0] = view(&x[0]);
+  mon_scrape(m, t + 7000, pr, 2, mr, 1);
+  mon_scrape(m, t + 8000, pr, 2, mr, 1);
+  ASSERT(has_event(m, MON_EV_ROUND,
+                   "01000000 epoch 14: 3 batches dropped for overflow, loss "
+                   "scale now 2^15"));
+  ASSERT_EQ(events_of(m, MON_EV_ROUND), 6);
+  ASSERT_OK(mon_snapshot_json(m, &b));
+  ASSERT(strstr(b.p, "\"loss_scale\":32768,\"dropped\":3,") != NULL);
+  mon_buf_free(&b);
+  g_dropped = 0;
+  metrics(&x[0], 1, 15, 1.0, 1, 1, 2, 1, 1, 1, 1, t);
+  mr[0] = view(&x[0]);
+  mon_scrape(m, t + 9000, pr, 2, mr, 1);
+  ASSERT_EQ(events_of(m, MON_EV_ROUND), 6);
+  ASSERT_OK(mon_snapshot_json(m, &b));
+  ASSERT(strstr(b.p, "\"loss_scale\":32768,\"dropped\":0,") != NULL);
+  mon_buf_free(&b);
+  g_by_all = -1, g_scale = 0;
   mon_free(m);
 }
 

@@ -7,9 +7,10 @@
 # it and the configured target; /metrics the same as Prometheus text; a
 # request without the token, or with a wrong one, gets 401; a record that
 # is not a progress record, put under the run's key by another client,
-# never shows as a peer; a websocket client gets the snapshot at once and
-# then one per scrape, the history when it asks, an error for a request
-# it cannot have; the log file holds one JSON line per scrape.  Then
+# never shows as a peer; b2's loss scale (it scales from 2^127) shows
+# below 2^127, the others' none; a websocket client gets the snapshot at
+# once and then one per scrape, the history when it asks, an error for a
+# request it cannot have; the log file holds one JSON line per scrape.  Then
 # b2 is killed (SIGKILL): it leaves the snapshot once its records go
 # stale, and the events say so.  SIGTERM stops trainmonitor with status 0.
 set -euo pipefail
@@ -28,7 +29,10 @@ train=(--open --run-id "$RUN" --target-batch-size "$TARGET" --eval-every 0)
 start b0 "$base" "${train[@]}" --label "queen"
 wait_log b0 'listening on' 10
 start b1 $((base + 1)) "${train[@]}" --join "127.0.0.1:$base" --label 'bee "one"'
-start b2 $((base + 2)) "${train[@]}" --join "127.0.0.1:$base" --label "bee two"
+# b2 scales its loss from 2^127 (fp16's loss scaling, which the CPU runs
+# too): its first batches overflow and the scale halves.
+start b2 $((base + 2)) "${train[@]}" --join "127.0.0.1:$base" --label "bee two" \
+  --precision fp16 --loss-scale dynamic:2^127
 (cd "$work" && exec "$MON" --open --join "127.0.0.1:$base" --run-id "$RUN" \
   --http "127.0.0.1:$http" --http-token "$TOKEN" --target-batch-size "$TARGET" \
   --log-file mon.jsonl) >"$work/mon.log" 2>&1 &
@@ -99,6 +103,15 @@ q_epoch=$q2
 avg=$(py 'print(s["now"]["averaged"])' <<<"$snap")
 awk -v a="$avg" 'BEGIN { exit !(a > 0.5 && a <= 1) }' ||
   fail "the share averaged by all is $avg"
+
+# The loss scale, from the metrics records: b2's below 2^127 (it halved
+# at its overflows), none for the queen.
+scales=$(py 'by = {p["label"]: p for p in s["peers"]}
+print(by["bee two"]["loss_scale"], by["bee two"]["dropped"], by["queen"]["loss_scale"])' <<<"$snap")
+read -r sc2 dr2 sc0 <<<"$scales"
+[ "$sc0" = None ] && [ "$dr2" != None ] &&
+  awk -v a="$sc2" 'BEGIN { exit !(a > 0 && a < 2^126) }' ||
+  fail "the loss scales (bee two, its dropped batches, queen): $scales"
 
 # Prometheus text.
 metrics=$(get /metrics)
@@ -188,4 +201,5 @@ for line in open(sys.argv[1]):
     assert j["run"] == "mon" and "point" in j and "peers" in j
 ' "$work/mon.jsonl" || fail "the log file holds a line that is not a JSON point"
 stop_all
-echo "monitor: 3 peers, epoch $mon_epoch (queen $q_epoch), token enforced, bad record ignored, websocket updates, b2's death seen; $lines log lines"
+e2=$(awk -v a="$sc2" 'BEGIN { printf "%.0f", log(a) / log(2) }')
+echo "monitor: 3 peers, epoch $mon_epoch (queen $q_epoch), token enforced, bad record ignored, b2's loss scale 2^$e2 ($dr2 dropped in its last epoch), websocket updates, b2's death seen; $lines log lines"

@@ -1144,6 +1144,79 @@ static void test_params_lines(void) {
   ASSERT_RC(proto_metrics_encode(&m, b, sizeof b, &bn), BEE_ERANGE);
 }
 
+/* The nineteenth and twentieth fields, after lines (then written, empty
+ * included): the peer's loss scale (a float > 0) and the batches it
+ * dropped in the step (a uint).  Another type in either place is a later
+ * version's field. */
+static void test_loss_scale(void) {
+  proto_metrics m = {.step = 9, .time_ms = 5, .has_by_all = true,
+                     .by_all = 1, .has_params = true},
+                d;
+  snprintf(m.run, sizeof m.run, "run");
+  memset(m.params, 0x11, 8);
+  uint8_t a[PROTO_RECORD_MAX], b[PROTO_RECORD_MAX];
+  size_t an, bn, xn;
+  ASSERT_OK(proto_metrics_encode(&m, a, sizeof a, &an));
+  m.has_loss_scale = true;
+  m.loss_scale = 0x1p15;
+  m.dropped = 300;
+  ASSERT_OK(proto_metrics_encode(&m, b, sizeof b, &bn));
+  /* An empty lines array, the float64, a uint16. */
+  ASSERT_UEQ(bn, an + 1 + 9 + 3);
+  ASSERT_EQ(b[2], a[2] + 3);
+  ASSERT_EQ(b[an], 0x90);
+  ASSERT_EQ(b[an + 1], 0xcb);
+  ASSERT_EQ(b[an + 10], 0xcd);
+  ASSERT_OK(proto_metrics_decode(b, bn, &d));
+  ASSERT(d.has_loss_scale && d.loss_scale == 0x1p15);
+  ASSERT_UEQ(d.dropped, 300);
+  ASSERT_UEQ(d.nlines, 0);
+  ASSERT_OK(proto_metrics_decode(a, an, &d));
+  ASSERT(!d.has_loss_scale && d.dropped == 0);
+  /* With lines before them. */
+  m.nlines = 1;
+  m.lines[0] = (proto_metrics_line){.step = 8, .group_size = 2};
+  ASSERT_OK(proto_metrics_encode(&m, b, sizeof b, &bn));
+  ASSERT_OK(proto_metrics_decode(b, bn, &d));
+  ASSERT(d.has_loss_scale && d.nlines == 1 && d.dropped == 300);
+  m.nlines = 0;
+  /* A scale of 0, below 0, infinite or NaN: refused both ways. */
+  const double bad[] = {0, -1, INFINITY, NAN};
+  ASSERT_OK(proto_metrics_encode(&m, b, sizeof b, &bn));
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    m.loss_scale = bad[i];
+    ASSERT_RC(proto_metrics_encode(&m, a, sizeof a, &xn), BEE_ERANGE);
+    uint8_t c[PROTO_RECORD_MAX];
+    memcpy(c, b, bn);
+    uint64_t bits;
+    memcpy(&bits, &bad[i], 8);
+    for (int k = 0; k < 8; k++) /* big-endian float64 after 0xcb */
+      c[bn - 11 + k] = (uint8_t)(bits >> (56 - 8 * k));
+    ASSERT_RC(proto_metrics_decode(c, bn, &d), BEE_ERANGE);
+  }
+  m.loss_scale = 1;
+  /* Not without the hash (so lines) before it. */
+  m.has_params = false;
+  ASSERT_RC(proto_metrics_encode(&m, a, sizeof a, &xn), BEE_ERANGE);
+  m.has_params = true;
+  /* A later version's field in the scale's place (a str), or in the
+   * count's (a bool): skipped. */
+  uint8_t c[PROTO_RECORD_MAX];
+  memcpy(c, b, an + 1); /* up to the empty lines */
+  size_t cn = an + 1;
+  c[cn++] = 0xa1, c[cn++] = 'x';
+  c[cn++] = 0xcd, c[cn++] = 0x01, c[cn++] = 0x2c;
+  ASSERT_OK(proto_metrics_decode(c, cn, &d));
+  ASSERT(!d.has_loss_scale && d.dropped == 0 && d.has_params);
+  memcpy(c, b, an + 10); /* up to the scale */
+  c[an + 10] = 0xc2;
+  ASSERT_OK(proto_metrics_decode(c, an + 11, &d));
+  ASSERT(d.has_loss_scale && d.dropped == 0);
+  /* The scale without the count: refused (they come together). */
+  c[2] -= 1;
+  ASSERT_RC(proto_metrics_decode(c, an + 10, &d), BEE_EMISSING);
+}
+
 int main(void) {
   if (sodium_init() < 0)
     FAIL("sodium_init");
@@ -1161,6 +1234,7 @@ int main(void) {
   test_diverged();
   test_params_hash();
   test_params_lines();
+  test_loss_scale();
   printf("typed records: all checks passed\n");
   return 0;
 }
