@@ -34,6 +34,8 @@
 #define AHEAD_WAIT_S 2.0 /* a group formed ahead whose round we have not
                             begun hears from us this often (avg_node_wait),
                             well within the round's sender timeout (5 s) */
+#define AHEAD_WAIT_LATE_S 10.0 /* and no longer than this after our round
+                                  was expected (bee__match_ahead) */
 #define STATE_ROUND (UINT64_C(1) << 63) /* a state round's number: this
                                            plus the epoch */
 #define DESERTED_VIEWS 2 /* views in a row with nobody else at the epoch
@@ -237,6 +239,7 @@ struct bee_train {
     uint64_t epoch;
     double t0; /* the matchmaking began, mono_s() */
     double wait_s; /* our last WAIT to its members, mono_s() */
+    double ready_s; /* when its round was expected to run, mono_s() */
     avg_group g;
     proto_group_member gm[AVG_GROUP_MAX];
   } ahead;

@@ -775,6 +775,7 @@ void bee__match_ahead(bee_train *t) {
   t->ahead.state = AHEAD_MATCHING;
   t->ahead.epoch = epoch;
   t->ahead.t0 = mono_s();
+  t->ahead.ready_s = t->ahead.t0 + (ready > 0 ? ready : 0);
 }
 
 /* Starts the round the worker asked for: with the group formed ahead for
@@ -952,10 +953,14 @@ void bee__tick(uv_timer_t *h) {
   bee__start_round(t);
   bee__match_ahead(t);
   /* Members that began the group's round wait for our parts; we are
-   * still computing ours (DiLoCo: a slower bee's inner steps). */
-  if (t->ahead.state == AHEAD_HELD &&
-      mono_s() - t->ahead.wait_s >= AHEAD_WAIT_S) {
-    t->ahead.wait_s = mono_s();
+   * still computing ours (DiLoCo: a slower bee's inner steps).  Only
+   * until AHEAD_WAIT_LATE_S after our round was expected: a worker stuck
+   * past that is dropped by their sender timeout, as a dead member,
+   * rather than hold their round to its deadline. */
+  double at = mono_s();
+  if (t->ahead.state == AHEAD_HELD && at - t->ahead.wait_s >= AHEAD_WAIT_S &&
+      at < t->ahead.ready_s + AHEAD_WAIT_LATE_S) {
+    t->ahead.wait_s = at;
     avg_node_wait(t->avg, &t->ahead.g);
   }
   bee__resync(t);

@@ -204,11 +204,11 @@ static int fields_get(proto_rd *r, proto_avg_msg *m) {
 }
 
 /* Error codes as in docs/PROTOCOL.md, section 2: a type other than the
- * four round messages (60 to 62, 67) is BEE_EUNKNOWN; a group id that is not a bin of
- * 16 bytes, a sender >= 65535, a codec > 255, contributors > 65535, a
- * weight that is NaN, infinite, negative or beyond FLT_MAX, an ABORT code
- * that is not negative or is below INT32_MIN BEE_ERANGE; data or text
- * over its limit BEE_ETOOBIG; a float32 weight BEE_ETYPE. */
+ * four round messages (60 to 62, 67) is BEE_EUNKNOWN; a group id that is
+ * not a bin of 16 bytes, a sender >= 65535, a codec > 255, contributors >
+ * 65535, a weight that is NaN, infinite, negative or beyond FLT_MAX, an
+ * ABORT code that is not negative or is below INT32_MIN BEE_ERANGE; data
+ * or text over its limit BEE_ETOOBIG; a float32 weight BEE_ETYPE. */
 int proto_avg_decode(const uint8_t *buf, size_t len, proto_avg_msg *m) {
   proto_rd r;
   int type = 0, rc;

@@ -12,8 +12,9 @@
  * for every codec (the round adopts what the receivers decode), and
  * against the exact mean in double within the codecs' documented bounds.
  * Failures (members killed at random times, corrupt or huge contributions,
- * deadlines, a member that begins late without saying WAIT) must leave every span of every survivor either averaged
- * over the contributions the owner reports or exactly as it was.
+ * deadlines, a member that begins late without saying WAIT) must leave
+ * every span of every survivor either averaged over the contributions the
+ * owner reports or exactly as it was.
  */
 #include "averager.h"
 #include "test.h"
