@@ -328,6 +328,17 @@ static void test_loss_weights(void) {
 /* A newcomer that loads the state, a round a member left, and a bee
  * that stepped alone: one event each, at the step they happened, and
  * none for steps that went well or for the first record of a peer. */
+/* Peer 1's metrics for step (its group of group, the by_all, diverged
+ * and loss-scale settings above) scraped times times, 1 s apart from at,
+ * with the progress records pr of both peers. */
+static void peer1_step(mon *m, rec *x, const mon_record *pr, mon_record *mr,
+                       uint64_t step, uint64_t group, uint64_t at, int times) {
+  metrics(x, 1, step, 1.0, 1, 1, group, 1, 1, 1, 1, at);
+  mr[0] = view(x);
+  for (int i = 0; i < times; i++)
+    mon_scrape(m, at + 1000 * (uint64_t)i, pr, 2, mr, 1);
+}
+
 static void test_round_events(void) {
   mon_config cfg = {.run = "r"};
   mon *m;
@@ -360,16 +371,11 @@ static void test_round_events(void) {
   /* Scrape 3: peer 1's step 10 lost a member (60% averaged by all), the
    * same record again a scrape later (one event), then step 11 alone. */
   g_by_all = 0.6;
-  metrics(&x[0], 1, 10, 1.0, 1, 1, 2, 1, 1, 1, 1, t);
-  mr[0] = view(&x[0]);
-  mon_scrape(m, t + 1000, pr, 2, mr, 1);
-  mon_scrape(m, t + 2000, pr, 2, mr, 1);
+  peer1_step(m, &x[0], pr, mr, 10, 2, t + 1000, 2);
   ASSERT(has_event(m, MON_EV_ROUND,
                    "01000000 epoch 10: the group of 2 averaged 60% by all"));
   g_by_all = 0;
-  metrics(&x[0], 1, 11, 1.0, 1, 1, 1, 1, 1, 1, 1, t);
-  mr[0] = view(&x[0]);
-  mon_scrape(m, t + 3000, pr, 2, mr, 1);
+  peer1_step(m, &x[0], pr, mr, 11, 1, t + 3000, 1);
   g_by_all = -1;
   ASSERT(has_event(m, MON_EV_ROUND,
                    "01000000 stepped alone at epoch 11 (no group)"));
@@ -379,10 +385,7 @@ static void test_round_events(void) {
    * event, the same record again adds none); the JSON says so. */
   g_by_all = 0;
   g_diverged = true;
-  metrics(&x[0], 1, 12, 1.0, 1, 1, 1, 1, 1, 1, 1, t);
-  mr[0] = view(&x[0]);
-  mon_scrape(m, t + 4000, pr, 2, mr, 1);
-  mon_scrape(m, t + 5000, pr, 2, mr, 1);
+  peer1_step(m, &x[0], pr, mr, 12, 1, t + 4000, 2);
   ASSERT(has_event(m, MON_EV_ROUND, "01000000 out of line from epoch 12: "
                                     "stepped without its peers' round"));
   mon_buf b = {0};
@@ -392,9 +395,7 @@ static void test_round_events(void) {
   /* Scrape 5: step 13 averaged in full, no longer diverged: back. */
   g_by_all = 1;
   g_diverged = false;
-  metrics(&x[0], 1, 13, 1.0, 1, 1, 2, 1, 1, 1, 1, t);
-  mr[0] = view(&x[0]);
-  mon_scrape(m, t + 6000, pr, 2, mr, 1);
+  peer1_step(m, &x[0], pr, mr, 13, 2, t + 6000, 1);
   g_by_all = -1;
   ASSERT(has_event(m, MON_EV_ROUND, "01000000 back in line at epoch 13"));
   ASSERT_EQ(events_of(m, MON_EV_ROUND), 5);
@@ -410,10 +411,7 @@ static void test_round_events(void) {
   g_by_all = 1;
   g_scale = 32768;
   g_dropped = 3;
-  metrics(&x[0], 1, 14, 1.0, 1, 1, 2, 1, 1, 1, 1, t);
-  mr[0] = view(&x[0]);
-  mon_scrape(m, t + 7000, pr, 2, mr, 1);
-  mon_scrape(m, t + 8000, pr, 2, mr, 1);
+  peer1_step(m, &x[0], pr, mr, 14, 2, t + 7000, 2);
   ASSERT(has_event(m, MON_EV_ROUND,
                    "01000000 epoch 14: 3 batches dropped for overflow, loss "
                    "scale now 2^15"));
@@ -422,9 +420,7 @@ static void test_round_events(void) {
   ASSERT(strstr(b.p, "\"loss_scale\":32768,\"dropped\":3,") != NULL);
   mon_buf_free(&b);
   g_dropped = 0;
-  metrics(&x[0], 1, 15, 1.0, 1, 1, 2, 1, 1, 1, 1, t);
-  mr[0] = view(&x[0]);
-  mon_scrape(m, t + 9000, pr, 2, mr, 1);
+  peer1_step(m, &x[0], pr, mr, 15, 2, t + 9000, 1);
   ASSERT_EQ(events_of(m, MON_EV_ROUND), 6);
   ASSERT_OK(mon_snapshot_json(m, &b));
   ASSERT(strstr(b.p, "\"loss_scale\":32768,\"dropped\":0,") != NULL);
