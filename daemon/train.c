@@ -895,8 +895,10 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     }
   }
   /* Images are made on the loader's thread, a few batches ahead, while
-   * the model trains (on a GPU the pass would otherwise wait for each). */
-  rc = trn_source_start(t->src, &ord);
+   * the model trains (on a GPU the pass would otherwise wait for each),
+   * in pinned memory for a GPU (copied without a staging copy). */
+  rc = trn_source_start(t->src, &ord,
+                        trn_model_device(t->m) == TRN_DEV_CUDA);
   trn_order_free(&ord);
   if (rc) {
     bee_err(COMP, "data loader: %s", strerror(-rc));

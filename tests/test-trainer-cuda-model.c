@@ -2,7 +2,8 @@
  * the CPU.
  *
  * Skips (exit 77) without the CUDA backend or a device.  With one, for
- * mlp, cnn (with dropout), cnn with batch norm, a CIFAR ResNet-8 (identity
+ * mlp, cnn (with dropout), cnn with batch norm (batch 32, and 100 for
+ * batch norm's sums over several images a block), a CIFAR ResNet-8 (identity
  * and projection shortcuts) and a narrow ResNet-18 (its 7x7 stride-2
  * convolution and overlapping 3x3 stride-2 max-pool), the same weights and
  * batches go through the CPU backend and cuda:0:
@@ -32,8 +33,9 @@
  *   SGD and AdamW, LAMB's within rounding, with the state moving between
  *   host and device when a step is taken on the host in between;
  * - cnn trained on the GPU from Fashion-MNIST (the t10k set, when
- *   installed) learns: its accuracy on the training images passes 75%
- *   and its loss follows the CPU's; with fp16 too.
+ *   installed) learns, its batches in pinned memory (trn_host_alloc):
+ *   its accuracy on the training images passes 75% and its loss follows
+ *   the CPU's; with fp16 too.
  */
 #include "test.h"
 
@@ -48,23 +50,34 @@ static float frand(void) { /* uniform in [-1, 1) */
   return (float)((double)(rng >> 11) * 0x1p-52 - 1.0);
 }
 
-/* The largest |a - b| over n, relative to the largest |a|. */
-static double rel_diff(const float *a, const float *b, size_t n) {
+/* The largest |a - b| over n, relative to the largest |a|; *at (may be
+ * NULL) gets its index. */
+static double rel_diff_at(const float *a, const float *b, size_t n,
+                          size_t *at) {
   double d = 0, mx = 1e-30;
   for (size_t i = 0; i < n; i++) {
     double e = fabs((double)a[i] - b[i]);
+    if (e > d && at)
+      *at = i;
     d = e > d ? e : d;
     mx = fabs(a[i]) > mx ? fabs(a[i]) : mx;
   }
   return d / mx;
 }
 
+static double rel_diff(const float *a, const float *b, size_t n) {
+  return rel_diff_at(a, b, n, NULL);
+}
+
 static void near(const char *what, const float *a, const float *b, size_t n,
                  double tol) {
-  double d = rel_diff(a, b, n);
+  size_t at = 0;
+  double d = rel_diff_at(a, b, n, &at);
   printf("  %-28s worst difference %.2e of the largest\n", what, d);
   if (!(d <= tol))
-    FAIL("%s: CPU and CUDA differ by %.3e (tolerance %.1e)", what, d, tol);
+    FAIL("%s: CPU and CUDA differ by %.3e (tolerance %.1e), the most at "
+         "%zu of %zu: %.9g on the CPU, %.9g on CUDA",
+         what, d, tol, at, n, (double)a[at], (double)b[at]);
 }
 
 static trn_model *make(const trn_model_config *base, int device) {
@@ -496,8 +509,10 @@ static void learns(int precision) {
     ASSERT_EQ(trn_optim_new(&oc, trn_model_nparams(m), &o), 0);
     trn_order ord;
     ASSERT_EQ(trn_order_init(&ord, d.n, "learn", 5, 0, 0), 0);
-    float *x = malloc(B * 784 * sizeof *x);
+    /* The CUDA model's batches in pinned memory, as beed's. */
+    float *x = trn_host_alloc(B * 784 * sizeof *x, dev);
     int32_t *y = malloc(B * sizeof *y);
+    ASSERT(x && trn_host_pinned(x) == (dev == 1));
     const float mean = 0.2860f, std = 0.3530f;
     for (size_t s = 0; s < steps; s++) {
       double l;
@@ -519,7 +534,7 @@ static void learns(int precision) {
              (unsigned long long)skipped);
       ASSERT(skipped <= 2); /* at most a halving or two from 2^15 */
     }
-    free(x);
+    trn_host_free(x);
     free(y);
     trn_order_free(&ord);
     trn_optim_free(o);
@@ -607,5 +622,16 @@ int main(void) {
   optim_steps();
   learns(TRN_FP32);
   learns(TRN_FP16);
+  /* Batch norm's sums over slices of several images each (cuda-bn.cu:
+   * 64 slices of 32 channels, 32 of 64, here 1 to 4 images a slice).
+   * Last: on its one run (an H200, 2026-11-27) the first batch's
+   * gradients differed by 5.8e-3 of the largest, over the tolerance, with
+   * the logits within 8.3e-7; the cause is not established. */
+  trn_model_config_default(&cfg);
+  cfg.name = "cnn";
+  cfg.batchnorm = true;
+  cfg.dropout = 0;
+  cfg.max_batch = 100;
+  compare("cnn with batch norm", &cfg, 100);
   return 0;
 }

@@ -562,8 +562,8 @@ static void test_source(void) {
   ASSERT_EQ(trn_source_train(s, m, &l), -EINVAL); /* not started */
   trn_order o, at;
   ASSERT_EQ(trn_order_init(&o, 20, "src", 3, 0, 4), 0);
-  ASSERT_EQ(trn_source_start(s, &o), 0);
-  ASSERT_EQ(trn_source_start(s, &o), -EINVAL); /* twice */
+  ASSERT_EQ(trn_source_start(s, &o, false), 0);
+  ASSERT_EQ(trn_source_start(s, &o, false), -EINVAL); /* twice */
   /* The same batches as trn_images_batch with CIFAR-10's figures. */
   trn_images d;
   ASSERT_EQ(trn_cifar10_load(sub, "train", &d, err, sizeof err), 0);
@@ -639,7 +639,7 @@ static void test_source(void) {
   trn_model_describe(m, desc, sizeof desc);
   ASSERT_STREQ(desc, "gpt vocab 50 ctx 8 layers 1 heads 2 embd 8");
   ASSERT_EQ(trn_order_init(&o, 12, "tok", 3, 2, 9), 0);
-  ASSERT_EQ(trn_source_start(s, &o), 0);
+  ASSERT_EQ(trn_source_start(s, &o, false), 0);
   ASSERT_EQ(trn_source_train(s, m, &l), 0);
   ASSERT(l > 0 && isfinite(l));
   ASSERT_EQ(trn_source_order(s, &at), 0);

@@ -83,8 +83,6 @@ struct trn__gpu {
   bool *acc;      /* it adds to its src's input gradient (set: another
                      reader of src wrote it first) */
   bool *acc2;     /* likewise for src2 */
-  int *spare;     /* batch norm on the model's input: where cuDNN's
-                     unwanted input gradient goes, else -1 */
   float **dbuf;   /* (ndbuf) each (max_batch, widest): the gradients */
   size_t ndbuf;
   double *loss;   /* (max_batch) each sample's */
@@ -111,6 +109,10 @@ struct trn__gpu {
   float *sgrads, *kept;
   int *bad, *h_bad;
   bool overflow;
+  /* Batch norm in training (cuda-bn.cu): each (channel, slice)'s sums and
+   * backward's three coefficients a channel, for the widest layer. */
+  double2 *bn_part;
+  float *bn_coef;
 };
 
 /* cudaMalloc that counts the bytes in g->bytes, and explains a failure in
@@ -189,6 +191,27 @@ static inline void trn__sum_losses(const double *loss, const uint8_t *hit,
   if (correct)
     *correct = right;
 }
+
+/* Batch norm's slices of the batch for c channels (cuda-bn.cu): about
+ * 2048 blocks in all, none smaller than an image. */
+static inline unsigned trn__bn_slices(unsigned c, size_t B) {
+  size_t s = (2048 + c - 1) / c;
+  return (unsigned)(s < B ? s : B);
+}
+
+/* Batch norm in training, over x (B, bn->c, bn->hw) on g's stream: the
+ * batch's statistics summed in double per channel, y = gamma (x - mean)
+ * ivar + beta, the running statistics rm and rv moved as conv.c moves
+ * them, and the batch's mean and ivar = 1 / sqrt(var + eps) saved. */
+int trn__gpu_bn_fwd(trn__gpu *g, const trn__bn *bn, const float *x,
+                    const float *gamma, const float *beta, float *y,
+                    float *rm, float *rv, float *mean, float *ivar, size_t B);
+/* Its backward: dgamma and dbeta added to, dx (NULL: none wanted) set or,
+ * with acc, added to. */
+int trn__gpu_bn_bwd(trn__gpu *g, const trn__bn *bn, const float *x,
+                    const float *dy, const float *gamma, const float *mean,
+                    const float *ivar, float *dx, bool acc, float *dgamma,
+                    float *dbeta, size_t B);
 
 /* gpt's state (cuda-gpt.cu): freed with the model. */
 void trn__ggpt_free(trn__gpu *g);

@@ -520,7 +520,7 @@ static int plan(trn__gpu *g, char *err, size_t err_len) {
   int nfree = 0, nbuf = 0;
 #define TAKE() (nfree ? freel[--nfree] : nbuf++)
   for (size_t i = 0; i < nl; i++)
-    g->grad[i] = g->spare[i] = -1;
+    g->grad[i] = -1;
   g->grad[nl - 1] = TAKE(); /* the logits' */
   int rc = 0;
   for (size_t i = nl; i-- > 0;) {
@@ -535,10 +535,6 @@ static int plan(trn__gpu *g, char *err, size_t err_len) {
     if (L->kind == TRN__L_ADD && L->src2 >= 0 &&
         !(g->acc2[i] = g->grad[L->src2] >= 0))
       g->grad[L->src2] = TAKE();
-    if (L->kind == TRN__L_BN && L->src < 0) {
-      g->spare[i] = TAKE();
-      freel[nfree++] = g->spare[i];
-    }
     freel[nfree++] = g->grad[i];
   }
 #undef TAKE
@@ -582,6 +578,8 @@ static int gpu_build(trn__gpu *g, char *err, size_t err_len) {
   DALLOC(g->hit, B, "the hits");
   TRY(CK(cudaMallocHost((void **)&g->h_loss, B * sizeof *g->h_loss)));
   TRY(CK(cudaMallocHost((void **)&g->h_hit, B * sizeof *g->h_hit)));
+  size_t bn_part = 0; /* the widest batch norm's sums */
+  unsigned bn_c = 0;
   for (size_t i = 0; i < g->nl; i++) {
     const trn__layer *L = &g->l[i];
     DALLOC(g->act[i], B * L->out, "the activations");
@@ -596,7 +594,14 @@ static int gpu_build(trn__gpu *g, char *err, size_t err_len) {
       TRY(set4d(b->p, 1, L->bn.c, 1, 1));
       DALLOC(b->mean, L->bn.c, "batch norm's statistics");
       DALLOC(b->ivar, L->bn.c, "batch norm's statistics");
+      size_t np = (size_t)L->bn.c * trn__bn_slices(L->bn.c, B);
+      bn_part = np > bn_part ? np : bn_part;
+      bn_c = L->bn.c > bn_c ? L->bn.c : bn_c;
     }
+  }
+  if (bn_c) {
+    DALLOC(g->bn_part, bn_part, "batch norm's sums");
+    DALLOC(g->bn_coef, 3 * bn_c, "batch norm's sums");
   }
   for (size_t i = 0; i < g->ndbuf; i++)
     DALLOC(g->dbuf[i], B * g->widest, "the gradients flowing down");
@@ -633,7 +638,7 @@ int trn__gpu_new(int index, const trn__layer *l, size_t nl, size_t nparams,
   if (!HOST(g->l, nl) || !HOST(g->act, nl) || !HOST(g->mask, nl) ||
       !HOST(g->arg, nl) || !HOST(g->conv, nl) || !HOST(g->bn, nl) ||
       !HOST(g->grad, nl) || !HOST(g->acc, nl) || !HOST(g->acc2, nl) ||
-      !HOST(g->spare, nl) || !HOST(g->dbuf, 2 * nl + 1) ||
+      !HOST(g->dbuf, 2 * nl + 1) ||
       !HOST(g->fev, nl + 1) || !HOST(g->bev, nl + 1) ||
       !HOST(g->fwd_ms, nl) || !HOST(g->bwd_ms, nl)) {
 #undef HOST
@@ -729,6 +734,8 @@ void trn__gpu_free(trn__gpu *g) {
     (void)cudaFree(b->mean);
     (void)cudaFree(b->ivar);
   }
+  (void)cudaFree(g->bn_part);
+  (void)cudaFree(g->bn_coef);
   if (g->dnn)
     (void)cudnnDestroy(g->dnn);
   if (g->blas)
@@ -737,7 +744,7 @@ void trn__gpu_free(trn__gpu *g) {
     (void)cudaStreamDestroy(g->st);
   (void)cudaGetLastError();
   void *host[] = {g->l,     g->act,  g->mask, g->arg, g->conv,
-                  g->bn,    g->grad, g->acc,  g->acc2, g->spare,
+                  g->bn,    g->grad, g->acc,  g->acc2,
                   g->dbuf,  g->fev,  g->bev,  g->fwd_ms, g->bwd_ms};
   for (size_t i = 0; i < sizeof host / sizeof *host; i++)
     free(host[i]);
@@ -893,10 +900,8 @@ static int forward(trn__gpu *g, size_t B, bool train, uint64_t seed,
       float *rm = g->buffers + L->buf_off, *rv = rm + L->bn.c;
       TRY(set4d(bn->x, B, L->bn.c, (unsigned)L->bn.hw, 1));
       if (train)
-        TRY(DK(cudnnBatchNormalizationForwardTraining(
-            g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, bn->x, in, bn->x, y,
-            bn->p, w, b, (double)L->bn.momentum, rm, rv, (double)L->bn.eps,
-            bn->mean, bn->ivar)));
+        TRY(trn__gpu_bn_fwd(g, &L->bn, in, w, b, y, rm, rv, bn->mean,
+                            bn->ivar, B));
       else
         TRY(DK(cudnnBatchNormalizationForwardInference(
             g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, bn->x, in, bn->x, y,
@@ -977,12 +982,8 @@ static int backward(trn__gpu *g, size_t B) {
       break;
     case TRN__L_BN: {
       gbn *bn = &g->bn[i];
-      TRY(set4d(bn->x, B, L->bn.c, (unsigned)L->bn.hw, 1));
-      /* cuDNN always writes dx; the model's input's goes to spare room. */
-      TRY(DK(cudnnBatchNormalizationBackward(
-          g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, beta, &one, &one, bn->x, in,
-          bn->x, d, bn->x, dx ? dx : g->dbuf[g->spare[i]], bn->p, w, dw, db,
-          (double)L->bn.eps, bn->mean, bn->ivar)));
+      TRY(trn__gpu_bn_bwd(g, &L->bn, in, d, w, bn->mean, bn->ivar, dx, acc,
+                          dw, db, B));
       break;
     }
     case TRN__L_ADD:

@@ -133,3 +133,13 @@ int trn__cuda_props(int index, trn_device *out) {
 int trn__cuda_bind(int index) { return CUDA_CHECK(cudaSetDevice(index)); }
 
 size_t trn__cudnn_version(void) { return cudnnGetVersion(); }
+
+int trn__cuda_host_alloc(size_t bytes, void **p) {
+  if (cudaMallocHost(p, bytes) == cudaSuccess)
+    return 0;
+  (void)cudaGetLastError(); /* not sticky: clear it for the next call */
+  *p = NULL;
+  return -ENOMEM;
+}
+
+void trn__cuda_host_free(void *p) { (void)cudaFreeHost(p); }

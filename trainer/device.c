@@ -16,6 +16,8 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +87,11 @@ int trn__cuda_count(int *n, char *why, size_t why_len) {
 int trn__cuda_props(int index, trn_device *out) { return -ENOTSUP; }
 int trn__cuda_bind(int index) { return -ENOTSUP; }
 size_t trn__cudnn_version(void) { return 0; }
+int trn__cuda_host_alloc(size_t bytes, void **p) {
+  *p = NULL;
+  return -ENOTSUP;
+}
+void trn__cuda_host_free(void *p) {}
 
 int trn__gpu_new(int index, const trn__layer *l, size_t nl, size_t nparams,
                  size_t nbuffers, size_t max_batch, int precision,
@@ -138,6 +145,53 @@ bool trn_cuda_built(void) { return BEE_HAVE_CUDA; }
 int trn_device_count_cuda(int *n) { return trn__cuda_count(n, NULL, 0); }
 
 size_t trn_cudnn_version(void) { return trn__cudnn_version(); }
+
+/* ---- host memory for batches ------------------------------------------- */
+
+/* Each block starts with this header; both allocators' blocks are 64-byte
+ * aligned (cudaMallocHost's by the page), so the caller's part is too. */
+typedef union host_head {
+  struct {
+    uint32_t magic; /* HOST_PLAIN or HOST_PINNED */
+    size_t bytes;
+  } h;
+  max_align_t align;
+  unsigned char pad[64];
+} host_head;
+
+_Static_assert(sizeof(host_head) == 64, "host_head is 64 bytes");
+
+enum { HOST_PLAIN = 0x62656550u, HOST_PINNED = 0x6265654cu };
+
+void *trn_host_alloc(size_t bytes, bool pinned) {
+  if (bytes > SIZE_MAX - 2 * sizeof(host_head))
+    return NULL;
+  host_head *h = NULL;
+  uint32_t magic = HOST_PLAIN;
+  /* aligned_alloc wants a multiple of the alignment. */
+  size_t total = (sizeof *h + bytes + sizeof *h - 1) / sizeof *h * sizeof *h;
+  if (pinned && trn__cuda_host_alloc(total, (void **)&h) == 0)
+    magic = HOST_PINNED;
+  else if (!(h = aligned_alloc(sizeof *h, total)))
+    return NULL;
+  h->h.magic = magic;
+  h->h.bytes = bytes;
+  return h + 1;
+}
+
+bool trn_host_pinned(const void *p) {
+  return p && ((const host_head *)p - 1)->h.magic == HOST_PINNED;
+}
+
+void trn_host_free(void *p) {
+  if (!p)
+    return;
+  host_head *h = (host_head *)p - 1;
+  if (h->h.magic == HOST_PINNED)
+    trn__cuda_host_free(h);
+  else
+    free(h);
+}
 
 /* ---- specs ------------------------------------------------------------- */
 

@@ -71,7 +71,7 @@ static void *worker(void *arg) {
 
 int trn_loader_new(const trn_images *d, const trn_order *from, size_t batch,
                    const float *mean, const float *std, const trn_aug *aug,
-                   size_t depth, trn_loader **out) {
+                   size_t depth, bool pinned, trn_loader **out) {
   *out = NULL;
   if (!d->n || from->n != d->n || batch == 0 || batch > TRN_BATCH_MAX ||
       depth < 2 || depth > 64 || d->c == 0 || d->c > TRN_CHANNELS_MAX ||
@@ -97,7 +97,8 @@ int trn_loader_new(const trn_images *d, const trn_order *from, size_t batch,
   if (!(l->ring = calloc(depth, sizeof *l->ring)))
     goto fail;
   for (size_t i = 0; i < depth; i++)
-    if (!(l->ring[i].x = malloc(batch * one * sizeof(float))) ||
+    if (!(l->ring[i].x =
+              trn_host_alloc(batch * one * sizeof(float), pinned)) ||
         !(l->ring[i].y = malloc(batch * sizeof(int32_t))))
       goto fail;
   /* The worker's own copy of the order, from the caller's place. */
@@ -120,7 +121,7 @@ int trn_loader_new(const trn_images *d, const trn_order *from, size_t batch,
   return 0;
 fail:
   for (size_t i = 0; l->ring && i < depth; i++) {
-    free(l->ring[i].x);
+    trn_host_free(l->ring[i].x);
     free(l->ring[i].y);
   }
   free(l->ring);
@@ -172,7 +173,7 @@ void trn_loader_free(trn_loader *l) {
   pthread_cond_destroy(&l->made);
   pthread_cond_destroy(&l->taken);
   for (size_t i = 0; i < l->depth; i++) {
-    free(l->ring[i].x);
+    trn_host_free(l->ring[i].x);
     free(l->ring[i].y);
   }
   free(l->ring);

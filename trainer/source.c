@@ -171,13 +171,13 @@ void trn_source_fit(const trn_source *s, trn_model_config *mc) {
   }
 }
 
-int trn_source_start(trn_source *s, const trn_order *from) {
+int trn_source_start(trn_source *s, const trn_order *from, bool pinned) {
   if (from->n != trn_source_items(s) || s->ld || s->ord.idx)
     return -EINVAL;
   if (!s->tokens) {
     bool aug = s->aug.pad || s->aug.flip;
     return trn_loader_new(&s->tr, from, s->batch, s->mean, s->std,
-                          aug ? &s->aug : NULL, 4, &s->ld);
+                          aug ? &s->aug : NULL, 4, pinned, &s->ld);
   }
   return trn_order_init(&s->ord, from->n, from->seed, sizeof from->seed,
                         from->epoch, from->pos);

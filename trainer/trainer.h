@@ -71,6 +71,16 @@ int trn_device_parse(const char *spec, int *kind, int *index);
 /* Returns whether this build has the CUDA backend (meson -Dcuda, nvcc). */
 bool trn_cuda_built(void);
 
+/* Host memory for batches a model reads: page-locked when pinned is
+ * true and the CUDA runtime gives it (a CUDA model copies a batch from it
+ * at the bus's speed, with no staging copy on the host), else malloc's;
+ * NULL when there is none.  Free with trn_host_free (NULL is fine);
+ * trn_host_pinned says which it got.  Pinned memory is never swapped out:
+ * ask for it for a CUDA model's batches only. */
+void *trn_host_alloc(size_t bytes, bool pinned);
+bool trn_host_pinned(const void *p);
+void trn_host_free(void *p);
+
 /* Counts the CUDA devices this process can see into *n.  A build without
  * CUDA, a machine without a driver and a driver without devices all give 0
  * and *n = 0.  Returns -EIO (logged with the failing call) when the runtime
@@ -240,13 +250,14 @@ int trn_synthetic_batch(uint64_t seed, uint64_t first, size_t b, unsigned c,
 
 /* Batches made ahead on a thread of the loader's own, in exactly the
  * order trn_images_batch_aug would make them from `from` (copied: the
- * caller's order is not touched), `depth` (2 to 64) at a time. */
+ * caller's order is not touched), `depth` (2 to 64) at a time, in
+ * trn_host_alloc's memory (pinned: for a CUDA model). */
 typedef struct trn_loader trn_loader;
 /* Returns 0, -EINVAL (sizes, depth, a std not > 0) or -ENOMEM or the
  * thread's error.  d must outlive the loader. */
 int trn_loader_new(const trn_images *d, const trn_order *from, size_t batch,
                    const float *mean, const float *std, const trn_aug *aug,
-                   size_t depth, trn_loader **out);
+                   size_t depth, bool pinned, trn_loader **out);
 /* The next batch, waiting for it if it is not made yet: x (batch, c h w)
  * and y (batch) stay valid until the next call (the loader's own).  0 or
  * the error that stopped the worker. */
@@ -495,9 +506,10 @@ size_t trn_source_per_item(const trn_source *s);
  * cnn's and resnet's in_c, in_h, in_w and classes) and gpt's vocab and
  * ctx to the tokens. */
 void trn_source_fit(const trn_source *s, trn_model_config *mc);
-/* Starts the training pass at `from` (over trn_source_items; copied).
- * 0, -EINVAL, -ENOMEM. */
-int trn_source_start(trn_source *s, const trn_order *from);
+/* Starts the training pass at `from` (over trn_source_items; copied),
+ * images' batches made ahead in pinned memory when pinned is true (for a
+ * CUDA model: trn_host_alloc).  0, -EINVAL, -ENOMEM. */
+int trn_source_start(trn_source *s, const trn_order *from, bool pinned);
 /* Trains m on the next batch (trn_model_train_batch or _tokens: the
  * gradients are added to), *loss the batch's summed loss. */
 int trn_source_train(trn_source *s, trn_model *m, double *loss);

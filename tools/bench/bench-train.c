@@ -8,7 +8,9 @@
  * thread or, with --prefetch D, D batches ahead on the loader's thread),
  * forward and backward, and every --step-every batches an SGD step with
  * momentum 0.9 (trn_model_step: on the model's device) over the
- * gradients accumulated since the last.  A line on stderr says what runs
+ * gradients accumulated since the last.  On CUDA the batches lie in
+ * pinned memory (trn_host_alloc; --pageable: malloc's, to show what that
+ * buys), as beed's do.  A line on stderr says what runs
  * the matrix products (the trainer's AVX-512 kernel, or OpenBLAS) and
  * notes when OpenBLAS runs weaker kernels than the CPU has (an
  * OPENBLAS_CORETYPE in the environment).
@@ -16,7 +18,8 @@
  * batch=B threads=T samples_per_s=... loss=... ... cores=C batch_ms=...
  * pass_ms=...", C being CPU time over wall time in the timed steps,
  * batch_ms the time a step spent making (or waiting for) its batch and
- * pass_ms the time in trn_model_train_batch.
+ * pass_ms the time in trn_model_train_batch; pinned=1 when the batches
+ * are in pinned memory.
  */
 #include "trainer.h"
 
@@ -46,7 +49,7 @@ static void usage(FILE *f) {
              "                   [--steps N] [--warmup W] [--depth D] [--width C]\n"
              "                   [--data DIR | --data synthetic:CxHxW:K]\n"
              "                   [--print-core] [--device cpu|cuda[:N]]\n"
-             "                   [--step-every N] [--prefetch D]\n"
+             "                   [--step-every N] [--prefetch D] [--pageable]\n"
              "                   [--precision fp32|tf32|bf16|fp16]\n"
              "  defaults: mlp 784-256-10 (cnn, resnet: trainer.h's defaults;\n"
              "  --depth, --width set resnet's), batch 256, 1 thread, 400 steps after\n"
@@ -63,7 +66,7 @@ int main(int argc, char **argv) {
       {"help", 0, 0, 'h'},  {"print-core", 0, 0, 'P'}, {"depth", 1, 0, 'D'},
       {"width", 1, 0, 'W'},   {"device", 1, 0, 'V'},
       {"step-every", 1, 0, 'E'}, {"prefetch", 1, 0, 'F'},
-      {"precision", 1, 0, 'R'}, {0, 0, 0, 0}};
+      {"precision", 1, 0, 'R'}, {"pageable", 0, 0, 'G'}, {0, 0, 0, 0}};
   const char *precision = "fp32";
   const char *device = "cpu";
   long step_every = 1, prefetch = 0;
@@ -71,7 +74,7 @@ int main(int argc, char **argv) {
   long batch = 256, threads = 1, steps = 400, warmup = 20, depth = 0,
        width = 0;
   int c;
-  bool data_given = false;
+  bool data_given = false, pageable = false;
   while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (c) {
     case 'm': model = optarg; break;
@@ -87,6 +90,7 @@ int main(int argc, char **argv) {
     case 'E': step_every = strtol(optarg, NULL, 10); break;
     case 'F': prefetch = strtol(optarg, NULL, 10); break;
     case 'R': precision = optarg; break;
+    case 'G': pageable = true; break;
     case 'P': { /* the better OPENBLAS_CORETYPE, or nothing */
       char core[32], why[160];
       if (trn_blas_better_core(core, sizeof core, why, sizeof why) == 1)
@@ -184,7 +188,8 @@ int main(int argc, char **argv) {
    * same. */
   enum { SYNTH_POOL = 4 };
   size_t pool = sc ? SYNTH_POOL : 1, nx = (size_t)batch * trn_model_inputs(m);
-  float *x = malloc(pool * nx * sizeof *x);
+  bool pinned = dv.kind == TRN_DEV_CUDA && !pageable;
+  float *x = trn_host_alloc(pool * nx * sizeof *x, pinned);
   int32_t *y = malloc(pool * (size_t)batch * (gpt ? 2 * T : 1) * sizeof *y);
   for (size_t k = 0; sc && x && y && k < pool && !rc; k++)
     rc = trn_synthetic_batch(1, k * (uint64_t)batch, (size_t)batch, sc, sh, sw,
@@ -198,13 +203,15 @@ int main(int argc, char **argv) {
   trn_loader *ld = NULL; /* --prefetch: batches made on the loader's thread */
   if (prefetch && (sc || gpt || prefetch < 2 || prefetch > 64 ||
                    (rc = trn_loader_new(&tr, &ord, (size_t)batch, &mean, &std,
-                                        NULL, (size_t)prefetch, &ld)))) {
+                                        NULL, (size_t)prefetch, pinned,
+                                        &ld)))) {
     fprintf(stderr, "bench-train: --prefetch %ld: 2 to 64, for the image "
                     "models on Fashion-MNIST\n", prefetch);
     return 2;
   }
   double t0 = 0, c0 = 0, loss = 0, prep_s = 0, pass_s = 0;
   uint64_t rng = 1;
+  bool was_pinned = false;
   for (long s = -warmup; s < steps; s++) {
     if (s == 0) {
       t0 = now_s();
@@ -241,6 +248,7 @@ int main(int argc, char **argv) {
     double h1 = now_s();
     if (rc == 0)
       rc = trn_model_train_batch(m, lx, ly, (size_t)batch, &l);
+    was_pinned = trn_host_pinned(ld ? lx : x); /* a block's start */
     double h2 = now_s();
     if (s >= 0)
       prep_s += h1 - h0, pass_s += h2 - h1;
@@ -274,14 +282,15 @@ int main(int argc, char **argv) {
          "threads=%ld steps=%ld "
          "samples_per_s=%.1f loss=%.4f rss_mib=%.1f model_mib=%.1f "
          "data_mib=%.1f cores=%.2f batch_ms=%.3f pass_ms=%.3f "
-         "loss_scale=%g dropped=%llu\n",
+         "loss_scale=%g dropped=%llu pinned=%d\n",
          dv.kind == TRN_DEV_CUDA ? "cuda" : "cpu", precision, step_every,
          model, batch,
          threads, steps, (double)(steps * batch) / dt, loss,
          (double)ru.ru_maxrss / 1024.0, model_mib, data_mib, cores,
          1e3 * prep_s / (double)steps, 1e3 * pass_s / (double)steps,
-         (double)scale, (unsigned long long)dropped);
-  free(x);
+         (double)scale, (unsigned long long)dropped,
+         was_pinned);
+  trn_host_free(x);
   free(y);
   trn_loader_free(ld);
   trn_order_free(&ord);

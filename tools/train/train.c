@@ -266,7 +266,7 @@ int main(int argc, char **argv) {
     printf("# resumed from %s after epoch %llu\n", o.ckpt,
            (unsigned long long)done[0]);
   }
-  rc = trn_source_start(src, &ord);
+  rc = trn_source_start(src, &ord, trn_model_device(m) == TRN_DEV_CUDA);
   trn_order_free(&ord);
   if (rc) {
     fprintf(stderr, "train: data loader: %s\n", strerror(-rc));
