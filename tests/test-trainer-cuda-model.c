@@ -36,6 +36,8 @@
  *   installed) learns, its batches in pinned memory (trn_host_alloc):
  *   its accuracy on the training images passes 75% and its loss follows
  *   the CPU's; with fp16 too.
+ * A comparison out of its tolerance is reported and the run goes on (the
+ * test fails at the end), so one run on a lent GPU covers every case.
  */
 #include "test.h"
 
@@ -49,6 +51,18 @@ static float frand(void) { /* uniform in [-1, 1) */
   rng = rng * 6364136223846793005ull + 1442695040888963407ull;
   return (float)((double)(rng >> 11) * 0x1p-52 - 1.0);
 }
+
+/* A comparison out of its tolerance: said, counted, and the run goes on,
+ * so one run on a lent GPU reports every case (main fails at the end). */
+static int misses;
+#define MISS(...)                                                              \
+  do {                                                                         \
+    fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                            \
+    fprintf(stderr, __VA_ARGS__);                                              \
+    fputc('\n', stderr);                                                       \
+    printf("  FAILED (above)\n");                                              \
+    misses++;                                                                  \
+  } while (0)
 
 /* The largest |a - b| over n, relative to the largest |a|; *at (may be
  * NULL) gets its index. */
@@ -75,7 +89,7 @@ static void near(const char *what, const float *a, const float *b, size_t n,
   double d = rel_diff_at(a, b, n, &at);
   printf("  %-28s worst difference %.2e of the largest\n", what, d);
   if (!(d <= tol))
-    FAIL("%s: CPU and CUDA differ by %.3e (tolerance %.1e), the most at "
+    MISS("%s: CPU and CUDA differ by %.3e (tolerance %.1e), the most at "
          "%zu of %zu: %.9g on the CPU, %.9g on CUDA",
          what, d, tol, at, n, (double)a[at], (double)b[at]);
 }
@@ -161,7 +175,7 @@ static void compare(const char *label, const trn_model_config *cfg, size_t B) {
     ASSERT(!trn_model_skipped(g)); /* fp16: 2^15 overflows nothing here */
     printf("  batch %d: loss cpu %.9g cuda %.9g\n", step, lc, lg);
     if (!(fabs(lc - lg) <= 1e-4 * f * fabs(lc)))
-      FAIL("batch %d: loss %.9g on the CPU, %.9g on CUDA", step, lc, lg);
+      MISS("batch %d: loss %.9g on the CPU, %.9g on CUDA", step, lc, lg);
     ASSERT_UEQ(trn_model_dropout_calls(c), trn_model_dropout_calls(g));
     near("logits", trn_model_logits(c), trn_model_logits(g), B * k, 1e-3 * f);
     ASSERT_EQ(trn_model_sync(g), 0);
@@ -192,7 +206,7 @@ static void compare(const char *label, const trn_model_config *cfg, size_t B) {
   printf("  evaluation: loss cpu %.9g cuda %.9g, correct %zu %zu\n", lc, lg,
          rc_c, rc_g);
   if (!(fabs(lc - lg) <= 1e-4 * f * fabs(lc)))
-    FAIL("evaluation: loss %.9g on the CPU, %.9g on CUDA", lc, lg);
+    MISS("evaluation: loss %.9g on the CPU, %.9g on CUDA", lc, lg);
   size_t flips = f > 50 ? B / 8 : f > 1 ? 3 : 1; /* near ties either way */
   ASSERT(rc_c >= rc_g ? rc_c - rc_g <= flips : rc_g - rc_c <= flips);
   ASSERT_UEQ(trn_model_dropout_calls(g), calls);
@@ -244,7 +258,7 @@ static void compare_gpt(const trn_model_config *cfg, size_t B, size_t T) {
     printf("  batch %d (%zu tokens each): loss cpu %.9g cuda %.9g\n", step, t,
            lc, lg);
     if (!(fabs(lc - lg) <= 1e-4 * f * fabs(lc)))
-      FAIL("batch %d: loss %.9g on the CPU, %.9g on CUDA", step, lc, lg);
+      MISS("batch %d: loss %.9g on the CPU, %.9g on CUDA", step, lc, lg);
     const float *zg = trn_model_logits(g);
     ASSERT(zg != NULL);
     near("logits", trn_model_logits(c), zg, B * t * V, 1e-3 * f);
@@ -280,7 +294,7 @@ static void compare_gpt(const trn_model_config *cfg, size_t B, size_t T) {
   printf("  evaluation: loss cpu %.9g cuda %.9g, correct %zu %zu\n", lc, lg,
          rc_c, rc_g);
   if (!(fabs(lc - lg) <= 1e-4 * f * fabs(lc)))
-    FAIL("evaluation: loss %.9g on the CPU, %.9g on CUDA", lc, lg);
+    MISS("evaluation: loss %.9g on the CPU, %.9g on CUDA", lc, lg);
   size_t flips = f > 1 ? B * t / 8 : 1; /* near ties either way */
   ASSERT(rc_c >= rc_g ? rc_c - rc_g <= flips : rc_g - rc_c <= flips);
   /* Bad calls fail before the device sees them. */
@@ -633,5 +647,7 @@ int main(void) {
   cfg.dropout = 0;
   cfg.max_batch = 100;
   compare("cnn with batch norm", &cfg, 100);
+  if (misses)
+    FAIL("%d comparisons out of their tolerances (FAILED above)", misses);
   return 0;
 }

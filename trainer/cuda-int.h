@@ -1,8 +1,9 @@
-/* cuda-int.h: what cuda-model.cu and cuda-gpt.cu share (C++, nvcc only):
- * the device copy of a model (struct trn__gpu), the checks, and small
- * helpers.  cuda-model.cu owns the struct's life, the arrays every model
- * has (parameters, gradients, buffers) and the optimizer steps; a layer
- * list's state lives in it too, gpt's in cuda-gpt.cu behind g->gpt. */
+/* cuda-int.h: what cuda-model.cu, cuda-gpt.cu and cuda-bn.cu share (C++,
+ * nvcc only): the device copy of a model (struct trn__gpu), the checks,
+ * and small helpers.  cuda-model.cu owns the struct's life, the arrays
+ * every model has (parameters, gradients, buffers) and the optimizer
+ * steps; a layer list's state lives in it too, gpt's in cuda-gpt.cu
+ * behind g->gpt, batch norm's training kernels in cuda-bn.cu. */
 #ifndef BEE_TRAINER_CUDA_INT_H
 #define BEE_TRAINER_CUDA_INT_H
 

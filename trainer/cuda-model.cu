@@ -11,8 +11,9 @@
  * sets it, the others add to it).  model.c
  * keeps the host copies the rest of the program sees in step
  * (trn__gpu_put, trn__gpu_get).  Matrix products go to cuBLAS, the
- * convolutions, their bias gradients and batch norm to cuDNN, the rest to
- * the small kernels below.  By default the arithmetic is plain fp32:
+ * convolutions, their bias gradients and batch norm in evaluation to
+ * cuDNN, batch norm in training to cuda-bn.cu, the rest to the small
+ * kernels below.  By default the arithmetic is plain fp32:
  * cuBLAS's default math and cuDNN's FMA math, which never round to TF32
  * on the tensor cores (with tf32 both may).  Only deterministic
  * convolution algorithms, the fastest by cuDNN's timing, once per shape in

@@ -151,10 +151,7 @@ size_t trn_cudnn_version(void) { return trn__cudnn_version(); }
 /* Each block starts with this header; both allocators' blocks are 64-byte
  * aligned (cudaMallocHost's by the page), so the caller's part is too. */
 typedef union host_head {
-  struct {
-    uint32_t magic; /* HOST_PLAIN or HOST_PINNED */
-    size_t bytes;
-  } h;
+  uint32_t magic; /* HOST_PLAIN or HOST_PINNED */
   max_align_t align;
   unsigned char pad[64];
 } host_head;
@@ -174,20 +171,19 @@ void *trn_host_alloc(size_t bytes, bool pinned) {
     magic = HOST_PINNED;
   else if (!(h = aligned_alloc(sizeof *h, total)))
     return NULL;
-  h->h.magic = magic;
-  h->h.bytes = bytes;
+  h->magic = magic;
   return h + 1;
 }
 
 bool trn_host_pinned(const void *p) {
-  return p && ((const host_head *)p - 1)->h.magic == HOST_PINNED;
+  return p && ((const host_head *)p - 1)->magic == HOST_PINNED;
 }
 
 void trn_host_free(void *p) {
   if (!p)
     return;
   host_head *h = (host_head *)p - 1;
-  if (h->h.magic == HOST_PINNED)
+  if (h->magic == HOST_PINNED)
     trn__cuda_host_free(h);
   else
     free(h);
