@@ -18,6 +18,9 @@
  */
 #include "cuda-int.h"
 
+#include <errno.h>
+#include <string.h>
+
 #include <cuda_runtime.h>
 
 /* A block's (a, q) summed by a fixed tree: each warp by shuffles, then
@@ -249,4 +252,60 @@ int trn__gpu_bn_bwd(trn__gpu *g, const trn__bn *bn, const float *x,
     k_bn_dx<false><<<blocks(n), THREADS, 0, g->st>>>(
         x, dy, dx, mean, ivar, g->bn_coef, n, C, hw, (float)(B * hw), acc);
   return CK(cudaGetLastError());
+}
+
+/* ---- for tests: the kernels over host arrays ---------------------------- */
+
+int trn__cuda_bn_run(int index, const trn__bn *bn, size_t B, const float *x,
+                     const float *gamma, const float *beta, float *run_mean,
+                     float *run_var, float *y, float *inv, const float *dy,
+                     float *dx, bool acc, float *dgamma, float *dbeta) {
+  size_t C = bn->c, n = B * C * bn->hw;
+  trn__gpu g;
+  memset(&g, 0, sizeof g);
+  g.index = index;
+  float *d[12] = {NULL}; /* x y dy dx, gamma beta rm rv mean ivar dg db */
+  size_t len[12] = {n, n, n, n, C, C, C, C, C, C, C, C};
+  const float *from[12] = {x,  NULL,    dy,      dx,   gamma, beta,
+                           run_mean, run_var, NULL, NULL, dgamma, dbeta};
+  int rc = CK(cudaSetDevice(index));
+  if (!rc)
+    rc = CK(cudaStreamCreateWithFlags(&g.st, cudaStreamNonBlocking));
+  if (!rc &&
+      cudaMalloc((void **)&g.bn_part,
+                 C * trn__bn_slices(bn->c, B) * sizeof *g.bn_part) !=
+          cudaSuccess)
+    rc = -ENOMEM;
+  if (!rc && cudaMalloc((void **)&g.bn_coef, 3 * C * sizeof(float)) !=
+                 cudaSuccess)
+    rc = -ENOMEM;
+  for (int i = 0; i < 12 && !rc; i++) {
+    if (cudaMalloc((void **)&d[i], len[i] * sizeof(float)) != cudaSuccess)
+      rc = -ENOMEM;
+    else if (from[i] && (i != 3 || acc))
+      rc = CK(cudaMemcpy(d[i], from[i], len[i] * sizeof(float),
+                         cudaMemcpyHostToDevice));
+  }
+  if (!rc)
+    rc = trn__gpu_bn_fwd(&g, bn, d[0], d[4], d[5], d[1], d[6], d[7], d[8],
+                         d[9], B);
+  if (!rc)
+    rc = trn__gpu_bn_bwd(&g, bn, d[0], d[2], d[4], d[8], d[9], d[3], acc,
+                         d[10], d[11], B);
+  if (!rc)
+    rc = CK(cudaStreamSynchronize(g.st));
+  float *to[12] = {NULL, y,        NULL,    dx,   NULL, NULL,
+                   run_mean, run_var, NULL, inv, dgamma, dbeta};
+  for (int i = 0; i < 12 && !rc; i++)
+    if (to[i])
+      rc = CK(cudaMemcpy(to[i], d[i], len[i] * sizeof(float),
+                         cudaMemcpyDeviceToHost));
+  for (int i = 0; i < 12; i++)
+    (void)cudaFree(d[i]);
+  (void)cudaFree(g.bn_part);
+  (void)cudaFree(g.bn_coef);
+  if (g.st)
+    (void)cudaStreamDestroy(g.st);
+  (void)cudaGetLastError();
+  return rc;
 }

@@ -92,6 +92,12 @@ int trn__cuda_host_alloc(size_t bytes, void **p) {
   return -ENOTSUP;
 }
 void trn__cuda_host_free(void *p) {}
+int trn__cuda_bn_run(int index, const trn__bn *bn, size_t B, const float *x,
+                     const float *gamma, const float *beta, float *run_mean,
+                     float *run_var, float *y, float *inv, const float *dy,
+                     float *dx, bool acc, float *dgamma, float *dbeta) {
+  return -ENOTSUP;
+}
 
 int trn__gpu_new(int index, const trn__layer *l, size_t nl, size_t nparams,
                  size_t nbuffers, size_t max_batch, int precision,

@@ -412,6 +412,16 @@ void trn__bn_bwd(const trn__bn *bn, const float *xhat, const float *inv,
                  const float *gamma, const float *dy, float *dx,
                  float *dgamma, float *dbeta, size_t B);
 
+/* cuda-bn.cu's training kernels on CUDA device `index` over host arrays
+ * (B, bn->c, bn->hw), for tests: y, and inv = 1 / sqrt(var + eps), from
+ * x, the running statistics moved; then from dy, dx (set, or added to
+ * with acc), dgamma and dbeta (added to), as trn__bn_fwd and trn__bn_bwd
+ * do.  0, -ENOMEM or -EIO (logged), -ENOTSUP without CUDA. */
+int trn__cuda_bn_run(int index, const trn__bn *bn, size_t B, const float *x,
+                     const float *gamma, const float *beta, float *run_mean,
+                     float *run_var, float *y, float *inv, const float *dy,
+                     float *dx, bool acc, float *dgamma, float *dbeta);
+
 /* ---- model.c's layer list, which cuda-model.cu runs too ------------------ */
 
 enum {
