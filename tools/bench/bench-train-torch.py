@@ -149,7 +149,11 @@ def main():
     t0 = 0.0
     loss = torch.tensor(0.0)
     amp = dev.type == "cuda" and a.precision == "fp16"
-    scaler = torch.cuda.amp.GradScaler(enabled=amp)
+    # torch.amp.GradScaler since 2.3 (torch.cuda.amp's is deprecated
+    # there); Debian's 1.13 has only the older one.
+    scaler = (torch.amp.GradScaler("cuda", enabled=amp)
+              if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler")
+              else torch.cuda.amp.GradScaler(enabled=amp))
     for s in range(-a.warmup, a.steps):
         if s == 0:
             t0 = time.perf_counter()
