@@ -135,7 +135,8 @@ int trn__cuda_bind(int index) { return CUDA_CHECK(cudaSetDevice(index)); }
 size_t trn__cudnn_version(void) { return cudnnGetVersion(); }
 
 int trn__cuda_host_alloc(size_t bytes, void **p) {
-  if (cudaMallocHost(p, bytes) == cudaSuccess)
+  /* Portable: pinned for every device's context, whichever is current. */
+  if (cudaHostAlloc(p, bytes, cudaHostAllocPortable) == cudaSuccess)
     return 0;
   (void)cudaGetLastError(); /* not sticky: clear it for the next call */
   *p = NULL;

@@ -80,9 +80,10 @@ int trn__cuda_props(int index, trn_device *out);
 /* Makes device index current for the calling thread.  Returns 0 or -EIO. */
 int trn__cuda_bind(int index);
 
-/* Page-locked host memory from the CUDA runtime (cudaMallocHost): 0, or
- * -ENOMEM when it gives none (no device or driver, no memory), nothing
- * logged; -ENOTSUP without CUDA.  Free with trn__cuda_host_free. */
+/* Page-locked host memory from the CUDA runtime (cudaHostAlloc, portable
+ * among devices): 0, or -ENOMEM when it gives none (no device or driver,
+ * no memory), nothing logged; -ENOTSUP without CUDA.  Free with
+ * trn__cuda_host_free. */
 int trn__cuda_host_alloc(size_t bytes, void **p);
 void trn__cuda_host_free(void *p);
 
