@@ -54,11 +54,11 @@ static void check(size_t B, unsigned C, size_t hw, float offset, bool acc) {
          offset != 0 ? ", mean 1000" : "", acc ? ", dx added to" : "");
   float *x = malloc(n * sizeof *x), *dy = malloc(n * sizeof *dy);
   float *yc = malloc(n * sizeof *yc), *yg = malloc(n * sizeof *yg);
-  float *xhat = malloc(n * sizeof *xhat), *dx0 = malloc(n * sizeof *dx0);
+  float *dx0 = malloc(n * sizeof *dx0);
   float *dxc = malloc(n * sizeof *dxc), *dxg = malloc(n * sizeof *dxg);
   float *dxg2 = malloc(n * sizeof *dxg2), *yg2 = malloc(n * sizeof *yg2);
   static float p[16][4096];
-  ASSERT(x && dy && yc && yg && xhat && dx0 && dxc && dxg && dxg2 && yg2);
+  ASSERT(x && dy && yc && yg && dx0 && dxc && dxg && dxg2 && yg2);
   ASSERT(C <= 4096);
   /* p: gamma beta; rm rv dg db for the CPU, the GPU, the GPU again; inv
    * for each. */
@@ -81,9 +81,9 @@ static void check(size_t B, unsigned C, size_t hw, float offset, bool acc) {
     dx0[i] = acc ? frand() : 0;
   }
   float *inv_c = p[14], *inv_g = p[15];
-  static float inv_g2[4096];
-  trn__bn_fwd(&bn, x, gamma, beta, yc, xhat, inv_c, p[2], p[3], B, true);
-  trn__bn_bwd(&bn, xhat, inv_c, gamma, dy, dxc, p[4], p[5], B);
+  static float inv_g2[4096], mean_c[4096];
+  trn__bn_fwd(&bn, x, gamma, beta, yc, mean_c, inv_c, p[2], p[3], B, true);
+  trn__bn_bwd(&bn, x, mean_c, inv_c, gamma, dy, dxc, p[4], p[5], B);
   for (size_t i = 0; acc && i < n; i++) /* conv.c sets dx: add after */
     dxc[i] += dx0[i];
   memcpy(dxg, dx0, n * sizeof *dxg);
@@ -107,7 +107,7 @@ static void check(size_t B, unsigned C, size_t hw, float offset, bool acc) {
   for (int j = 0; j < 4; j++)
     ASSERT(memcmp(p[6 + j], p[10 + j], C * sizeof(float)) == 0);
   printf("  two runs: the same bits\n");
-  free(x), free(dy), free(yc), free(yg), free(xhat), free(dx0);
+  free(x), free(dy), free(yc), free(yg), free(dx0);
   free(dxc), free(dxg), free(dxg2), free(yg2);
 }
 

@@ -350,15 +350,16 @@ static void test_conv_threads(void) {
     /* Batch norm over the output seen as CO CH channels of CW: split by
      * channels, the same bits. */
     trn__bn bn = {.c = CO * CH, .hw = CW, .eps = 1e-5f, .momentum = 0.1f};
-    static float by[3][BB * SY], bxh[3][BB * SY], binv[3][CO * CH],
+    static float by[3][BB * SY], bmu[3][CO * CH], binv[3][CO * CH],
         bdx[3][BB * SY], bg[3][CO * CH], bb[3][CO * CH];
     float gam[CO * CH], bet[CO * CH], rm[CO * CH] = {0}, rv[CO * CH];
     for (int i = 0; i < CO * CH; i++)
       gam[i] = 1 + 0.1f * (float)i, bet[i] = 0.01f * (float)i, rv[i] = 1;
-    trn__bn_fwd(&bn, y[t], gam, bet, by[t], bxh[t], binv[t], rm, rv, BB,
+    trn__bn_fwd(&bn, y[t], gam, bet, by[t], bmu[t], binv[t], rm, rv, BB,
                 true);
     memset(bg[t], 0, sizeof bg[t]), memset(bb[t], 0, sizeof bb[t]);
-    trn__bn_bwd(&bn, bxh[t], binv[t], gam, dy, bdx[t], bg[t], bb[t], BB);
+    trn__bn_bwd(&bn, y[t], bmu[t], binv[t], gam, dy, bdx[t], bg[t], bb[t],
+                BB);
     ASSERT(memcmp(by[t], by[0], sizeof by[0]) == 0);
     ASSERT(memcmp(bdx[t], bdx[0], sizeof bdx[0]) == 0);
     ASSERT(memcmp(bg[t], bg[0], sizeof bg[0]) == 0);
@@ -500,7 +501,7 @@ static double f_bn(void) {
 }
 
 static void test_bn(void) {
-  float x[BN_N], g[BC2], be[BC2], y[BN_N], dy[BN_N], dx[BN_N], xhat[BN_N];
+  float x[BN_N], g[BC2], be[BC2], y[BN_N], dy[BN_N], dx[BN_N], mean[BC2];
   float inv[BC2], rm[BC2] = {0.5f, -1}, rv[BC2] = {2, 3};
   float dg[BC2] = {0}, db[BC2] = {0};
   fill(x, BX, BN_N);
@@ -508,11 +509,11 @@ static void test_bn(void) {
   fill(be, BBe, BC2);
   fill(dy, BR, BN_N);
   trn__bn bn = {.c = BC2, .hw = BHW, .eps = 1e-5f, .momentum = 0.1f};
-  trn__bn_fwd(&bn, x, g, be, y, xhat, inv, rm, rv, BB2, true);
+  trn__bn_fwd(&bn, x, g, be, y, mean, inv, rm, rv, BB2, true);
   double yr[BN_N];
   bn_ref(BX, BG, BBe, yr, BB2, BC2, BHW);
   close_vec("bn y", y, yr, BN_N, 1e-5);
-  trn__bn_bwd(&bn, xhat, inv, g, dy, dx, dg, db, BB2);
+  trn__bn_bwd(&bn, x, mean, inv, g, dy, dx, dg, db, BB2);
   check3("bn", f_bn, dx, BX, BN_N, dg, BG, BC2, db, BBe, BC2);
   /* Running statistics: 0.9 old + 0.1 the batch's (variance unbiased);
    * evaluation normalizes with them. */

@@ -328,15 +328,16 @@ static void add8_sq(const float *x, double mu, size_t n, double acc[8]) {
     acc[i % 8] += ((double)x[i] - mu) * ((double)x[i] - mu);
 }
 
-/* acc += x y, lane by lane. */
-static void add8_dot(const float *x, const float *y, size_t n,
-                     double acc[8]) {
+/* acc += dy xhat, xhat = (x - mean) is as batch norm's forward rounds
+ * it, lane by lane. */
+static void add8_dot_norm(const float *dy, const float *x, float mean,
+                          float is, size_t n, double acc[8]) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
     for (int k = 0; k < 8; k++)
-      acc[k] += (double)x[i + k] * y[i + k];
+      acc[k] += (double)dy[i + k] * ((x[i + k] - mean) * is);
   for (; i < n; i++)
-    acc[i % 8] += (double)x[i] * y[i];
+    acc[i % 8] += (double)dy[i] * ((x[i] - mean) * is);
 }
 
 static double lanes(const double acc[8]) {
@@ -680,8 +681,8 @@ void trn__dropout_bwd(const float *mask, const float *dy, float *dx,
  * bits whatever their number. */
 typedef struct bn_job {
   const trn__bn *bn;
-  const float *x, *gamma, *beta, *xhat_in, *inv_in, *dy;
-  float *y, *xhat, *inv, *run_mean, *run_var, *dx, *dgamma, *dbeta;
+  const float *x, *gamma, *beta, *mean_in, *inv_in, *dy;
+  float *y, *mean_out, *inv, *run_mean, *run_var, *dx, *dgamma, *dbeta;
   size_t B;
   bool train;
 } bn_job;
@@ -691,7 +692,7 @@ static void bn_fwd_channels(void *job, size_t c0, size_t c1) {
   const bn_job *j = job;
   const trn__bn *bn = j->bn;
   const float *x = j->x, *gamma = j->gamma, *beta = j->beta;
-  float *y = j->y, *xhat = j->xhat, *inv = j->inv;
+  float *y = j->y, *mean_out = j->mean_out, *inv = j->inv;
   float *run_mean = j->run_mean, *run_var = j->run_var;
   size_t B = j->B, hw = bn->hw, n = B * hw;
   bool train = j->train;
@@ -720,23 +721,21 @@ static void bn_fwd_channels(void *job, size_t c0, size_t c1) {
     float is = 1.0f / sqrtf(var + bn->eps);
     if (inv)
       inv[c] = is;
+    if (mean_out)
+      mean_out[c] = mean;
     for (size_t b = 0; b < B; b++) {
       size_t at = (b * bn->c + c) * hw;
-      for (size_t i = 0; i < hw; i++) {
-        float h = (x[at + i] - mean) * is;
-        if (xhat)
-          xhat[at + i] = h;
-        y[at + i] = gamma[c] * h + beta[c];
-      }
+      for (size_t i = 0; i < hw; i++)
+        y[at + i] = gamma[c] * ((x[at + i] - mean) * is) + beta[c];
     }
   }
 }
 
 void trn__bn_fwd(const trn__bn *bn, const float *x, const float *gamma,
-                 const float *beta, float *y, float *xhat, float *inv,
+                 const float *beta, float *y, float *mean, float *inv,
                  float *run_mean, float *run_var, size_t B, bool train) {
   bn_job j = {.bn = bn, .x = x, .gamma = gamma, .beta = beta, .y = y,
-              .xhat = xhat, .inv = inv, .run_mean = run_mean,
+              .mean_out = mean, .inv = inv, .run_mean = run_mean,
               .run_var = run_var, .B = B, .train = train};
   trn__pool_for(bn->c, 2, bn_fwd_channels, &j);
 }
@@ -745,15 +744,15 @@ TRN__VECTOR_CLONES
 static void bn_bwd_channels(void *job, size_t c0, size_t c1) {
   const bn_job *j = job;
   const trn__bn *bn = j->bn;
-  const float *xhat = j->xhat_in, *inv = j->inv_in, *gamma = j->gamma;
-  const float *dy = j->dy;
+  const float *x = j->x, *mean = j->mean_in, *inv = j->inv_in;
+  const float *gamma = j->gamma, *dy = j->dy;
   float *dx = j->dx, *dgamma = j->dgamma, *dbeta = j->dbeta;
   size_t B = j->B, hw = bn->hw, n = B * hw;
   for (size_t c = c0; c < c1; c++) {
     double ag[8] = {0}, ab[8] = {0}; /* sum dy xhat, sum dy */
     for (size_t b = 0; b < B; b++) {
       size_t at = (b * bn->c + c) * hw;
-      add8_dot(dy + at, xhat + at, hw, ag);
+      add8_dot_norm(dy + at, x + at, mean[c], inv[c], hw, ag);
       add8(dy + at, hw, ab);
     }
     double sg = lanes(ag), sb = lanes(ab);
@@ -762,20 +761,21 @@ static void bn_bwd_channels(void *job, size_t c0, size_t c1) {
     if (!dx)
       continue;
     /* dx = gamma inv / n (n dy - sum dy - xhat sum dy xhat) */
-    float k = gamma[c] * inv[c] / (float)n;
+    float k = gamma[c] * inv[c] / (float)n, m = mean[c], is = inv[c];
     float mb = (float)sb, mg = (float)sg;
     for (size_t b = 0; b < B; b++) {
       size_t at = (b * bn->c + c) * hw;
       for (size_t i = 0; i < hw; i++)
-        dx[at + i] = k * ((float)n * dy[at + i] - mb - xhat[at + i] * mg);
+        dx[at + i] =
+            k * ((float)n * dy[at + i] - mb - ((x[at + i] - m) * is) * mg);
     }
   }
 }
 
-void trn__bn_bwd(const trn__bn *bn, const float *xhat, const float *inv,
-                 const float *gamma, const float *dy, float *dx,
-                 float *dgamma, float *dbeta, size_t B) {
-  bn_job j = {.bn = bn, .xhat_in = xhat, .inv_in = inv, .gamma = gamma,
+void trn__bn_bwd(const trn__bn *bn, const float *x, const float *mean,
+                 const float *inv, const float *gamma, const float *dy,
+                 float *dx, float *dgamma, float *dbeta, size_t B) {
+  bn_job j = {.bn = bn, .x = x, .mean_in = mean, .inv_in = inv, .gamma = gamma,
               .dy = dy, .dx = dx, .dgamma = dgamma, .dbeta = dbeta, .B = B};
   trn__pool_for(bn->c, 2, bn_bwd_channels, &j);
 }

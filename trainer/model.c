@@ -442,13 +442,14 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
     return 0;
   }
   /* The workspace: every layer's output, the masks and pooling indices,
-   * two gradient buffers of the widest activation, one im2col matrix. */
-  size_t B = cfg->max_batch, acts = 0, widest = m->in, col = 0, tmp = 0,
-         dw = 0;
+   * batch norm's statistics, two gradient buffers of the widest
+   * activation, one im2col matrix. */
+  size_t B = cfg->max_batch, acts = 0, stats = 0, widest = m->in, col = 0,
+         tmp = 0, dw = 0;
   for (size_t i = 0; i < m->nl; i++) {
     layer *L = &m->l[i];
-    acts += L->out * (L->kind == L_DROPOUT || L->kind == L_BN ? 2 : 1) +
-            (L->kind == L_BN ? L->bn.c : 0);
+    acts += L->out * (L->kind == L_DROPOUT ? 2 : 1);
+    stats += L->kind == L_BN ? 2 * L->bn.c : 0; /* mean and inv */
     if (L->out > widest)
       widest = L->out;
     if (L->kind == L_CONV) {
@@ -464,11 +465,11 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
   m->params = calloc(m->nparams, sizeof *m->params);
   m->grads = calloc(m->nparams, sizeof *m->grads);
   m->buffers = m->nbuffers ? calloc(m->nbuffers, sizeof *m->buffers) : NULL;
-  m->ws = malloc(acts * B * sizeof *m->ws);
+  m->ws = malloc((acts * B + stats) * sizeof *m->ws);
   m->d0 = malloc(widest * B * sizeof *m->d0);
   m->d1 = malloc(widest * B * sizeof *m->d1);
   int cws = trn__conv_ws_init(&m->cws, col, tmp, dw);
-  m->act_bytes = (acts * B + 2 * widest * B) * sizeof(float);
+  m->act_bytes = (acts * B + stats + 2 * widest * B) * sizeof(float);
   if (!m->params || !m->grads || !m->ws || !m->d0 || !m->d1 || cws ||
       (m->nbuffers && !m->buffers)) {
     trn__fail(err, errlen, rc, "%s: out of memory for %zu parameters and "
@@ -485,8 +486,8 @@ int trn_model_new(const trn_model_config *cfg, trn_model **out, char *err,
       p += L->out * B;
     }
     if (L->kind == L_BN) {
-      L->xhat = p;
-      p += L->out * B;
+      L->mean = p;
+      p += L->bn.c;
       L->inv = p;
       p += L->bn.c;
     }
@@ -736,7 +737,7 @@ static void forward(trn_model *m, const float *x, size_t B, bool train) {
         memcpy(L->y, in, B * L->out * sizeof *L->y);
       break;
     case L_BN:
-      trn__bn_fwd(&L->bn, in, w, b, L->y, train ? L->xhat : NULL, L->inv,
+      trn__bn_fwd(&L->bn, in, w, b, L->y, train ? L->mean : NULL, L->inv,
                   m->buffers + L->buf_off, m->buffers + L->buf_off + L->bn.c,
                   B, train);
       break;
@@ -851,7 +852,7 @@ int trn_model_train_batch(trn_model *m, const float *x, const int32_t *y,
         trn__dropout_bwd(L->mask, d, dx, B * L->out);
       break;
     case L_BN:
-      trn__bn_bwd(&L->bn, L->xhat, L->inv, w, d, dx, dw, db, B);
+      trn__bn_bwd(&L->bn, in, L->mean, L->inv, w, d, dx, dw, db, B);
       break;
     }
     float *t = d;

@@ -35,7 +35,7 @@ typedef struct rop {
   trn__bn bn;              /* R_BN */
   unsigned k, s, p;        /* R_MAXPOOL: window, stride, padding */
   size_t w_off, b_off, nparams, buf_off;
-  float *xhat, *inv;       /* R_BN */
+  float *mean, *inv;       /* R_BN: the batch's (c) each */
   uint32_t *arg;           /* R_MAXPOOL */
 } rop;
 
@@ -273,7 +273,7 @@ int trn__resnet_new(const trn_model_config *c, trn__resnet **out) {
       n = (size_t)o->cv.oc * o->cv.c * o->cv.k * o->cv.k;
       dw = n > dw ? n : dw; /* no bias: no db */
     }
-    if (o->kind == R_BN && (!(o->xhat = malloc(B * o->out_n * sizeof(float))) ||
+    if (o->kind == R_BN && (!(o->mean = malloc(o->bn.c * sizeof(float))) ||
                             !(o->inv = malloc(o->bn.c * sizeof(float)))))
       goto fail;
     if (o->kind == R_MAXPOOL &&
@@ -287,8 +287,10 @@ int trn__resnet_new(const trn_model_config *c, trn__resnet **out) {
   for (size_t i = 0; i < r->nact; i++) /* the input is the caller's */
     r->bytes += (i ? 2 : 1) * B * r->act_n[i] * sizeof(float);
   for (size_t i = 0; i < r->nop; i++)
-    if (r->op[i].kind == R_BN || r->op[i].kind == R_MAXPOOL)
-      r->bytes += B * r->op[i].out_n * 4;
+    if (r->op[i].kind == R_BN)
+      r->bytes += 2 * r->op[i].bn.c * sizeof(float);
+    else if (r->op[i].kind == R_MAXPOOL)
+      r->bytes += B * r->op[i].out_n * sizeof(uint32_t);
   *out = r;
   return 0;
 fail:
@@ -305,7 +307,7 @@ void trn__resnet_free(trn__resnet *r) {
     free(r->grad[i]);
   }
   for (size_t i = 0; i < r->nop; i++) {
-    free(r->op[i].xhat);
+    free(r->op[i].mean);
     free(r->op[i].inv);
     free(r->op[i].arg);
   }
@@ -423,7 +425,7 @@ double trn__resnet_forward(trn__resnet *r, const float *params, float *buf,
       break;
     case R_BN:
       trn__bn_fwd(&o->bn, in, params + o->w_off, params + o->b_off, out,
-                  train ? o->xhat : NULL, o->inv, buf + o->buf_off,
+                  train ? o->mean : NULL, o->inv, buf + o->buf_off,
                   buf + o->buf_off + o->bn.c, B, train);
       break;
     case R_RELU: trn__relu_fwd(in, out, B * o->out_n); break;
@@ -485,7 +487,7 @@ void trn__resnet_backward(trn__resnet *r, const float *params, float *grads,
                     grads + o->w_off, NULL, B, &r->cws);
       break;
     case R_BN:
-      trn__bn_bwd(&o->bn, o->xhat, o->inv, params + o->w_off, d, dx,
+      trn__bn_bwd(&o->bn, in, o->mean, o->inv, params + o->w_off, d, dx,
                   grads + o->w_off, grads + o->b_off, B);
       break;
     case R_RELU:

@@ -402,16 +402,18 @@ typedef struct trn__bn {
   size_t hw;
   float eps, momentum;
 } trn__bn;
-/* y = gamma xhat + beta, xhat = (x - mean) / sqrt(var + eps); xhat (B, c,
- * hw) and inv (c) = 1 / sqrt(var + eps) are kept for backward (either may
- * be NULL in evaluation). */
+/* y = gamma xhat + beta, xhat = (x - mean) / sqrt(var + eps); the
+ * batch's mean (c) and inv (c) = 1 / sqrt(var + eps) are kept for
+ * backward (either may be NULL in evaluation), which computes xhat again
+ * from x, to the same bits, instead of keeping (B, c, hw) more. */
 void trn__bn_fwd(const trn__bn *bn, const float *x, const float *gamma,
-                 const float *beta, float *y, float *xhat, float *inv,
+                 const float *beta, float *y, float *mean, float *inv,
                  float *run_mean, float *run_var, size_t B, bool train);
-/* dgamma, dbeta += their gradients; dx (NULL: not wanted) the input's. */
-void trn__bn_bwd(const trn__bn *bn, const float *xhat, const float *inv,
-                 const float *gamma, const float *dy, float *dx,
-                 float *dgamma, float *dbeta, size_t B);
+/* From the forward's x, mean and inv: dgamma, dbeta += their gradients;
+ * dx (NULL: not wanted) the input's. */
+void trn__bn_bwd(const trn__bn *bn, const float *x, const float *mean,
+                 const float *inv, const float *gamma, const float *dy,
+                 float *dx, float *dgamma, float *dbeta, size_t B);
 
 /* cuda-bn.cu's training kernels on CUDA device `index` over host arrays
  * (B, bn->c, bn->hw), for tests: y, and inv = 1 / sqrt(var + eps), from
@@ -458,7 +460,7 @@ typedef struct trn__layer {
   float *y;              /* (max_batch, out) the layer's output */
   float *mask;           /* TRN__L_DROPOUT: (max_batch, out) 0 or 1/(1-p) */
   uint32_t *arg;         /* TRN__L_POOL: (max_batch, out) where each max was */
-  float *xhat, *inv;     /* TRN__L_BN: (max_batch, out) normalized x; (c) */
+  float *mean, *inv;     /* TRN__L_BN: the batch's mean, 1 / deviation (c) */
   size_t buf_off;        /* TRN__L_BN: running mean (c), then variance (c) */
 } trn__layer;
 
