@@ -5,16 +5,16 @@
  * forward, 2.3 ms backward on an H200, for 411 MB), so training passes
  * use these kernels; evaluation keeps cuDNN's (one elementwise pass).
  *
- * Each channel's sums are split over slices of the batch (bn_slices): one
- * block a (channel, slice), each thread summing in double in a fixed
- * order, the block's threads added by a fixed tree and the slices in
- * order by a thread per channel, so a pass gives the same bits every
- * time.  Forward reads x twice and writes y; backward reads x and dy
- * twice and writes dx: the least a two-step normalization can do.  The
- * sums in double as conv.c's CPU version: the mean and variance from
- * sum x and sum x^2 (their difference loses nothing a float keeps while
- * the mean is under 10^4 deviations), the gradient's from sum dy and
- * sum dy (x - mean).
+ * Each channel's sums are split over slices of the batch
+ * (trn__bn_slices): one block a (channel, slice), each thread summing in
+ * double in a fixed order, the block's threads added by a fixed tree and
+ * the slices in order by a thread per channel, so a pass gives the same
+ * bits every time.  Forward reads x twice and writes y; backward reads x
+ * and dy twice and writes dx: the least a two-step normalization can do.
+ * The sums are in double as conv.c's, but where conv.c sums (x - mean)^2
+ * in a pass of its own, the variance here comes from sum x and sum x^2
+ * (their difference loses nothing a float keeps while the mean is under
+ * 10^4 deviations); backward's from sum dy and sum dy (x - mean).
  */
 #include "cuda-int.h"
 
