@@ -470,16 +470,20 @@ static void add_into(float *g, const float *d, size_t n) {
     g[k] += d[k];
 }
 
+/* Each activation's gradient is set by the first op (in backward order)
+ * that reads it and added to by the others: the first writes straight
+ * into it, the others through the scratch, so no gradient is zeroed
+ * first and no first writer pays an extra pass (0 + v is v; a -0.0 would
+ * come out as -0.0 rather than +0.0, which no sum tells apart). */
 void trn__resnet_backward(trn__resnet *r, const float *params, float *grads,
                           size_t B) {
-  size_t last = (size_t)r->op[r->nop - 1].out;
-  for (size_t i = 1; i < r->nact; i++) /* the input needs no gradient */
-    if (i != last)
-      memset(r->grad[i], 0, B * r->act_n[i] * sizeof(float));
+  bool set[ACTS_MAX] = {false};
+  set[r->op[r->nop - 1].out] = true; /* the logits': the caller's */
   for (size_t i = r->nop; i-- > 0;) {
     rop *o = &r->op[i];
     const float *in = r->act[o->in], *d = r->grad[o->out];
-    float *dx = o->in ? r->scratch : NULL, *gin = r->grad[o->in];
+    float *gin = r->grad[o->in];
+    float *dx = !o->in ? NULL : set[o->in] ? r->scratch : gin;
     size_t n = B * o->in_n;
     switch (o->kind) {
     case R_CONV:
@@ -495,8 +499,16 @@ void trn__resnet_backward(trn__resnet *r, const float *params, float *grads,
         trn__relu_bwd(r->act[o->out], d, dx, n);
       break;
     case R_ADD: /* both inputs take the output's gradient */
-      add_into(gin, d, n);
-      add_into(r->grad[o->in2], d, n);
+      for (int k = 0; k < 2; k++) {
+        int a = k ? o->in2 : o->in;
+        if (a == 0)
+          continue;
+        if (set[a])
+          add_into(r->grad[a], d, n);
+        else
+          memcpy(r->grad[a], d, n * sizeof *d);
+        set[a] = true;
+      }
       continue;
     case R_MAXPOOL:
       if (dx) {
@@ -521,7 +533,9 @@ void trn__resnet_backward(trn__resnet *r, const float *params, float *grads,
                       grads + o->b_off, B, o->in_n, o->out_n);
       break;
     }
-    if (dx)
+    if (dx == r->scratch)
       add_into(gin, dx, n);
+    if (dx)
+      set[o->in] = true;
   }
 }
