@@ -13,6 +13,12 @@
  * - gpt's layout (trn__gpt_layout), which cuda-gpt.cu reads the flat
  *   buffer by: contiguous, in trn__gpt_tensors' order, summing to
  *   trn__gpt_nparams.
+ * - a layer's output from the last pass (trn__model_layer_out, by which
+ *   test-trainer-cuda-model.c finds relus and max-pools that decided
+ *   differently on the two backends), on a cnn with batch norm: each relu
+ *   is its input's positive part, each max-pool output its window's
+ *   largest value at the winner it names, the last layer the logits; bad
+ *   calls are -EINVAL, and gpt and resnet have no list.
  */
 #include "test.h"
 #include "trainer-int.h"
@@ -145,6 +151,91 @@ static void check_gpt(void) {
   trn__gpt_free(g);
 }
 
+/* cnn with batch norm on 1x12x12, a training pass of 3: the layers'
+ * outputs against each other. */
+static void check_layer_out(void) {
+  trn_model_config cfg;
+  trn_model_config_default(&cfg);
+  cfg.name = "cnn", cfg.batchnorm = true;
+  cfg.in_h = cfg.in_w = 12, cfg.conv[0] = 4, cfg.conv[1] = 6, cfg.dense = 16;
+  cfg.max_batch = 5;
+  trn_model *m;
+  char err[256];
+  ASSERT_EQ(trn_model_new(&cfg, &m, err, sizeof err), 0);
+  enum { B = 3 };
+  float x[B * 144];
+  int32_t y[B] = {1, 7, 3};
+  for (size_t i = 0; i < B * 144; i++)
+    x[i] = (float)((i * 37 + 11) % 101) / 50.0f - 1.0f;
+  ASSERT_EQ(trn_model_train_batch(m, x, y, B, NULL), 0);
+  size_t nl;
+  const trn__layer *l = trn__model_layers(m, &nl);
+  static const int kinds[] = {TRN__L_CONV,    TRN__L_BN,   TRN__L_RELU,
+                              TRN__L_POOL,    TRN__L_CONV, TRN__L_BN,
+                              TRN__L_RELU,    TRN__L_POOL, TRN__L_LINEAR,
+                              TRN__L_RELU,    TRN__L_DROPOUT,
+                              TRN__L_LINEAR};
+  ASSERT_UEQ(nl, sizeof kinds / sizeof *kinds);
+  float *out[sizeof kinds / sizeof *kinds];
+  size_t positive = 0, pooled = 0;
+  for (size_t i = 0; i < nl; i++) {
+    ASSERT_EQ(l[i].kind, kinds[i]);
+    out[i] = malloc(B * l[i].out * sizeof **out);
+    ASSERT(out[i] != NULL);
+    uint32_t *arg = NULL;
+    if (l[i].kind == TRN__L_POOL)
+      ASSERT((arg = malloc(B * l[i].out * sizeof *arg)) != NULL);
+    ASSERT_EQ(trn__model_layer_out(m, i, B, out[i], arg), 0);
+    if (l[i].kind == TRN__L_RELU)
+      for (size_t j = 0; j < B * l[i].out; j++) {
+        float v = out[i - 1][j];
+        ASSERT(out[i][j] == (v > 0 ? v : 0));
+        positive += v > 0;
+      }
+    if (arg) { /* 2x2 windows of the (c, h, w) planes before */
+      const trn__layer *L = &l[i];
+      unsigned ow = L->w / 2, oh = L->h / 2;
+      for (size_t j = 0; j < B * L->out; j++) {
+        size_t plane = j / ((size_t)oh * ow), r = j % ((size_t)oh * ow);
+        const float *in = out[i - 1] + plane * L->h * L->w;
+        unsigned y0 = (unsigned)(r / ow) * 2, x0 = (unsigned)(r % ow) * 2;
+        ASSERT(arg[j] / L->w - y0 < 2 && arg[j] % L->w - x0 < 2);
+        ASSERT(out[i][j] == in[arg[j]]);
+        for (unsigned a = 0; a < 2; a++)
+          for (unsigned b = 0; b < 2; b++)
+            ASSERT(in[(y0 + a) * L->w + x0 + b] <= out[i][j]);
+        pooled++;
+      }
+      free(arg);
+    }
+  }
+  ASSERT(positive > 0 && pooled > 0);
+  ASSERT(memcmp(out[nl - 1], trn_model_logits(m),
+                B * l[nl - 1].out * sizeof(float)) == 0);
+  uint32_t w[8];
+  ASSERT_EQ(trn__model_layer_out(m, nl, B, out[0], NULL), -EINVAL);
+  ASSERT_EQ(trn__model_layer_out(m, 0, 6, out[0], NULL), -EINVAL);
+  ASSERT_EQ(trn__model_layer_out(m, 2, 1, out[0], w), -EINVAL); /* a relu */
+  for (size_t i = 0; i < nl; i++)
+    free(out[i]);
+  trn_model_free(m);
+  static const char *const others[] = {"gpt", "resnet"};
+  for (int i = 0; i < 2; i++) {
+    trn_model_config_default(&cfg);
+    cfg.name = others[i];
+    if (i)
+      cfg.depth = 8, cfg.width = 4, cfg.in_c = 3, cfg.in_h = cfg.in_w = 16;
+    cfg.max_batch = 2;
+    ASSERT_EQ(trn_model_new(&cfg, &m, err, sizeof err), 0);
+    ASSERT(trn__model_layers(m, &nl) == NULL && nl == 0);
+    float v[4];
+    ASSERT_EQ(trn__model_layer_out(m, 0, 1, v, NULL), -EINVAL);
+    trn_model_free(m);
+  }
+  printf("layer outputs: %zu layers, %zu relu inputs above 0, %zu pooled\n",
+         sizeof kinds / sizeof *kinds, positive, pooled);
+}
+
 int main(void) {
   check_resnet("resnet-8, width 4, 3x16x16", 8, 4, 3, 16, 10, 0);
   check_resnet("resnet-20, width 16, 1x28x28", 20, 16, 1, 28, 10, 0);
@@ -156,5 +247,6 @@ int main(void) {
   trn__resnet *r;
   ASSERT_EQ(trn__resnet_plan(&cfg, &r), -E2BIG); /* past the op list */
   check_gpt();
+  check_layer_out();
   return 0;
 }

@@ -790,6 +790,21 @@ int trn__gpu_zero_grads(trn__gpu *g) {
   return CK(cudaMemsetAsync(g->grads, 0, g->nparams * sizeof(float), g->st));
 }
 
+int trn__gpu_layer_out(trn__gpu *g, size_t i, size_t B, float *y,
+                       uint32_t *arg) {
+  if (i >= g->nl || !g->act || B > g->max_batch ||
+      (arg && g->l[i].kind != TRN__L_POOL))
+    return -EINVAL;
+  size_t n = B * g->l[i].out;
+  TRY(CK(cudaSetDevice(g->index)));
+  TRY(CK(cudaMemcpyAsync(y, g->act[i], n * sizeof *y, cudaMemcpyDeviceToHost,
+                         g->st)));
+  if (arg)
+    TRY(CK(cudaMemcpyAsync(arg, g->arg[i], n * sizeof *arg,
+                           cudaMemcpyDeviceToHost, g->st)));
+  return CK(cudaStreamSynchronize(g->st));
+}
+
 /* The workspace a call at batch B needs for convolution i's algorithms
  * (cuDNN may want more for a batch other than max_batch): grows it
  * when short. */

@@ -126,6 +126,10 @@ size_t trn__gpu_bytes(const trn__gpu *g) { return 0; }
 int trn__gpu_put(trn__gpu *g, int which, const float *src) { return -ENOTSUP; }
 int trn__gpu_get(trn__gpu *g, int which, float *dst) { return -ENOTSUP; }
 int trn__gpu_zero_grads(trn__gpu *g) { return -ENOTSUP; }
+int trn__gpu_layer_out(trn__gpu *g, size_t i, size_t B, float *y,
+                       uint32_t *arg) {
+  return -ENOTSUP;
+}
 int trn__gpu_pass(trn__gpu *g, const float *x, const int32_t *y, size_t B,
                   bool train, uint64_t seed, uint64_t *dropout_calls,
                   float *logits, double *loss, size_t *correct) {

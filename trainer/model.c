@@ -689,6 +689,24 @@ size_t trn_model_tensors(const trn_model *m, size_t *ends, size_t max) {
   return k;
 }
 
+const trn__layer *trn__model_layers(const trn_model *m, size_t *nl) {
+  *nl = m->nl;
+  return m->nl ? m->l : NULL;
+}
+
+int trn__model_layer_out(trn_model *m, size_t i, size_t B, float *y,
+                         uint32_t *arg) {
+  if (i >= m->nl || B > m->cfg.max_batch || (arg && m->l[i].kind != L_POOL))
+    return -EINVAL;
+  if (m->gpu)
+    return trn__gpu_layer_out(m->gpu, i, B, y, arg);
+  const layer *L = &m->l[i];
+  memcpy(y, L->y, B * L->out * sizeof *y);
+  if (arg)
+    memcpy(arg, L->arg, B * L->out * sizeof *arg);
+  return 0;
+}
+
 uint64_t trn__model_dropout_seed(const trn_model *m) { return m->cfg.seed; }
 void trn__model_set_dropout_seed(trn_model *m, uint64_t seed) {
   m->cfg.seed = seed;

@@ -492,6 +492,17 @@ size_t trn__gpu_bytes(const trn__gpu *g); /* device memory it holds */
 int trn__gpu_put(trn__gpu *g, int which, const float *src);
 int trn__gpu_get(trn__gpu *g, int which, float *dst);
 int trn__gpu_zero_grads(trn__gpu *g);
+/* For tests: layer i's output from the last pass at batch B (B x its
+ * width) into y, and for a max-pool its winners (each output's index in
+ * its input plane) into arg (may be NULL); -EINVAL for a bad index or
+ * batch, or arg for another kind of layer. */
+int trn__gpu_layer_out(trn__gpu *g, size_t i, size_t B, float *y,
+                       uint32_t *arg);
+/* m's layer list (mlp, cnn; NULL and *nl 0 for gpt and resnet), and the
+ * copy trn__gpu_layer_out makes, from either backend. */
+const trn__layer *trn__model_layers(const trn_model *m, size_t *nl);
+int trn__model_layer_out(trn_model *m, size_t i, size_t B, float *y,
+                         uint32_t *arg);
 /* One pass on x (B, in) with labels y (B), checked by the caller: forward,
  * and with train backward (the gradients added to the device's) and
  * dropout masks drawn as the CPU draws them from (seed, *dropout_calls),
