@@ -112,16 +112,39 @@ in_step() {
   done
 }
 
-# back_in_line NAME REF FROM: the first epoch after FROM (up to FROM + 11)
+# last_done NAME: the latest epoch NAME has logged a step for (empty
+# before the first).  wait_epoch NAME EPOCH [SECONDS]: waits (10 s by
+# default) for a step at EPOCH or later: a bee that takes a later state
+# from its peers (catching up, or two halves of a swarm joining again)
+# logs no step for the epochs it skipped.
+last_done() {
+  [ -f "$work/$1.log" ] || return 0
+  sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/$1.log" |
+    sort -n | tail -n 1
+}
+wait_epoch() {
+  local i e
+  for ((i = 0; i < ${3:-10} * 10; i++)); do
+    e=$(last_done "$1")
+    [ -n "$e" ] && [ "$e" -ge "$2" ] && return 0
+    kill -0 "${pid[$1]}" 2>/dev/null || fail "$1 exited early"
+    sleep 0.1
+  done
+  fail "$1: no step at epoch $2 or later within ${3:-10} s"
+}
+
+# back_in_line NAME REF FROM: the first epoch after FROM (up to FROM + 12)
 # after which NAME holds REF's parameters, waiting up to 90 s for each
-# epoch's step in both logs; fails if none.
+# epoch to be reached in both logs (an epoch either skipped, taking a
+# later state, does not count); fails if none.
 back_in_line() {
-  local f=$3
+  local f=$3 h1 h2
   while [ "$f" -lt $(($3 + 12)) ]; do
     f=$((f + 1))
-    wait_log "$1" "train: epoch $f done" 90
-    wait_log "$2" "train: epoch $f done" 90
-    if [ "$(hash_of "$1" "$f")" = "$(hash_of "$2" "$f")" ]; then
+    wait_epoch "$1" "$f" 90
+    wait_epoch "$2" "$f" 90
+    h1=$(hash_of "$1" "$f" || true) h2=$(hash_of "$2" "$f" || true)
+    if [ -n "$h1" ] && [ "$h1" = "$h2" ]; then
       echo "$f"
       return 0
     fi
