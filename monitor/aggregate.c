@@ -110,7 +110,11 @@ static void event(mon *m, uint64_t now_ms, int type, const uint8_t *id,
   char id8[9] = "";
   if (id)
     proto_hex(id, 4, id8);
-  snprintf(e->text, sizeof e->text, "%s%s%s", id8, id ? " " : "", what);
+  /* A longer line is cut to the field, its last three bytes "...". */
+  int n = snprintf(e->text, sizeof e->text, "%s%s%s", id8, id ? " " : "",
+                   what);
+  if (n >= (int)sizeof e->text)
+    memcpy(e->text + sizeof e->text - 4, "...", 4);
   m->ev_head = (m->ev_head + 1) % MON_EVENTS_MAX;
   if (m->ev_n < MON_EVENTS_MAX)
     m->ev_n++;

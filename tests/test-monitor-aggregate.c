@@ -425,7 +425,20 @@ static void test_round_events(void) {
   ASSERT_OK(mon_snapshot_json(m, &b));
   ASSERT(strstr(b.p, "\"loss_scale\":32768,\"dropped\":0,") != NULL);
   mon_buf_free(&b);
-  g_by_all = -1, g_scale = 0;
+  /* A line longer than an event holds (numbers this wide come only from
+   * a peer that lies): cut to the field, ending "...". */
+  g_dropped = 1000000000000000000ull;
+  peer1_step(m, &x[0], pr, mr, 1000000000000000000ull, 2, t + 11000, 1);
+  ASSERT_EQ(events_of(m, MON_EV_ROUND), 7);
+  const mon_event *ev[MON_EVENTS_MAX];
+  size_t nev = mon_events(m, 0, ev, MON_EVENTS_MAX);
+  const char *cut = ev[nev - 1]->text;
+  ASSERT_EQ(strlen(cut), sizeof ev[0]->text - 1);
+  ASSERT(strncmp(cut, "01000000 epoch 1000000000000000000: "
+                      "1000000000000000000 batches dropped",
+                 71) == 0);
+  ASSERT(strcmp(cut + strlen(cut) - 3, "...") == 0);
+  g_by_all = -1, g_scale = 0, g_dropped = 0;
   mon_free(m);
 }
 
