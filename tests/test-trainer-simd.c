@@ -4,7 +4,8 @@
  * double:
  * - Every combination of transposes, of alpha and beta (beta 0 with C
  *   full of NaN: C must not be read), of shapes around the kernel's tile
- *   (12 x 32) and block depth (320), with strides wider than the rows:
+ *   (12 x 32, C's last rows in tiles of 8 or 4) and block depth (320),
+ *   with strides wider than the rows:
  *   each element within (k + 2) float epsilons of the sum of its terms'
  *   magnitudes, and nothing written outside C.
  * - The same product on 1 and 2 threads, shared by columns and by rows:
@@ -262,7 +263,7 @@ int main(void) {
     FAIL("no warning for TRN_GEMM=bogus (got '%s')", warned);
   ASSERT(strcmp(name, trn__cpu_avx512() ? "beed avx512" : "openblas") == 0);
   printf("products by %s\n", name);
-  static const size_t ms[] = {1, 5, 12, 13, 40};
+  static const size_t ms[] = {1, 5, 8, 12, 13, 20, 40}; /* tiles of 4, 8, 12 */
   static const size_t ns[] = {1, 17, 32, 33, 70};
   static const size_t ks[] = {1, 7, 320, 321, 700};
   static const float ab[][2] = {{1, 0}, {1, 1}, {0.5f, -2}};

@@ -14,7 +14,9 @@
  * The kernel is the usual blocked one (Goto and van de Geijn): B in blocks
  * of KC rows and NC columns is packed into panels of NR columns, A in
  * blocks of MC rows into panels of MR rows, and a micro-kernel holds an MR
- * x NR tile of C in 24 registers while it runs down KC.  Each element of C
+ * x NR tile of C in 24 registers while it runs down KC (a tile of C's
+ * last 8 or 4 rows in 16 or 8, skipping the panel's zero rows: 16, 32
+ * and 64 rows, the resnets' channels, end in one).  Each element of C
  * is one chain of fused multiply-adds over k in order, KC at a time; so
  * its bits depend on k's length alone, not on where its tile lies or on
  * how the columns are shared among threads.  Calls from outside the
@@ -161,11 +163,15 @@ TARGET static void pack_b(bool tb, const float *b, size_t ldb, size_t p0,
 
 /* One tile: C[0..mr) x [0..nr) (rows ldc apart) = alpha A B + beta C when
  * first (C not read when beta is 0), else C += alpha A B; A and B are
- * one packed panel each, kc deep. */
-TARGET UNCHECKED static void tile(size_t kc, const float *restrict a,
-                        const float *restrict b, float *c, size_t ldc,
-                        size_t mr, size_t nr, float alpha, float beta,
-                        bool first) {
+ * one packed panel each, kc deep.  R (12, 8 or 4, at least mr) is how
+ * many of the panel's rows it multiplies: a short tile skips the zero
+ * rows' multiply-adds, and each element of C is the same chain of them
+ * whatever R is. */
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+TARGET UNCHECKED static ALWAYS_INLINE void
+tile_rows(const int R, size_t kc, const float *restrict a,
+          const float *restrict b, float *c, size_t ldc, size_t mr,
+          size_t nr, float alpha, float beta, bool first) {
   __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00;
   __m512 c20 = c00, c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00;
   __m512 c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
@@ -174,9 +180,11 @@ TARGET UNCHECKED static void tile(size_t kc, const float *restrict a,
   for (size_t p = 0; p < kc; p++) {
     __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), x;
 #define ROW(i, r0, r1)                                                         \
-  x = _mm512_set1_ps(a[i]);                                                    \
-  r0 = _mm512_fmadd_ps(x, b0, r0);                                             \
-  r1 = _mm512_fmadd_ps(x, b1, r1);
+  if (R > i) {                                                                 \
+    x = _mm512_set1_ps(a[i]);                                                  \
+    r0 = _mm512_fmadd_ps(x, b0, r0);                                           \
+    r1 = _mm512_fmadd_ps(x, b1, r1);                                           \
+  }
     ROW(0, c00, c01) ROW(1, c10, c11) ROW(2, c20, c21) ROW(3, c30, c31)
     ROW(4, c40, c41) ROW(5, c50, c51) ROW(6, c60, c61) ROW(7, c70, c71)
     ROW(8, c80, c81) ROW(9, c90, c91) ROW(10, ca0, ca1) ROW(11, cb0, cb1)
@@ -198,6 +206,28 @@ TARGET UNCHECKED static void tile(size_t kc, const float *restrict a,
         v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m[h], ci), v);
       _mm512_mask_storeu_ps(ci, m[h], v);
     }
+}
+
+typedef void tile_fn(size_t kc, const float *restrict a,
+                     const float *restrict b, float *c, size_t ldc, size_t mr,
+                     size_t nr, float alpha, float beta, bool first);
+#define TILE(R)                                                                \
+  TARGET UNCHECKED static void tile##R(                                        \
+      size_t kc, const float *restrict a, const float *restrict b, float *c,  \
+      size_t ldc, size_t mr, size_t nr, float alpha, float beta,             \
+      bool first) {                                                           \
+    tile_rows(R, kc, a, b, c, ldc, mr, nr, alpha, beta, first);               \
+  }
+TILE(12)
+TILE(8)
+TILE(4)
+#undef TILE
+
+/* The tile for mr of a panel's rows: a remainder of 4 or 8 rows (C's
+ * 16, 32 or 64 rows, the resnets' channel counts, end in one) costs a
+ * third or two thirds of a full tile rather than all of it. */
+static tile_fn *tile_for(size_t mr) {
+  return mr > 8 ? tile12 : mr > 4 ? tile8 : tile4;
 }
 
 typedef struct gemm_job {
@@ -287,11 +317,13 @@ TARGET static int gemm_block(const gemm_job *j, size_t i0, size_t i1,
         size_t mc = i1 - ic < MC ? i1 - ic : MC;
         pack_a(j->ta, j->a, j->lda, ic, mc, p0, kc, pa);
         for (size_t jr = 0; jr < nc; jr += NR)
-          for (size_t ir = 0; ir < mc; ir += MR)
-            tile(kc, pa + ir * kc, pb + jr * kc,
-                 j->c + (ic + ir) * j->ldc + jc + jr, j->ldc,
-                 mc - ir < MR ? mc - ir : MR, nc - jr < NR ? nc - jr : NR,
-                 j->alpha, j->beta, q == 0);
+          for (size_t ir = 0; ir < mc; ir += MR) {
+            size_t mr = mc - ir < MR ? mc - ir : MR;
+            tile_for(mr)(kc, pa + ir * kc, pb + jr * kc,
+                         j->c + (ic + ir) * j->ldc + jc + jr, j->ldc, mr,
+                         nc - jr < NR ? nc - jr : NR, j->alpha, j->beta,
+                         q == 0);
+          }
       }
     }
   }
