@@ -914,14 +914,16 @@ static int forward(trn__gpu *g, size_t B, bool train, uint64_t seed,
     case TRN__L_BN: {
       gbn *bn = &g->bn[i];
       float *rm = g->buffers + L->buf_off, *rv = rm + L->bn.c;
-      TRY(set4d(bn->x, B, L->bn.c, (unsigned)L->bn.hw, 1));
-      if (train)
+      if (train) {
         TRY(trn__gpu_bn_fwd(g, &L->bn, in, w, b, y, rm, rv, bn->mean,
                             bn->ivar, B));
-      else
-        TRY(DK(cudnnBatchNormalizationForwardInference(
-            g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, bn->x, in, bn->x, y,
-            bn->p, w, b, rm, rv, (double)L->bn.eps)));
+        break;
+      }
+      /* Evaluation on cuDNN: its descriptor at this batch. */
+      TRY(set4d(bn->x, B, L->bn.c, (unsigned)L->bn.hw, 1));
+      TRY(DK(cudnnBatchNormalizationForwardInference(
+          g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, bn->x, in, bn->x, y,
+          bn->p, w, b, rm, rv, (double)L->bn.eps)));
       break;
     }
     }
