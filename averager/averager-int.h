@@ -11,13 +11,22 @@
  * operation is an IEEE one that SSE and AVX round alike.  Only static
  * functions are cloned: clang 14 fails to emit the resolver of an
  * exported clone called from another file.  Build with -DAVG_NO_CLONES
- * for the baseline version only.
+ * for the baseline version only; ThreadSanitizer builds get only it too
+ * (the loader runs the resolver, instrumented, before TSan is set up).
  */
 #ifndef BEE_AVERAGER_INT_H
 #define BEE_AVERAGER_INT_H
 
 #include "averager.h"
 
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) && !defined(AVG_NO_CLONES)
+#define AVG_NO_CLONES 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__) && !defined(AVG_NO_CLONES)
+#define AVG_NO_CLONES 1
+#endif
 #if defined(__x86_64__) && defined(__ELF__) && defined(__GNUC__) &&            \
     !defined(AVG_NO_CLONES) && defined(__has_attribute)
 #if __has_attribute(target_clones)

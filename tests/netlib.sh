@@ -26,6 +26,9 @@ fail() {
     echo "----- $(basename "$f") -----" >&2
     tail -n 40 "$f" >&2
   done
+  # Again after the logs: a runner that keeps only the output's end
+  # (CI) still shows why.
+  echo "FAIL: $*" >&2
   [ -n "${BEE_TEST_KEEP:-}" ] && cp "$work"/*.log "$BEE_TEST_KEEP"/ 2>/dev/null
   exit 1
 }
@@ -161,12 +164,21 @@ same_after() {
     fail "$1 and $2 apart after epoch $3: $(hash_of "$1" "$3"), $(hash_of "$2" "$3")"
 }
 
+# exit_text RC: a wait status as "1" or "134 (SIGABRT)".
+exit_text() {
+  if [ "$1" -gt 128 ] && [ "$1" -lt 160 ]; then
+    echo "$1 (SIG$(kill -l "$(($1 - 128))"))"
+  else
+    echo "$1"
+  fi
+}
+
 # stop NAME: SIGTERM to one node, which must exit 0.
 stop() {
   local rc=0
   kill -TERM "${pid[$1]}"
   wait "${pid[$1]}" || rc=$?
-  [ "$rc" = 0 ] || fail "$1 exited with $rc after SIGTERM"
+  [ "$rc" = 0 ] || fail "$1 exited with $(exit_text "$rc") after SIGTERM"
   unset "pid[$1]"
 }
 
@@ -177,7 +189,7 @@ stop_all() {
   for n in "${!pid[@]}"; do
     rc=0
     wait "${pid[$n]}" || rc=$?
-    [ "$rc" = 0 ] || fail "$n exited with $rc after SIGTERM"
+    [ "$rc" = 0 ] || fail "$n exited with $(exit_text "$rc") after SIGTERM"
     unset "pid[$n]"
   done
 }

@@ -106,10 +106,22 @@ int trn__dnn_check(cudnnStatus_t s, const char *call, const char *file,
  * and clang's function multiversioning).  Both round alike: no fused
  * multiply-adds (-ffp-contract=off in trainer/meson.build), no
  * reassociation; only the vectors are wider.  Static functions only:
- * clang 14 resolves a multiversioned function only within its own file. */
+ * clang 14 resolves a multiversioned function only within its own file.
+ * Not in a ThreadSanitizer build: the loader runs the resolvers,
+ * instrumented, before TSan is set up, and the program dies at once. */
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TRN__NO_CLONES 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define TRN__NO_CLONES 1
+#endif
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) &&       \
     !defined(__CUDACC__)
 #define TRN__X86 1
+#endif
+#if defined(TRN__X86) && !defined(TRN__NO_CLONES)
 #define TRN__VECTOR_CLONES __attribute__((target_clones("avx512f", "default")))
 #else
 #define TRN__VECTOR_CLONES
