@@ -115,21 +115,23 @@ in_step() {
   done
 }
 
-# last_done NAME: the latest epoch NAME has logged a step for (empty
-# before the first).  wait_epoch NAME EPOCH [SECONDS]: waits (10 s by
+# last_done NAME: the latest epoch NAME has logged a step for (-1 before
+# the first).  wait_epoch NAME EPOCH [SECONDS]: waits (10 s by
 # default) for a step at EPOCH or later: a bee that takes a later state
 # from its peers (catching up, or two halves of a swarm joining again)
 # logs no step for the epochs it skipped.
 last_done() {
-  [ -f "$work/$1.log" ] || return 0
-  sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/$1.log" |
-    sort -n | tail -n 1
+  local e=
+  [ -f "$work/$1.log" ] &&
+    e=$(sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/$1.log" |
+      sort -n | tail -n 1)
+  echo "${e:--1}"
 }
 wait_epoch() {
   local i e
   for ((i = 0; i < ${3:-10} * 10; i++)); do
     e=$(last_done "$1")
-    [ -n "$e" ] && [ "$e" -ge "$2" ] && return 0
+    [ "$e" -ge "$2" ] && return 0
     kill -0 "${pid[$1]}" 2>/dev/null || fail "$1 exited early"
     sleep 0.1
   done

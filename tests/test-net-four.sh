@@ -34,11 +34,6 @@ for i in 1 2 3; do
   start "b$i" $((base + i)) "${train[@]}" --join "127.0.0.1:$base"
 done
 
-last_done() { # LOG: the last epoch it finished, or -1
-  local e
-  e=$(sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/$1.log" | tail -n 1)
-  echo "${e:--1}"
-}
 # A group of four, b4 in it, for 3 epochs: b4 steps in line.
 b4_in_line() {
   [ "$(grep -c 'averaged in a group of 4 (100.0% by all)' "$work/b4.log" 2>/dev/null)" -ge 3 ]
