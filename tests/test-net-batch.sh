@@ -18,10 +18,11 @@
 # times it (medians measured: 0.93 to 1.01
 # with gcc, 0.85 to 0.93 under ASan, where the estimate runs short).
 # The bees count their group so only in epochs of 0.1 s or more
-# (STEPPED_MIN_EPOCH_S); these last 0.2 to 0.45 s, by the machine.  The
+# (STEPPED_MIN_EPOCH_S); these last 0.23 to 0.37 s on 2 cores.  The
 # bound was 0.25 s, and in CI three epochs held 1.57 to 2.23 times the
 # target: the rate estimate there had passed 163,840 samples/s (40,960
-# in 0.25 s); here, at targets that put it so, most epochs did.
+# in 0.25 s); here, at a target that put it so (30,720), 9 of 13 epochs
+# held 1.6 to 2.7 times it.
 # About 10 s.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
