@@ -23,8 +23,7 @@ train=(--open --run-id catchup --no-match-ahead --matchmaking-time "$MM"
 start_swarm 3 "${train[@]}"
 
 for b in b0 b1 b2; do wait_log "$b" 'train: epoch 1 done' 120; done
-K=$(sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/b2.log" |
-  tail -n 1)
+K=$(last_done b2)
 # A second into K+1 its views have counted b0 and b1 there (a view a
 # second), and it is far from the target (epochs of several seconds).
 sleep 1.5

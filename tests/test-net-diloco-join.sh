@@ -31,7 +31,7 @@ train=(--open --run-id dj --averaging diloco --inner-steps "$H"
 for b in b0 b1 j; do key "$b"; done
 start_swarm 2 "${train[@]}" --min-peers 2
 for b in b0 b1; do wait_log "$b" 'train: epoch 0 done' 120; done
-K=$(sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/b0.log" | tail -n 1)
+K=$(last_done b0)
 sleep 3
 grep -q "train: epoch $((K + 1)) done" "$work/b0.log" &&
   fail "b0 finished round $((K + 1)) 3 s after $K: rounds too short"

@@ -29,7 +29,7 @@ groups() { cat "$work"/b[012].log | grep -c 'match: .*: leading group' || true; 
 g0=$(groups)
 for ((i = 0; i < 300 && $(groups) == g0; i++)); do sleep 0.05; done
 [ "$(groups)" -gt "$g0" ] || fail "no group formed within 15 s"
-K=$(sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/b0.log" | tail -n 1)
+K=$(last_done b0)
 K=$((K + 1)) # the epoch b0 trains, whose group just formed
 start j $((base + 3)) "${train[@]}" --join "127.0.0.1:$base"
 

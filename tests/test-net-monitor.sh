@@ -90,10 +90,9 @@ labels=$(py 'print("|".join(sorted(p["label"] for p in s["peers"])))' <<<"$snap"
   fail "run, target, peers: $(py 'print(s["run"], s["now"]["target"], s["now"]["peers"])' <<<"$snap")"
 # The swarm's epoch: the queen's, as far as a scrape (a second) and the
 # records' travel (a second or two) lag behind it.
-q_last() { sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/b0.log" | tail -n 1; }
-q1=$(q_last)
+q1=$(last_done b0)
 snap=$(get /api/snapshot)
-q2=$(q_last)
+q2=$(last_done b0)
 mon_epoch=$(py 'print(s["now"]["epoch"])' <<<"$snap")
 [ "$mon_epoch" -ge $((q1 - 1)) ] && [ "$mon_epoch" -le $((q2 + 1)) ] ||
   fail "the monitor's epoch $mon_epoch, the queen's last steps $q1 to $q2"

@@ -32,8 +32,7 @@ start b2 $((base + 2)) "${train[@]}" --join "127.0.0.1:$base" \
 for b in b0 b1 b2; do wait_log "$b" 'train: epoch 1 done' 120; done
 E=
 for try in 1 2 3; do
-  K=$(sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/b2.log" |
-    tail -n 1)
+  K=$(last_done b2)
   wait_log b2 "epoch $((K + 1)): a group of 3 formed ahead" 60
   kill -STOP "${pid[b2]}"
   wait_log b0 "train: epoch $((K + 1)) done" 90

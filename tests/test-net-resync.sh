@@ -27,7 +27,7 @@ start_swarm 3 "${train[@]}"
 
 # K: the first epoch from 1 on that all three finished.
 for b in b0 b1 b2; do wait_log "$b" 'train: epoch 1 done' 120; done
-K=$(sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/b2.log" | tail -n 1)
+K=$(last_done b2)
 kill -STOP "${pid[b2]}"
 wait_log b0 "train: epoch $((K + 1)) done" 120
 kill -CONT "${pid[b2]}"

@@ -185,7 +185,7 @@ mv "$work/b1.log" "$work/b1-first.log"
 start b1 $((base + 1)) "${train[@]}" --join "127.0.0.1:$base" \
   --checkpoint-dir ck-b1 --resume
 wait_log b1 'train: resuming from .*ck-b1/' 20
-now=$(sed -nE 's/.*train: epoch ([0-9]+) done:.*/\1/p' "$work/b0.log" | tail -n 1)
+now=$(last_done b0)
 e=$((now + 2))
 for b in b0 b1 b3; do wait_log "$b" "train: epoch $e done" 90; done
 same_step "after the restart" "$e"
