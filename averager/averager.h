@@ -461,7 +461,15 @@ typedef struct avg_match_config {
    * bandwidth and weight; must encode as a proto_match.  A CLIENT
    * declares nothing (no one could dial it) and never leads. */
   proto_match info;
-  size_t target_size;          /* members at most, 2..AVG_GROUP_MAX, 16 */
+  /* Leading: the members the group begins with at once, without waiting
+   * for our start, 2..AVG_GROUP_MAX (default 16). */
+  size_t target_size;
+  /* Members a group may have at most, target_size..AVG_GROUP_MAX (0:
+   * target_size): a leader refuses JOINs past it, a follower a BEGIN that
+   * lists more.  A follower that expects fewer peers than its leader
+   * does (its view of the swarm missed some) still takes the leader's
+   * larger group. */
+  size_t max_size;
   size_t min_size;             /* to begin at our start, default 2 */
   uint64_t matchmaking_ms;     /* our start, from now, default 5000 */
   /* Our first declaration's start, from now, when later than

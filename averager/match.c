@@ -77,9 +77,10 @@ struct avg_match {
   uint8_t hint[PROTO_ID_BYTES];
   char hint_addr[PROTO_ADDR_MAX];
   /* Ours, while we lead. */
-  follower *fol;
-  size_t nfol;
-  proto_group_member *members; /* (target_size) a BEGIN's, decoded */
+  follower *fol; /* (fol_cap) */
+  size_t nfol, fol_cap;
+  proto_group_member *members; /* (max_size) a BEGIN's, decoded; made at
+                                  the first BEGIN */
   int depth;                   /* calls into the core under way */
   bool freeing;                /* avg_match_free came during one */
   /* The last read of the key, sorted by (expiration, id). */
@@ -395,8 +396,18 @@ static uint32_t join_verdict(avg_match *m, const uint8_t *from,
   for (size_t i = 0; i < m->nfol; i++)
     if (same_id(m->fol[i].id, from))
       return PROTO_JOIN_ACCEPTED; /* a repeated JOIN: still ours */
-  if (m->nfol + 1 >= m->cfg.target_size)
+  if (m->nfol + 1 >= m->cfg.max_size)
     return PROTO_JOIN_GROUP_FULL;
+  if (m->nfol == m->fol_cap) { /* room for one more follower */
+    size_t cap = m->fol_cap ? 2 * m->fol_cap : 16;
+    if (cap > m->cfg.max_size)
+      cap = m->cfg.max_size;
+    follower *f = realloc(m->fol, cap * sizeof *f);
+    if (!f)
+      return PROTO_JOIN_GROUP_FULL;
+    m->fol = f;
+    m->fol_cap = cap;
+  }
   return PROTO_JOIN_ACCEPTED;
 }
 
@@ -470,7 +481,7 @@ static int on_begin(avg_match *m, const uint8_t *from,
   int rc = 0;
   if (b->round != m->cfg.info.round || self == SIZE_MAX ||
       !same_id(b->members[0].id, from) || reducers == 0 ||
-      b->nmembers > m->cfg.target_size || b->nmembers > AVG_GROUP_MAX)
+      b->nmembers > m->cfg.max_size)
     rc = BEE_ERANGE;
   if (rc) {
     bee_warn("match",
@@ -561,8 +572,10 @@ int avg_match_new(const avg_match_config *cfg, const avg_match_io *io,
   if (!io || !io->now_ms || !io->unix_ms || !io->declare || !io->fetch ||
       !io->send || !io->random)
     return BEE_ERANGE;
+  size_t max = cfg->max_size ? cfg->max_size : cfg->target_size;
   if (cfg->target_size < 2 || cfg->target_size > AVG_GROUP_MAX ||
-      cfg->min_size < 1 || cfg->min_size > cfg->target_size ||
+      max < cfg->target_size || max > AVG_GROUP_MAX || cfg->min_size < 1 ||
+      cfg->min_size > cfg->target_size ||
       cfg->request_timeout_ms == 0 || cfg->fetch_interval_ms == 0 ||
       cfg->deadline_ms == 0 || cfg->first_start_ms > FUTURE_MAX_S / 2 * 1000ull)
     return BEE_ERANGE;
@@ -573,15 +586,8 @@ int avg_match_new(const avg_match_config *cfg, const avg_match_io *io,
   avg_match *m = calloc(1, sizeof *m);
   if (!m)
     return -ENOMEM;
-  m->fol = calloc(cfg->target_size, sizeof *m->fol);
-  m->members = calloc(cfg->target_size, sizeof *m->members);
-  if (!m->fol || !m->members) {
-    free(m->fol);
-    free(m->members);
-    free(m);
-    return -ENOMEM;
-  }
   m->cfg = *cfg;
+  m->cfg.max_size = max;
   m->io = *io;
   short_id(cfg->self_id, m->self_name);
   *out = m;
@@ -630,7 +636,15 @@ int avg_match_handle(avg_match *m, const uint8_t from[PROTO_ID_BYTES],
   if (m->freeing)
     return BEE_ECANCELED;
   m->stats.msgs_recv++;
-  int rc = proto_group_decode(msg, len, &g, m->members, m->cfg.target_size);
+  /* Room for a BEGIN's members is made when the first one comes. */
+  int rc = proto_group_decode(msg, len, &g, m->members,
+                              m->members ? m->cfg.max_size : 0);
+  if (rc == BEE_ETOOBIG && !m->members) {
+    m->members = calloc(m->cfg.max_size, sizeof *m->members);
+    rc = m->members ? proto_group_decode(msg, len, &g, m->members,
+                                         m->cfg.max_size)
+                    : -ENOMEM;
+  }
   if (rc) {
     bee_warn("match", "%s: bad message from %s: %s", m->self_name,
              short_id(from, who), bee_strerror(rc));

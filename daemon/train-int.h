@@ -69,7 +69,8 @@
 #define RESYNC_MS 2000     /* diverged: the peers' metrics, read this often */
 #define SPLIT_MS 4000      /* in line: the same, to see a split */
 #define LINES_RING 16      /* own steps remembered for that */
-#define SPLIT_PEERS_MAX 16 /* more peers than a group holds: no check */
+#define SPLIT_PEERS_STEP 32 /* the split check comes SPLIT_MS later for
+                               each this many peers in the run */
 #define SKIP_STREAK_WARN 100 /* batches dropped in a row (loss scaling) */
 
 enum { AHEAD_NONE, AHEAD_MATCHING, AHEAD_HELD, AHEAD_FAILED };

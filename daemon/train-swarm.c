@@ -640,7 +640,14 @@ static void fill_request(bee_train *t, avg_node_request *req, uint64_t round,
   mc->info.bandwidth_mbit = 1000;
   mc->info.weight = w;
   unsigned mm = (unsigned)(t->cfg->matchmaking_s * 1000);
-  mc->target_size = peers > 16 ? 16 : peers;
+  /* One group of every peer expected, so that all of them take the same
+   * step: a cap below the swarm's size would leave the bees past it to
+   * groups of their own, out of line.  The group begins as soon as the
+   * peers this bee expects are in; a leader that expects more (its view
+   * saw one more record) is still followed. */
+  mc->target_size = peers < 2 ? 2 : peers > AVG_GROUP_MAX ? AVG_GROUP_MAX
+                                                          : peers;
+  mc->max_size = AVG_GROUP_MAX;
   mc->min_size = 2;
   mc->matchmaking_ms = mm;
   mc->fetch_interval_ms = 100;
@@ -1209,8 +1216,13 @@ void bee__resync(bee_train *t) {
   uv_mutex_unlock(&t->mu);
   if (!diverged) {
     t->nsplit = 0; /* back in line: any donor again */
-    if (t->nlines && !t->split_busy && now - t->split_ms >= SPLIT_MS &&
-        t->view.peers <= SPLIT_PEERS_MAX) {
+    /* Every peer reads every peer's metrics: in a larger run less often,
+     * so that the reads of the key grow with the run's size, not with
+     * its square. */
+    uint64_t split_every =
+        SPLIT_MS * (1 + (t->view.peers ? t->view.peers - 1 : 0) /
+                            SPLIT_PEERS_STEP);
+    if (t->nlines && !t->split_busy && now - t->split_ms >= split_every) {
       t->split_ms = now;
       if (dht_get(t->dht, t->mkey, true, split_cb, t) == 0)
         t->split_busy = true;

@@ -16,6 +16,8 @@
  *   - first_start_ms: two peers that look early for a round they can
  *     keep only later wait for a third that looks late, where with plain
  *     starts the two begin without it;
+ *   - max_size: followers that expect fewer peers than their leader
+ *     still take its larger group (and do not, at max_size = target);
  *   - Moshpit: 16 peers in a 4 x 4 grid (group 4, 2 bits) run match and
  *     a real avg_round each round; the spread between peers falls below
  *     1e-6 of the mean within 4 rounds.
@@ -624,6 +626,14 @@ static void test_verdicts(void) {
   bad.min_size = 5;
   ASSERT_RC(avg_match_new(&bad, &io, &m), BEE_ERANGE);
   bad = cfg;
+  bad.max_size = cfg.target_size - 1; /* below the target */
+  ASSERT_RC(avg_match_new(&bad, &io, &m), BEE_ERANGE);
+  bad.max_size = AVG_GROUP_MAX + 1;
+  ASSERT_RC(avg_match_new(&bad, &io, &m), BEE_ERANGE);
+  bad.max_size = AVG_GROUP_MAX;
+  ASSERT_RC(avg_match_new(&bad, &io, &m), 0);
+  avg_match_free(m);
+  bad = cfg;
   bad.info.bandwidth_mbit = 0;
   ASSERT_RC(avg_match_new(&bad, &io, &m), BEE_ERANGE);
   bad = cfg;
@@ -933,6 +943,64 @@ static void test_first_start(void) {
          "(5 seeds each way)\n");
 }
 
+/* ---- views that disagree on the group's size ---------------------------- */
+
+/* 24 peers look at once for a round of all of them (beed's groups of every
+ * peer it expects), but 16 count only 20 of them, as a view that missed a
+ * few records does.  With max_size above their count they follow a leader
+ * that expects 24 into its group of 24; with max_size at their count
+ * (the old limit) they refuse its BEGIN, and the swarm breaks up. */
+static void sizes_case(bool roomy, uint64_t seed, int *together) {
+  static sim s;
+  sim_init(&s, 24, seed);
+  /* The peer that leads: the lowest id (all declare the same second). */
+  int lead = 0;
+  for (int i = 1; i < s.np; i++)
+    if (memcmp(s.p[i].id, s.p[lead].id, PROTO_ID_BYTES) < 0)
+      lead = i;
+  avg_match_config c;
+  for (int i = 0, few = 0; i < s.np; i++) {
+    bool short_view = i != lead && few < 16;
+    few += short_view;
+    match_cfg(&s, i, &c, 9, short_view ? 20 : 24);
+    c.max_size = roomy ? AVG_GROUP_MAX : 0;
+    c.matchmaking_ms = 2000;
+    c.fetch_interval_ms = 100;
+    match_start(&s, i, &c);
+  }
+  run(&s, 60000, false);
+  /* The peers that report the leader's group, with all 24 in it. */
+  peer *l = &s.p[lead];
+  *together = 0;
+  for (int i = 0; i < s.np; i++)
+    *together += s.p[i].status == 0 && s.p[i].nmembers == 24 &&
+                 l->status == 0 &&
+                 memcmp(s.p[i].gid, l->gid, sizeof l->gid) == 0;
+  if (roomy) {
+    int ungrouped;
+    ASSERT_EQ(check_groups(&s, 2, 24, &ungrouped, NULL), 1);
+    ASSERT_EQ(ungrouped, 0);
+    ASSERT_EQ(*together, 24);
+    ASSERT_UEQ(l->self, 0);
+  }
+  sim_free(&s);
+}
+
+static void test_sizes(void) {
+  int worst = 24;
+  for (uint64_t seed = 1; seed <= 5; seed++) {
+    int n;
+    sizes_case(true, seed, &n);
+    sizes_case(false, seed, &n);
+    worst = n < worst ? n : worst;
+    /* The old limit must show the failure the larger one mends. */
+    ASSERT_LT(n, 24);
+  }
+  printf("sizes: 16 of 24 peers that expect 20 follow a leader into its "
+         "group of 24 (5 seeds); at their own limit at most %d of 24 "
+         "averaged together\n", worst);
+}
+
 /* The bits function on its own: distinct cells in a group, the length
  * kept, the old bits shifted out. */
 static void test_bits(void) {
@@ -973,6 +1041,7 @@ int main(void) {
   test_verdicts();
   test_bits();
   test_first_start();
+  test_sizes();
   static const scenario sc[] = {
       {"32 at once", 32, 8, 2, 10, 0, 0, false, 0, false},
       {"32 at once, groups of 16", 32, 16, 2, 10, 0, 0, false, 0, false},
