@@ -247,8 +247,16 @@ static void begin(avg_match *m) {
                        .nmembers = n,
                        .members = v};
   m->io.random(m->io.ctx, b.group, sizeof b.group);
-  for (size_t i = 1; i < n; i++)
-    send_msg(m, v[i].id, v[i].addr, &b);
+  /* One encoding for every follower: a group of hundreds would otherwise
+   * encode its member list hundreds of times. */
+  size_t cap = proto_group_encoded_max(&b), len;
+  uint8_t *buf = malloc(cap);
+  if (buf && proto_group_encode(&b, buf, cap, &len) == 0)
+    for (size_t i = 1; i < n; i++) {
+      m->io.send(m->io.ctx, v[i].id, v[i].addr, buf, len);
+      m->stats.msgs_sent++;
+    }
+  free(buf);
   avg_group g = {.nmembers = n, .self = 0, .members = v};
   memcpy(g.id, b.group, sizeof g.id);
   memcpy(g.leader, m->cfg.self_id, PROTO_ID_BYTES);
@@ -640,7 +648,7 @@ int avg_match_handle(avg_match *m, const uint8_t from[PROTO_ID_BYTES],
   int rc = proto_group_decode(msg, len, &g, m->members,
                               m->members ? m->cfg.max_size : 0);
   if (rc == BEE_ETOOBIG && !m->members) {
-    m->members = calloc(m->cfg.max_size, sizeof *m->members);
+    m->members = malloc(m->cfg.max_size * sizeof *m->members);
     rc = m->members ? proto_group_decode(msg, len, &g, m->members,
                                          m->cfg.max_size)
                     : -ENOMEM;
