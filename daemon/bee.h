@@ -376,7 +376,9 @@ bool bee_round_deserted(const proto_progress *v, size_t n, const char *run,
  * two more (a record goes out at most every BEE_PROGRESS_MIN_MS and is
  * read once a second), and a view that took them as they read would have
  * each bee gather the next target alone.  Rewrites v[i] (whose owner is
- * ids[i]) for every member among members[0..nmembers) whose record of run
+ * ids[i]) for every member among members[0..nmembers) (sorted by id,
+ * memcmp's order: a group of hundreds is looked up, not scanned) whose
+ * record of run
  * is behind epoch, not a leaving one, and older than the step (time_ms,
  * unix ms, this bee's clock) as the record it will write: at epoch, no
  * samples yet, at time_ms, at its rate.  Only within BEE_STEPPED_MS of the
@@ -411,7 +413,7 @@ double bee_outer_due(const proto_progress *v, size_t n, const char *run,
  * before it, whose end it then is, as that last bee takes the round with
  * the steps it has (train.c's outer_lags).  -1 when no end is known.  A
  * group formed ahead declares this start, so that it waits for the bees
- * that will come (train-swarm.c). */
+ * that will come (run-round.c). */
 double bee_outer_round(const proto_progress *v, size_t n, const char *run,
                        uint64_t epoch, uint64_t want, uint64_t now_ms,
                        double own_left, double lag_s);

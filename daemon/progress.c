@@ -41,6 +41,7 @@
 #include "bee.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 void bee_rate_add(bee_rate *r, uint64_t samples, double compute_s) {
@@ -103,6 +104,10 @@ size_t bee_round_candidates(const proto_progress *v, size_t n,
   return k;
 }
 
+static int id_cmp(const void *a, const void *b) {
+  return memcmp(a, b, PROTO_ID_BYTES);
+}
+
 size_t bee_progress_stepped(proto_progress *v,
                             const uint8_t (*ids)[PROTO_ID_BYTES], size_t n,
                             const char *run, uint64_t epoch,
@@ -114,16 +119,13 @@ size_t bee_progress_stepped(proto_progress *v,
   size_t k = 0;
   for (size_t i = 0; i < n; i++) {
     if (v[i].leaving || v[i].epoch >= epoch || v[i].time_ms >= time_ms ||
-        strcmp(v[i].run, run) != 0)
+        strcmp(v[i].run, run) != 0 ||
+        !bsearch(ids[i], members, nmembers, PROTO_ID_BYTES, id_cmp))
       continue;
-    for (size_t j = 0; j < nmembers; j++)
-      if (memcmp(ids[i], members[j], PROTO_ID_BYTES) == 0) {
-        v[i].epoch = epoch;
-        v[i].samples = 0;
-        v[i].time_ms = time_ms;
-        k++;
-        break;
-      }
+    v[i].epoch = epoch;
+    v[i].samples = 0;
+    v[i].time_ms = time_ms;
+    k++;
   }
   return k;
 }

@@ -41,8 +41,8 @@
 
 static void worker_fail(bee_train *t, int rc, const char *what) {
   uv_mutex_lock(&t->mu);
-  t->sh.err = rc ? rc : -EIO;
-  snprintf(t->sh.errmsg, sizeof t->sh.errmsg, "%s: %s", what,
+  t->shared.err = rc ? rc : -EIO;
+  snprintf(t->shared.errmsg, sizeof t->shared.errmsg, "%s: %s", what,
            strerror(rc < 0 ? -rc : EIO));
   uv_mutex_unlock(&t->mu);
   uv_async_send(&t->async);
@@ -63,13 +63,13 @@ typedef struct avg_out {
 static void request_round(bee_train *t, uint64_t epoch, float *buf, size_t n,
                           double w, bool state) {
   uv_mutex_lock(&t->mu);
-  t->sh.avg_req = true;
-  t->sh.avg_done = false;
-  t->sh.avg_state = state;
-  t->sh.avg_buf = buf;
-  t->sh.avg_n = n;
-  t->sh.avg_epoch = epoch;
-  t->sh.avg_weight = w;
+  t->shared.avg_req = true;
+  t->shared.avg_done = false;
+  t->shared.avg_state = state;
+  t->shared.avg_buf = buf;
+  t->shared.avg_n = n;
+  t->shared.avg_epoch = epoch;
+  t->shared.avg_weight = w;
   uv_mutex_unlock(&t->mu);
   uv_async_send(&t->async);
 }
@@ -78,13 +78,13 @@ static void request_round(bee_train *t, uint64_t epoch, float *buf, size_t n,
  * it runs; 1 when stopped; 0 with *out filled. */
 static int round_result(bee_train *t, bool wait, avg_out *out) {
   uv_mutex_lock(&t->mu);
-  while (wait && !t->sh.avg_done && !t->sh.stop)
+  while (wait && !t->shared.avg_done && !t->shared.stop)
     uv_cond_wait(&t->avg_cv, &t->mu);
-  int rc = t->sh.stop ? 1 : !t->sh.avg_done ? 2 : 0;
-  *out = (avg_out){t->sh.avg_status,     t->sh.avg_group,
-                   t->sh.avg_by_all,     t->sh.avg_bytes_sent,
-                   t->sh.avg_bytes_recv, t->sh.avg_batch,
-                   t->sh.avg_ahead,      t->sh.avg_left};
+  int rc = t->shared.stop ? 1 : !t->shared.avg_done ? 2 : 0;
+  *out = (avg_out){t->shared.avg_status,     t->shared.avg_group,
+                   t->shared.avg_by_all,     t->shared.avg_bytes_sent,
+                   t->shared.avg_bytes_recv, t->shared.avg_batch,
+                   t->shared.avg_ahead,      t->shared.avg_left};
   uv_mutex_unlock(&t->mu);
   return rc;
 }
@@ -103,9 +103,9 @@ static int average(bee_train *t, uint64_t epoch, float *buf, size_t n,
  * copy is one opinion of the same state); loaded back when the round
  * averaged anything.  Returns 1 when stopped. */
 static int state_round(bee_train *t, uint64_t epoch, struct step_report *r) {
-  bee__state_pack(t, 3, (uint8_t *)t->sbuf); /* all but the buffers */
+  bee__state_pack(t, 3, (uint8_t *)t->state_buf); /* all but the buffers */
   avg_out a;
-  if (average(t, epoch, t->sbuf, t->sn, 1.0, true, &a))
+  if (average(t, epoch, t->state_buf, t->state_len, 1.0, true, &a))
     return 1;
   r->state_round = true;
   r->state_status = a.status;
@@ -114,7 +114,7 @@ static int state_round(bee_train *t, uint64_t epoch, struct step_report *r) {
   r->bytes_sent += a.sent;
   r->bytes_recv += a.recv;
   if (a.status == 0)
-    bee__state_unpack(t, 3, (const uint8_t *)t->sbuf);
+    bee__state_unpack(t, 3, (const uint8_t *)t->state_buf);
   return 0;
 }
 
@@ -138,8 +138,8 @@ static float lr_at(const bee_train *t, uint64_t epoch) {
  * and the evaluation.  s holds what the first half gathered. */
 static int finish_step(bee_train *t, const struct pend *s, float *g,
                        const avg_out *a) {
-  float *p = trn_model_params(t->m);
-  size_t np = trn_model_nparams(t->m);
+  float *p = trn_model_params(t->model);
+  size_t np = trn_model_nparams(t->model);
   uint64_t epoch = s->epoch, n = s->n;
   double sq_avg = 0;
   for (size_t i = 0; i < np; i++)
@@ -153,8 +153,8 @@ static int finish_step(bee_train *t, const struct pend *s, float *g,
       rc = trn_optim_step(t->outer, p, g, 1.0f);
       memcpy(t->anchor, p, np * sizeof(float));
     } else {
-      trn_optim_set_lr(t->o, lr_at(t, epoch));
-      rc = trn_optim_step(t->o, p, g, 1.0f);
+      trn_optim_set_lr(t->optim, lr_at(t, epoch));
+      rc = trn_optim_step(t->optim, p, g, 1.0f);
     }
   }
   if (rc)
@@ -176,7 +176,7 @@ static int finish_step(bee_train *t, const struct pend *s, float *g,
       .grad_sq_avg = sq_avg,
       .batch_avg = a->status == 0 ? a->batch : n};
   uint64_t skipped = 0;
-  rep.loss_scale = trn_model_loss_scale(t->m, &skipped);
+  rep.loss_scale = trn_model_loss_scale(t->model, &skipped);
   rep.skipped = skipped - t->skipped_told;
   t->skipped_told = skipped;
   unsigned se = t->cfg->average_state_every;
@@ -185,62 +185,50 @@ static int finish_step(bee_train *t, const struct pend *s, float *g,
     return 1;
   if (rep.state_round)
     rep.averaging_s += mono_s() - state0;
-  /* A step with this bee's own samples but without the round the peers
-   * at the epoch averaged leaves the swarm's parameters until their state
-   * is loaded (the loop looks for a peer that averaged it: bee__resync); a
-   * full state round brings them back too.  A round its group finished
-   * without this bee (a->left) marks it as well: their step is not this
-   * one.  An empty step (no samples, no round: a bee catching up with a
-   * swarm one epoch past the state it loaded) changes nothing, which
-   * leaves the bee one step short of its peers: it is marked when a
-   * download fits in one of the swarm's epochs (sh.join_fits), so their
-   * state comes at once; in a swarm whose epochs are shorter than that,
-   * marking it would load, fall one behind and load again forever, so
-   * there the next round's split check (or a state round) catches it. */
+  /* Out of line (run.h's bee_run_step_diverges): the loop looks for a
+   * peer that averaged the round this bee missed, and loads its state; a
+   * full state round brings it back too. */
   uv_mutex_lock(&t->mu);
-  bool empty_behind = n == 0 && a->status != 0 &&
-                      t->sh.view.epoch > epoch && t->sh.join_fits;
-  if (((a->status != 0 && (n > 0 || empty_behind) && t->sh.view.peers > 1) ||
-       a->left) &&
-      !t->sh.diverged) {
-    t->sh.diverged = true;
-    t->sh.diverged_epoch = epoch;
+  if (!t->shared.diverged &&
+      bee_run_step_diverges(&t->shared.guide, epoch, n, a->status, a->left)) {
+    t->shared.diverged = true;
+    t->shared.diverged_epoch = epoch;
   }
   if (rep.state_round && rep.state_status == 0 && rep.state_by_all >= 1.0)
-    t->sh.diverged = false;
-  rep.diverged = t->sh.diverged;
+    t->shared.diverged = false;
+  rep.diverged = t->shared.diverged;
   uv_mutex_unlock(&t->mu);
   crypto_generichash(rep.hash, sizeof rep.hash, (const uint8_t *)p,
                      np * sizeof(float), NULL, 0);
   uv_mutex_lock(&t->mu);
-  if (t->sh.steps_head - t->sh.steps_tail == STEP_RING)
-    t->sh.steps_tail++; /* the oldest report goes unlogged */
-  t->sh.steps[t->sh.steps_head++ % STEP_RING] = rep;
+  if (t->shared.steps_head - t->shared.steps_tail == STEP_RING)
+    t->shared.steps_tail++; /* the oldest report goes unlogged */
+  t->shared.steps[t->shared.steps_head++ % STEP_RING] = rep;
   uv_mutex_unlock(&t->mu);
   uv_async_send(&t->async);
   bee__make_snapshot(t, epoch + 1);
   if (t->ckpt_started && (epoch + 1) % t->cfg->checkpoint_every == 0) {
     uv_mutex_lock(&t->mu);
-    t->sh.ckpt_req = true;
+    t->shared.ckpt_req = true;
     uv_cond_signal(&t->ckpt_cv);
     uv_mutex_unlock(&t->mu);
   }
   unsigned every = t->cfg->eval_every;
-  if (t->em && every && (epoch + 1) % every == 0) {
+  if (t->eval_model && every && (epoch + 1) % every == 0) {
     /* The evaluator tests a copy, so training never waits for it; while
      * it is still busy with an earlier epoch, this one is skipped. */
     uv_mutex_lock(&t->mu);
-    if (t->sh.eval_busy || t->sh.eval_req) {
-      t->sh.eval_skipped++;
+    if (t->shared.eval_busy || t->shared.eval_req) {
+      t->shared.eval_skipped++;
     } else {
       size_t nb;
-      float *src = trn_model_buffers(t->m, &nb);
-      memcpy(trn_model_params(t->em), trn_model_params(t->m),
-             trn_model_nparams(t->m) * sizeof(float));
+      float *src = trn_model_buffers(t->model, &nb);
+      memcpy(trn_model_params(t->eval_model), trn_model_params(t->model),
+             trn_model_nparams(t->model) * sizeof(float));
       if (nb)
-        memcpy(trn_model_buffers(t->em, &nb), src, nb * sizeof(float));
-      t->sh.eval_req = true;
-      t->sh.eval_req_epoch = epoch + 1;
+        memcpy(trn_model_buffers(t->eval_model, &nb), src, nb * sizeof(float));
+      t->shared.eval_req = true;
+      t->shared.eval_req_epoch = epoch + 1;
       uv_cond_signal(&t->eval_cv);
     }
     uv_mutex_unlock(&t->mu);
@@ -260,13 +248,13 @@ static int settle_delayed(bee_train *t, bool wait) {
     return rc == 2 ? 0 : rc;
   t->delayed.active = false;
   uv_mutex_lock(&t->mu);
-  t->delayed.round_s = t->sh.avg_done_s - t->delayed.t0;
+  t->delayed.round_s = t->shared.avg_done_s - t->delayed.t0;
   uv_mutex_unlock(&t->mu);
   return finish_step(t, &t->delayed, t->dgrad, &a);
 }
 
 /* A round that averaged nothing, with a state of its epoch or a later
- * one waiting (the load ended its matchmaking, bee__round_moot, or came
+ * one waiting (the load ended its matchmaking, run-round.c, or came
  * while it failed): the state replaces the step, which would only take
  * this bee's own gradients, computed on parameters the swarm does not
  * hold, and mark it out of line again. */
@@ -275,8 +263,8 @@ static bool state_replaces_step(bee_train *t, uint64_t epoch,
   if (a->status == 0)
     return false;
   uv_mutex_lock(&t->mu);
-  bool load = t->sh.load && t->sh.load_epoch >= epoch;
-  uint64_t le = t->sh.load_epoch;
+  bool load = t->shared.load && t->shared.load_epoch >= epoch;
+  uint64_t le = t->shared.load_epoch;
   uv_mutex_unlock(&t->mu);
   if (load)
     bee_info(COMP,
@@ -293,7 +281,7 @@ static void take_state(bee_train *t, uint8_t *load, uint64_t epoch) {
   bee__load_snapshot(t, load, epoch);
   free(load);
   if (t->residual)
-    memset(t->residual, 0, trn_model_nparams(t->m) * sizeof *t->residual);
+    memset(t->residual, 0, trn_model_nparams(t->model) * sizeof *t->residual);
 }
 
 /* A state of the very epoch whose round just ended, downloaded while the
@@ -306,14 +294,14 @@ static void take_state(bee_train *t, uint8_t *load, uint64_t epoch) {
  * bee back to the epoch it had just left, one step behind the swarm. */
 static void load_under_step(bee_train *t, uint64_t epoch) {
   uv_mutex_lock(&t->mu);
-  uint8_t *load = t->sh.load && t->sh.load_epoch == epoch ? t->sh.load : NULL;
-  t->sh.load = load ? NULL : t->sh.load;
+  uint8_t *load = t->shared.load && t->shared.load_epoch == epoch ? t->shared.load : NULL;
+  t->shared.load = load ? NULL : t->shared.load;
   uv_mutex_unlock(&t->mu);
   if (!load)
     return;
   take_state(t, load, epoch);
   uv_mutex_lock(&t->mu);
-  t->sh.diverged = false; /* the swarm's state from now on */
+  t->shared.diverged = false; /* the swarm's state from now on */
   uv_mutex_unlock(&t->mu);
   bee_info(COMP,
            "epoch %llu: the state loaded while its round ran is the epoch's "
@@ -336,24 +324,24 @@ static int epoch_step(bee_train *t) {
   if ((rc = settle_delayed(t, true))) /* one round at a time */
     return rc;
   uv_mutex_lock(&t->mu);
-  struct pend s = {.epoch = t->sh.epoch,
-                   .n = t->sh.samples,
-                   .loss = t->sh.loss_sum,
-                   .compute_s = t->sh.compute_s};
+  struct pend s = {.epoch = t->shared.epoch,
+                   .n = t->shared.samples,
+                   .loss = t->shared.loss_sum,
+                   .compute_s = t->shared.compute_s};
   uv_mutex_unlock(&t->mu);
   /* A model on a GPU: the gradients come back to the host here; a device
    * that failed stops the worker (the last checkpoint stays). */
-  if ((rc = trn_model_sync(t->m)))
+  if ((rc = trn_model_sync(t->model)))
     return rc;
-  float *g = trn_model_grads(t->m), *p = trn_model_params(t->m);
-  size_t np = trn_model_nparams(t->m);
+  float *g = trn_model_grads(t->model), *p = trn_model_params(t->model);
+  size_t np = trn_model_nparams(t->model);
   if (t->outer) { /* the change: anchor - now, a gradient's sign */
     for (size_t i = 0; i < np; i++) {
       g[i] = t->anchor[i] - p[i];
       s.sq_local += (double)g[i] * g[i];
     }
   } else if (s.n) { /* sums to means: the round weighs them by n */
-    float inv = 1.0f / ((float)s.n * (float)t->per);
+    float inv = 1.0f / ((float)s.n * (float)t->per_sample);
     for (size_t i = 0; i < np; i++) {
       g[i] *= inv;
       s.sq_local += (double)g[i] * g[i];
@@ -363,7 +351,7 @@ static int epoch_step(bee_train *t) {
   avg_out a;
   if (t->dgrad) { /* the round goes on while the next epoch is computed */
     memcpy(t->dgrad, g, np * sizeof(float));
-    trn_model_zero_grad(t->m);
+    trn_model_zero_grad(t->model);
     request_round(t, s.epoch, t->dgrad, np, (double)s.n, false);
     t->delayed = s;
     t->delayed.active = true;
@@ -377,15 +365,15 @@ static int epoch_step(bee_train *t) {
     load_under_step(t, s.epoch);
   }
   uv_mutex_lock(&t->mu);
-  t->sh.epoch = s.epoch + 1;
-  t->sh.samples = 0;
-  t->sh.loss_sum = 0;
-  t->sh.compute_s = 0;
+  t->shared.epoch = s.epoch + 1;
+  t->shared.samples = 0;
+  t->shared.loss_sum = 0;
+  t->shared.compute_s = 0;
   uv_mutex_unlock(&t->mu);
   if (t->dgrad)
     return 0;
   rc = finish_step(t, &s, g, &a);
-  trn_model_zero_grad(t->m);
+  trn_model_zero_grad(t->model);
   return rc;
 }
 
@@ -394,25 +382,25 @@ static void evaluator(void *arg) {
   bee_train *t = arg;
   for (;;) {
     uv_mutex_lock(&t->mu);
-    while (!t->sh.eval_req && !t->sh.eval_stop)
+    while (!t->shared.eval_req && !t->shared.eval_stop)
       uv_cond_wait(&t->eval_cv, &t->mu);
-    if (t->sh.eval_stop) {
+    if (t->shared.eval_stop) {
       uv_mutex_unlock(&t->mu);
       return;
     }
-    t->sh.eval_req = false;
-    t->sh.eval_busy = true;
-    uint64_t epoch = t->sh.eval_req_epoch;
+    t->shared.eval_req = false;
+    t->shared.eval_busy = true;
+    uint64_t epoch = t->shared.eval_req_epoch;
     uv_mutex_unlock(&t->mu);
     double el = 0, acc = 0;
-    int rc = trn_source_evaluate(t->src, t->em, &el, &acc);
+    int rc = trn_source_evaluate(t->src, t->eval_model, &el, &acc);
     uv_mutex_lock(&t->mu);
-    t->sh.eval_busy = false;
+    t->shared.eval_busy = false;
     if (rc == 0) {
-      t->sh.evaluated = true;
-      t->sh.eval_epoch = epoch;
-      t->sh.eval_loss = el;
-      t->sh.eval_acc = acc;
+      t->shared.evaluated = true;
+      t->shared.eval_epoch = epoch;
+      t->shared.eval_loss = el;
+      t->shared.eval_acc = acc;
     }
     uv_mutex_unlock(&t->mu);
     if (rc) {
@@ -430,21 +418,21 @@ static void worker(void *arg) {
   /* Training starts once the loop has seen the swarm: from a peer's
    * state when the swarm is ahead, else from the run's first weights. */
   uv_mutex_lock(&t->mu);
-  while (!t->sh.go && !t->sh.stop)
+  while (!t->shared.go && !t->shared.stop)
     uv_cond_wait(&t->go_cv, &t->mu);
-  bool fresh = !t->sh.load;
+  bool fresh = !t->shared.load;
   uv_mutex_unlock(&t->mu);
   if (fresh)
     bee__make_snapshot(t, 0);
   for (;;) {
     uv_mutex_lock(&t->mu);
-    uint8_t *load = t->sh.load;
-    uint64_t load_epoch = t->sh.load_epoch;
-    t->sh.load = NULL;
+    uint8_t *load = t->shared.load;
+    uint64_t load_epoch = t->shared.load_epoch;
+    t->shared.load = NULL;
     if (load) { /* the loop never sees the old epoch once it is taken */
-      t->sh.epoch = load_epoch;
-      t->sh.samples = 0;
-      t->sh.diverged = false; /* the swarm's state from now on */
+      t->shared.epoch = load_epoch;
+      t->shared.samples = 0;
+      t->shared.diverged = false; /* the swarm's state from now on */
     }
     uv_mutex_unlock(&t->mu);
     if (load) {
@@ -457,24 +445,14 @@ static void worker(void *arg) {
         t->delayed.active = false;
       }
       take_state(t, load, load_epoch);
-      trn_model_zero_grad(t->m); /* what was gathered is not the state's */
+      trn_model_zero_grad(t->model); /* what was gathered is not the state's */
       bee__make_snapshot(t, load_epoch);
       continue;
     }
     uv_mutex_lock(&t->mu);
-    bool stop = t->sh.stop;
-    uint64_t others = (uint64_t)others_now(&t->sh);
-    /* DiLoCo: the round comes after --inner-steps local steps, when the
-     * swarm has stepped past, or when the others at the epoch are done
-     * and this bee is far from it (outer_lags); the others' samples do
-     * not count. */
-    uint64_t inner = (uint64_t)bee_config_inner_steps(t->cfg) * b;
-    bool step =
-        t->outer ? bee_epoch_ready(t->sh.epoch, t->sh.samples, &t->sh.view, 0,
-                                   inner) ||
-                       outer_lags(&t->sh, inner, mono_s())
-                 : bee_epoch_ready(t->sh.epoch, t->sh.samples, &t->sh.view,
-                                   others, t->cfg->target_batch_size);
+    bool stop = t->shared.stop;
+    bool step = bee_run_step_due(t->cfg, &t->shared.guide, t->shared.epoch,
+                                 t->shared.samples, mono_ms());
     uv_mutex_unlock(&t->mu);
     if (stop)
       return;
@@ -493,25 +471,25 @@ static void worker(void *arg) {
       continue;
     }
     double t0 = mono_s(), loss = 0;
-    rc = trn_source_train(t->src, t->m, &loss);
-    loss /= (double)t->per; /* gpt's: the mean over a window's tokens */
+    rc = trn_source_train(t->src, t->model, &loss);
+    loss /= (double)t->per_sample; /* gpt's: the mean over a window's tokens */
     /* A batch whose scaled gradients overflowed added nothing (fp16's
      * loss scaling has halved its scale): its samples do not count, and
      * DiLoCo takes no local step for it. */
-    bool dropped = rc == 0 && trn_model_skipped(t->m);
+    bool dropped = rc == 0 && trn_model_skipped(t->model);
     if (dropped && ++t->skip_streak == SKIP_STREAK_WARN)
       bee_warn(COMP,
                "%u batches in a row dropped for gradients that overflowed "
                "at loss scale 2^%d: the loss or the weights are no longer "
                "finite",
-               SKIP_STREAK_WARN, ilogbf(trn_model_loss_scale(t->m, NULL)));
+               SKIP_STREAK_WARN, ilogbf(trn_model_loss_scale(t->model, NULL)));
     if (rc == 0 && !dropped)
       t->skip_streak = 0;
     if (rc == 0 && t->outer && !dropped) { /* DiLoCo: a local step */
-      trn_optim_set_lr(t->o, lr_at(t, t->sh.epoch)); /* ours to write */
-      rc = trn_model_step(t->m, t->o, /* on its device */
-                          1.0f / ((float)b * (float)t->per));
-      trn_model_zero_grad(t->m);
+      trn_optim_set_lr(t->optim, lr_at(t, t->shared.epoch)); /* ours to write */
+      rc = trn_model_step(t->model, t->optim, /* on its device */
+                          1.0f / ((float)b * (float)t->per_sample));
+      trn_model_zero_grad(t->model);
     }
     if (rc) {
       worker_fail(t, rc, "training step");
@@ -520,24 +498,25 @@ static void worker(void *arg) {
     double dt = mono_s() - t0;
     uint64_t counted = dropped ? 0 : b;
     uv_mutex_lock(&t->mu);
-    t->sh.samples += counted;
-    t->sh.pend_samples += counted;
-    t->sh.pend_s += dt;
-    t->sh.compute_s += dt;
-    t->sh.loss_sum += dropped ? 0 : loss;
+    t->shared.samples += counted;
+    t->shared.pend_samples += counted;
+    t->shared.pend_s += dt;
+    t->shared.compute_s += dt;
+    t->shared.loss_sum += dropped ? 0 : loss;
     uv_mutex_unlock(&t->mu);
   }
 }
 
 void bee_train_status(const bee_train *t, char *buf, size_t cap) {
+  const proto_swarm_view *w = bee_run_view(t->run);
   snprintf(buf, cap,
            "run %s: swarm epoch %llu, %zu peers, %.0f samples/s here",
-           t->cfg->run, (unsigned long long)t->view.epoch, t->view.peers,
-           bee_rate_get(&t->rate));
+           t->cfg->run, (unsigned long long)w->epoch, w->peers,
+           bee_run_rate(t->run));
 }
 
 size_t bee_train_report(const bee_train *t, char *buf, size_t cap) {
-  const proto_swarm_view *w = &t->view;
+  const proto_swarm_view *w = bee_run_view(t->run);
   int n = snprintf(
       buf, cap,
       "run %s\nmodel %s\nswarm-epoch %llu\nswarm-samples %llu\n"
@@ -547,7 +526,7 @@ size_t bee_train_report(const bee_train *t, char *buf, size_t cap) {
       t->cfg->run, t->desc, (unsigned long long)w->epoch,
       (unsigned long long)w->samples, t->cfg->target_batch_size,
       w->samples_per_second, w->eta_s, w->peers, w->peers_at_epoch,
-      bee_rate_get(&t->rate), avg_codec_name((avg_codec)t->cfg->compression),
+      bee_run_rate(t->run), avg_codec_name((avg_codec)t->cfg->compression),
       t->last_step[0] ? t->last_step : "none yet",
       t->out_of_line ? "yes (stepped without its peers' round; loading "
                        "their state when one has it)"
@@ -563,14 +542,16 @@ size_t bee_train_report(const bee_train *t, char *buf, size_t cap) {
 /* The worker's news: an epoch step, an evaluation, or its end. */
 static void async_cb(uv_async_t *h) {
   bee_train *t = h->data;
-  shared s;
+  train_shared s;
   uv_mutex_lock(&t->mu);
-  s = t->sh;
-  t->sh.steps_tail = t->sh.steps_head;
-  if (t->sh.evaluated)
-    t->sh.eval_skipped = 0; /* counted from one report to the next */
-  t->sh.evaluated = false;
+  s = t->shared;
+  t->shared.steps_tail = t->shared.steps_head;
+  if (t->shared.evaluated)
+    t->shared.eval_skipped = 0; /* counted from one report to the next */
+  t->shared.evaluated = false;
   uv_mutex_unlock(&t->mu);
+  bee_run_step done[STEP_RING];
+  size_t ndone = 0;
   for (uint64_t i = s.steps_tail; i != s.steps_head; i++) {
     const struct step_report *r = &s.steps[i % STEP_RING];
     char how[192], hash[17], lag[64] = "";
@@ -619,15 +600,29 @@ static void async_cb(uv_async_t *h) {
              "epoch %llu, %llu local samples, loss %.4f, %s",
              (unsigned long long)r->epoch, (unsigned long long)r->samples,
              r->loss, how);
-    if (!t->stopped)
-      bee__publish_metrics(t, r);
+    bee_run_step *d = &done[ndone++];
+    *d = (bee_run_step){.epoch = r->epoch,
+                        .samples = r->samples,
+                        .loss = r->loss,
+                        .avg_status = r->avg_status,
+                        .group = r->group,
+                        .by_all = r->by_all,
+                        .diverged = r->diverged,
+                        .compute_s = r->compute_s,
+                        .averaging_s = r->averaging_s,
+                        .skipped = r->skipped,
+                        .loss_scale = r->loss_scale,
+                        .bytes_sent = r->bytes_sent,
+                        .bytes_recv = r->bytes_recv,
+                        .grad_sq_local = r->grad_sq_local,
+                        .grad_sq_avg = r->grad_sq_avg,
+                        .batch_avg = r->batch_avg};
+    memcpy(d->hash, r->hash, sizeof d->hash);
   }
-  /* Stepped: the view at the new epoch now, with the group's members
-   * there too, not after the next read finds their records. */
-  if (s.steps_tail != s.steps_head && !t->stopped)
-    bee__view_again(t);
-  bee__start_round(t); /* the worker may be waiting for one */
-  if (s.evaluated && t->per > 1)
+  /* The metrics records, the view at the new epoch, and the round the
+   * worker may be waiting for. */
+  bee_run_stepped(t->run, done, ndone);
+  if (s.evaluated && t->per_sample > 1)
     bee_info(COMP,
              "epoch %llu: test next-token accuracy %.2f%%, loss %.4f, "
              "perplexity %.2f (%llu epochs not tested while it ran)",
@@ -657,14 +652,14 @@ static void resume_loss_scale(bee_train *t, uint64_t bits, const char *path) {
   float scale = 0;
   uint32_t b32 = (uint32_t)bits;
   memcpy(&scale, &b32, sizeof scale);
-  int rc = bits >> 32 ? -EINVAL : trn_model_set_loss_scale(t->m, scale);
+  int rc = bits >> 32 ? -EINVAL : trn_model_set_loss_scale(t->model, scale);
   if (rc == 0)
     bee_info(COMP, "--resume: the loss scale goes on at 2^%d", ilogbf(scale));
   else if (rc == -EPERM)
     bee_info(COMP,
              "--resume: the checkpoint's loss scale (2^%d) is not taken: "
              "this run's is %s",
-             ilogbf(scale), trn_model_loss_scale(t->m, NULL) ? "fixed" : "off");
+             ilogbf(scale), trn_model_loss_scale(t->model, NULL) ? "fixed" : "off");
   else
     bee_warn(COMP,
              "--resume: %s holds a loss scale that is not a power of two "
@@ -714,7 +709,7 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     return rc;
   }
   trn_source_fit(t->src, &mc);
-  t->per = trn_source_per_item(t->src);
+  t->per_sample = trn_source_per_item(t->src);
   trn_device dev;
   char why[256];
   if ((rc = trn_device_open(cfg->device, &dev, why, sizeof why))) {
@@ -735,12 +730,12 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   /* With auto, a GPU that cannot hold a model (out of memory, a failing
    * driver) leaves it the CPU: the bee keeps training. */
   bool fall_back = strcmp(cfg->device, "auto") == 0;
-  rc = trn_model_new(&mc, &t->m, err, sizeof err);
+  rc = trn_model_new(&mc, &t->model, err, sizeof err);
   if (rc && mc.device == TRN_DEV_CUDA && fall_back) {
     bee_warn(COMP, "model %s on cuda:%d: %s; training on the CPU",
              cfg->model, mc.device_index, err);
     mc.device = TRN_DEV_CPU;
-    rc = trn_model_new(&mc, &t->m, err, sizeof err);
+    rc = trn_model_new(&mc, &t->model, err, sizeof err);
   }
   if (rc == 0 && cfg->eval_every && trn_source_test_items(t->src)) {
     /* The test model never trains: it holds no loss scaling's array, and
@@ -749,19 +744,19 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     ec.loss_scale = 0;
     if (ec.precision == TRN_FP16)
       ec.precision = TRN_TF32;
-    rc = trn_model_new(&ec, &t->em, err, sizeof err);
+    rc = trn_model_new(&ec, &t->eval_model, err, sizeof err);
     if (rc && ec.device == TRN_DEV_CUDA && fall_back) {
       bee_warn(COMP, "the test model on cuda:%d: %s; testing on the CPU",
                ec.device_index, err);
       ec.device = TRN_DEV_CPU;
-      rc = trn_model_new(&ec, &t->em, err, sizeof err);
+      rc = trn_model_new(&ec, &t->eval_model, err, sizeof err);
     }
   }
   if (rc) {
     bee_err(COMP, "model %s: %s", cfg->model, err);
     return rc;
   }
-  trn_model_describe(t->m, t->desc, sizeof t->desc);
+  trn_model_describe(t->model, t->desc, sizeof t->desc);
   static const int kinds[] = {[BEE_OPT_SGD] = TRN_SGD,
                               [BEE_OPT_ADAMW] = TRN_ADAMW,
                               [BEE_OPT_LAMB] = TRN_LAMB};
@@ -770,11 +765,11 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   oc.lr = (float)bee_config_lr(cfg);
   if (cfg->optimizer == BEE_OPT_SGD)
     oc.momentum = 0.9f;
-  size_t np = trn_model_nparams(t->m), ends[256];
-  if ((rc = trn_optim_new(&oc, np, &t->o)) ||
+  size_t np = trn_model_nparams(t->model), ends[256];
+  if ((rc = trn_optim_new(&oc, np, &t->optim)) ||
       (cfg->optimizer == BEE_OPT_LAMB &&
        (rc = trn_optim_set_tensors(
-            t->o, ends, trn_model_tensors(t->m, ends, 256))))) {
+            t->optim, ends, trn_model_tensors(t->model, ends, 256))))) {
     bee_err(COMP, "optimizer: %s", strerror(-rc));
     return rc;
   }
@@ -789,7 +784,7 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     }
     if (!(t->anchor = malloc(np * sizeof *t->anchor)))
       return -ENOMEM;
-    memcpy(t->anchor, trn_model_params(t->m), np * sizeof *t->anchor);
+    memcpy(t->anchor, trn_model_params(t->model), np * sizeof *t->anchor);
   }
   if (cfg->delay_averaging &&
       !(t->dgrad = malloc(np * sizeof *t->dgrad)))
@@ -799,8 +794,8 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   if (cfg->average_state_every) {
     float *part[STATE_PARTS];
     size_t len[STATE_PARTS];
-    t->sn = bee__state_parts(t, 3, part, len);
-    if (!(t->sbuf = malloc(t->sn * sizeof *t->sbuf)))
+    t->state_len = bee__state_parts(t, 3, part, len);
+    if (!(t->state_buf = malloc(t->state_len * sizeof *t->state_buf)))
       return -ENOMEM;
   }
   /* Each bee its own stream: the order's seed is its peer id. */
@@ -808,6 +803,13 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   trn_order ord = {0};
   if ((rc = trn_order_init(&ord, items, id->id, PROTO_ID_BYTES, 0, 0))) {
     bee_err(COMP, "data order: %s", strerror(-rc));
+    return rc;
+  }
+  /* The run's decisions, with this bee's I/O (train-swarm.c). */
+  bee__run_io(t, &t->io);
+  bee_run_config rc_cfg = {.cfg = cfg, .state_bytes = bee__snapshot_size(t)};
+  if ((rc = bee_run_new(&rc_cfg, &t->io, &t->run))) {
+    trn_order_free(&ord);
     return rc;
   }
   if (uv_mutex_init(&t->mu))
@@ -877,11 +879,11 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
         free(blob);
         return rc;
       }
-      trn_model_set_dropout_calls(t->m, local[2]);
+      trn_model_set_dropout_calls(t->model, local[2]);
       resume_loss_scale(t, local[3], path);
-      t->sh.load = blob;
-      t->sh.load_epoch = epoch;
-      t->sh.epoch = epoch; /* what the first view compares */
+      t->shared.load = blob;
+      t->shared.load_epoch = epoch;
+      t->shared.epoch = epoch; /* what the first view compares */
       bee_info(COMP, "resuming from %s (epoch %llu; data pass %llu at "
                "%llu of %zu)", path, (unsigned long long)epoch,
                (unsigned long long)local[0], (unsigned long long)local[1],
@@ -898,7 +900,7 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
    * the model trains (on a GPU the pass would otherwise wait for each),
    * in pinned memory for a GPU (copied without a staging copy). */
   rc = trn_source_start(t->src, &ord,
-                        trn_model_device(t->m) == TRN_DEV_CUDA);
+                        trn_model_device(t->model) == TRN_DEV_CUDA);
   trn_order_free(&ord);
   if (rc) {
     bee_err(COMP, "data loader: %s", strerror(-rc));
@@ -918,14 +920,14 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   bee_info(COMP,
            "run '%s': %s (%zu parameters), %s: %zu training and %zu test "
            "%s from %s, batch %u, %s, %s lr %g, %u thread%s",
-           cfg->run, t->desc, trn_model_nparams(t->m),
+           cfg->run, t->desc, trn_model_nparams(t->model),
            trn_source_kind(t->src), items, trn_source_test_items(t->src),
            tokens ? "windows" : "images", tokens ? cfg->tokens : cfg->data,
            cfg->batch_size, how,
            bee_optimizer_name(cfg->optimizer), bee_config_lr(cfg),
            cfg->threads, cfg->threads == 1 ? "" : "s");
-  float scale = trn_model_loss_scale(t->m, NULL);
-  bool cpu = trn_model_device(t->m) == TRN_DEV_CPU;
+  float scale = trn_model_loss_scale(t->model, NULL);
+  bool cpu = trn_model_device(t->model) == TRN_DEV_CPU;
   t->loss_scale = scale;
   if (scale || strcmp(cfg->precision, "fp32") != 0)
     bee_info(COMP, "precision %s%s, %s", cfg->precision,
@@ -941,7 +943,7 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
              t->outer ? "the change as" : "gradients as",
              avg_codec_name((avg_codec)cfg->compression),
              cfg->error_feedback ? ", with error feedback" : "");
-  if (cfg->eval_every && !t->em)
+  if (cfg->eval_every && !t->eval_model)
     bee_info(COMP, "no test set (--val-tokens): no test lines");
   if (cfg->average_state_every)
     bee_info(COMP, "state averaging: every %u epochs",
@@ -985,13 +987,13 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
            t->outer ? "diloco" : "grads",
            codec == AVG_NONE ? "fp32" : avg_codec_name(codec),
            bee_optimizer_name(t->cfg->optimizer), t->desc,
-           trn_model_nparams(t->m));
+           trn_model_nparams(t->model));
   crypto_generichash(t->schema, sizeof t->schema, (const uint8_t *)schema,
                      strlen(schema), NULL, 0);
   /* State rounds: the optimizer and the mode decide the layout. */
   snprintf(schema, sizeof schema, "beed state fp32 %s %s %s %zu",
            bee_averaging_name(t->cfg->averaging),
-           bee_optimizer_name(t->cfg->optimizer), t->desc, t->sn);
+           bee_optimizer_name(t->cfg->optimizer), t->desc, t->state_len);
   crypto_generichash(t->state_schema, sizeof t->state_schema,
                      (const uint8_t *)schema, strlen(schema), NULL, 0);
   uint8_t self_id[PROTO_ID_BYTES];
@@ -1013,11 +1015,7 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
     return rc;
   }
   t->started = true;
-  t->started_ms = uv_now(t->loop);
-  if (!t->joined && t->cfg->njoin == 0 && !t->expect_join) {
-    t->joined = true;
-    t->joined_ms = t->started_ms;
-  }
+  bee_run_start(t->run);
   if (t->cfg->checkpoint_dir[0]) {
     if ((rc = uv_thread_create(&t->ckpt_thread, bee__ckpt_writer, t))) {
       bee_err(COMP, "cannot start the checkpoint thread: %s", uv_strerror(rc));
@@ -1029,16 +1027,25 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
     bee_err(COMP, "cannot serve the state: %s", bee_strerror(rc));
     return rc;
   }
-  if (t->em) {
+  if (t->eval_model) {
     if ((rc = uv_thread_create(&t->eval_thread, evaluator, t))) {
       bee_err(COMP, "cannot start the evaluation thread: %s", uv_strerror(rc));
       return rc;
     }
     t->eval_started = true;
   }
-  t->status_ms = uv_now(t->loop);
   uv_timer_start(&t->timer, bee__tick, TICK_MS, TICK_MS);
   return 0;
+}
+
+void bee_train_expect_join(bee_train *t) {
+  if (t && t->run)
+    bee_run_expect_join(t->run);
+}
+
+void bee_train_joined(bee_train *t) {
+  if (t && t->run)
+    bee_run_joined(t->run);
 }
 
 /* Stops the threads (the worker at its next batch, a round it waits for
@@ -1047,20 +1054,20 @@ static void halt_threads(bee_train *t) {
   if (t->halted)
     return;
   t->halted = true;
-  if (t->avg && t->ahead.state != AHEAD_NONE)
-    bee__ahead_drop(t, "the bee stops");
+  if (t->avg)
+    bee_run_halt(t->run);
   if (t->started) {
     uv_mutex_lock(&t->mu);
-    t->sh.stop = t->sh.eval_stop = true;
+    t->shared.stop = t->shared.eval_stop = true;
     uv_cond_signal(&t->eval_cv);
     uv_cond_signal(&t->avg_cv);
     uv_cond_signal(&t->go_cv);
-    uint64_t epoch = t->sh.epoch, samples = t->sh.samples;
+    uint64_t epoch = t->shared.epoch, samples = t->shared.samples;
     uv_mutex_unlock(&t->mu);
     uv_thread_join(&t->thread); /* at most one batch or epoch step */
     if (t->ckpt_started) { /* the state after the last step, on disk */
       uv_mutex_lock(&t->mu);
-      t->sh.ckpt_req = t->sh.ckpt_stop = true;
+      t->shared.ckpt_req = t->shared.ckpt_stop = true;
       uv_cond_signal(&t->ckpt_cv);
       uv_mutex_unlock(&t->mu);
       uv_thread_join(&t->ckpt_thread);
@@ -1104,17 +1111,11 @@ void bee_train_leave(bee_train *t, void (*done)(void *arg), void *arg) {
     done(arg);
     return;
   }
-  uv_mutex_lock(&t->mu);
-  uint64_t epoch = t->sh.epoch, samples = t->sh.samples;
-  uv_mutex_unlock(&t->mu);
   proto_progress p;
   uint8_t buf[PROTO_RECORD_MAX];
   size_t len;
-  bee__own_progress(t, epoch, samples, &p);
-  p.leaving = true;
-  p.samples_per_second = 0;
-  uint64_t exp = bee_progress_published(&t->pub, uv_now(t->loop),
-                                        p.time_ms / 1000, epoch, samples);
+  uint64_t exp;
+  bee_run_leave_record(t->run, &p, &exp);
   t->leave_done = done;
   t->leave_arg = arg;
   uv_timer_stop(&t->timer);
@@ -1132,12 +1133,12 @@ void bee_train_stop(bee_train *t) {
   t->dht = NULL;
   halt_threads(t);
   t->leave_done = NULL; /* stopping now: nobody waits for the record */
+  bee_run_stop(t->run);
   /* A round under way ends now (its callback sees BEE_ECANCELED); the
    * worker no longer waits for it.  A download's answer, if one still
    * comes, finds us stopped. */
   if (t->host)
     proto_host_on(t->host, STATE_METHOD, NULL, NULL);
-  t->fetching = false;
   avg_node_close(t->avg);
   t->avg = NULL;
   if (t->handles) {
@@ -1156,22 +1157,19 @@ void bee_train_free(bee_train *t) {
     uv_cond_destroy(&t->eval_cv);
     uv_mutex_destroy(&t->mu);
   }
-  trn_optim_free(t->o);
+  trn_optim_free(t->optim);
   trn_optim_free(t->outer);
   free(t->anchor);
   free(t->dgrad);
   free(t->residual);
-  free(t->sbuf);
-  trn_model_free(t->m);
-  trn_model_free(t->em);
+  free(t->state_buf);
+  trn_model_free(t->model);
+  trn_model_free(t->eval_model);
   for (size_t i = 0; i < t->uploads.n; i++)
     bee__snap_unref(t->uploads.u[i].pin);
-  bee__snap_unref(t->sh.snap);
-  free(t->sh.load);
-  free(t->fbuf);
-  free(t->seen);
-  free(t->seen_ids);
-  free(t->stepped_ids);
+  bee__snap_unref(t->shared.snap);
+  free(t->shared.load);
+  bee_run_free(t->run);
   trn_source_free(t->src);
   free(t);
 }

@@ -886,7 +886,7 @@ static void test_moshpit(void) {
 
 /* ---- a first start later than the matchmaking time --------------------- */
 
-/* DiLoCo's groups formed ahead (daemon/train-swarm.c): A and C look at 0
+/* DiLoCo's groups formed ahead (daemon/run-round.c): A and C look at 0
  * s for a round they can keep at 7 and 7.5 s (C is a laggard that looks
  * ahead of the first one's end, A the peer expected first); B, whose
  * steps were expected to end at 2 s but end at 7.2 s, looks at 5.2 s with

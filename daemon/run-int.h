@@ -1,0 +1,326 @@
+/* run-int.h: what the files of the run core share (daemon/).
+ *
+ * The core (run.h) owns its state in four parts, each in a file of its
+ * own, and one file that ties them together:
+ *
+ *   run-view.c   bee_view: the swarm view from the others' progress
+ *                records, the candidates for a round, the donors, the
+ *                members of the last group counted at the epoch they
+ *                stepped to, and the guide for the worker
+ *   run-fetch.c  bee_fetch: a state download, chunk by chunk, from the
+ *                donors in turn, and when one should wait
+ *   run-line.c   bee_lines: the metrics record with this bee's last
+ *                averaged steps, the split check and the resync (which
+ *                peers to load the state from)
+ *   run-round.c  bee_rounds: the group formed ahead, the round the
+ *                worker asks for, and a matchmaking the swarm left
+ *   run.c        bee_run: the events and the tick, the progress and
+ *                donor records, when training starts; it routes one
+ *                part's outcome to another
+ *
+ * Calls go one way: run.c calls the parts; run-round.c and run-fetch.c
+ * read the view; no part calls run.c.  Nothing outside these files (and
+ * the core's tests) includes this header.
+ */
+#ifndef BEE_DAEMON_RUN_INT_H
+#define BEE_DAEMON_RUN_INT_H
+
+#include "run.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define COMP "train"
+#define VIEW_MS 1000 /* how often the swarm's records are read */
+#define MATCH_GRACE_MS                                                         \
+  2000 /* no group this long after --matchmaking-time:
+                               the local step */
+/* A group formed ahead whose round we have not begun hears from us this
+ * often (WAIT), well within the round's sender timeout (5 s)... */
+#define AHEAD_WAIT_MS 2000
+/* ...and no longer than this after our round was expected. */
+#define AHEAD_WAIT_LATE_MS 10000
+/* Views in a row with nobody else at the epoch of a matchmaking: it ends
+ * (a read of the DHT may miss a record now and then). */
+#define DESERTED_VIEWS 2
+#define ROUND_DEADLINE_MS 30000
+#define MIN_EPOCH_S 2.0 /* epochs shorter than this are not shared */
+/* A swarm whose epochs are shorter than this does not count a group's
+ * members at the epoch they stepped to (bee__view_stepped): there the
+ * members' start skew and a round's own time are the epoch. */
+#define STEPPED_MIN_EPOCH_S 0.1
+#define STATE_CHUNK (1u << 20)    /* bytes asked per request, by default */
+#define STATE_RESTARTS 3          /* snapshots that may change under us */
+#define FETCH_BACKOFF_MS 1000     /* every donor busy: the first wait */
+#define FETCH_BACKOFF_MAX_MS 8000 /* and the longest */
+#define FETCH_PASSES 3            /* failed passes before training on */
+#define LAYOUT_WARNED_MAX 32      /* peers of another layout remembered */
+#define DONOR_REFRESH_MS 10000    /* the donor record, at least this often */
+#define DONOR_TTL_S 30            /* and it lives this long */
+/* A loaded bee's record in the others' views: the next publish and read
+ * (bee__fetch_join_s). */
+#define FETCH_TRAVEL_S 1.5
+/* After a download, catch up before another (or twice what the download
+ * took). */
+#define FETCH_SETTLE_MS 10000
+#define DONORS_MAX 16
+#define START_WAIT_MS 3000  /* a first view before training, at most */
+#define METRICS_TTL_S 300   /* a metrics record lives this long */
+#define RESYNC_MS 2000      /* diverged: the peers' metrics, read this often */
+#define SPLIT_MS 4000       /* in line: the same, to see a split */
+#define SPLIT_PEERS_STEP 32 /* and SPLIT_MS later per this many peers */
+#define LINES_RING 16       /* own steps remembered for that */
+/* DiLoCo: a bee more than this from its inner steps' end when the other
+ * peers at its epoch have taken theirs takes its round with the steps it
+ * has (bee_run_step_due). */
+#define OUTER_LAG_MIN_S 1.0
+#define READY_MAX_S 600.0 /* a group formed ahead waits at most this long */
+
+/* ---- the view (run-view.c) ------------------------------------------- */
+
+typedef struct bee_view {
+  const bee_config *cfg;
+  proto_swarm_view view;
+  bool have;           /* a view was made */
+  uint64_t cand_epoch; /* the epoch the candidates were counted for */
+  size_t candidates;   /* bee_round_candidates, by the last view */
+  /* Donors: peers at the swarm's epoch by the last view. */
+  uint8_t donors[DONORS_MAX][PROTO_ID_BYTES];
+  size_t ndonors;
+  /* The others' records of the last read and their owners, for the view
+   * taken again right after a step (run.c's view_again). */
+  proto_progress *seen;
+  uint8_t (*seen_ids)[PROTO_ID_BYTES];
+  size_t nseen, seen_cap;
+  /* The other members of the group of the last update round, stepping to
+   * stepped_epoch at stepped_ms (unix ms), sorted by id:
+   * bee_progress_stepped. */
+  uint8_t (*stepped_ids)[PROTO_ID_BYTES];
+  size_t nstepped, stepped_cap;
+  uint64_t stepped_epoch, stepped_ms;
+  /* DiLoCo: the others at the swarm's epoch will have taken their inner
+   * steps then (monotonic ms; 0: unknown). */
+  uint64_t swarm_due_ms;
+  bee_run_guide guide; /* what the worker was told last */
+} bee_view;
+
+void bee__view_init(bee_view *v, const bee_config *cfg);
+void bee__view_close(bee_view *v);
+/* Keeps the others' records of a read (owners in ids) for
+ * the view taken again after a step; when memory runs short, none. */
+void bee__view_keep(bee_view *v, const proto_progress *all,
+                    const uint8_t (*ids)[PROTO_ID_BYTES], size_t n);
+/* The view from the others' records all[0..n) and our own, own (written
+ * at all[n]; all has room for n + 1): the group's members counted at the
+ * epoch they stepped to, the candidates for the worker's round (w), the
+ * donors (unless keep_donors: a download uses them), the guide (join_s:
+ * what joining an epoch takes, for join_fits), written to *g.  rate is
+ * ours.  Returns the candidates counted afresh. */
+size_t bee__view_set(bee_view *v, proto_progress *all,
+                     const uint8_t (*ids)[PROTO_ID_BYTES], size_t n,
+                     const proto_progress *own, const bee_run_worker *w,
+                     bool keep_donors, double join_s, uint64_t now_ms);
+/* The group of an update round that stepped to epoch at unix_ms (g NULL:
+ * none ran); forgets the last one. */
+void bee__view_stepped(bee_view *v, const avg_group *g, uint64_t epoch,
+                       uint64_t unix_ms);
+/* The swarm's epoch time by the view (DiLoCo: a round), -1 unknown. */
+double bee__view_epoch_s(const bee_view *v);
+/* The others' samples at the view's epoch by now_ms (the guide's). */
+double bee__guide_others_now(const bee_run_guide *g, uint64_t now_ms);
+
+/* ---- the download (run-fetch.c) --------------------------------------- */
+
+typedef struct bee_fetch {
+  const bee_config *cfg;
+  const bee_run_io *io;
+  size_t state_bytes;
+  uint32_t chunk; /* bytes asked per request */
+  bool on;        /* a download is under way */
+  uint8_t donors[DONORS_MAX][PROTO_ID_BYTES];
+  size_t ndonors;
+  size_t next;                  /* next donor to try */
+  uint8_t peer[PROTO_ID_BYTES]; /* the donor asked now */
+  uint8_t *buf;
+  uint64_t offset, total, epoch;
+  uint8_t sum[PROTO_STATE_SUM_BYTES];
+  unsigned restarts;
+  uint64_t shown;        /* percent last logged */
+  unsigned busy;         /* donors of this pass that were busy */
+  unsigned failed;       /* passes in a row that failed (none busy) */
+  uint64_t start_ms;     /* this donor's download began */
+  uint64_t settle_ms;    /* no new download for being behind before then */
+  uint64_t retry_ms;     /* every donor busy: ask again from then */
+  uint64_t backoff_ms;   /* and the wait after the next such pass */
+  bee_defer defer;       /* the next download waits for the swarm's step */
+  double last_s;         /* the last download took this long (0: none) */
+  uint64_t loads, bytes; /* counters */
+} bee_fetch;
+
+/* What a download's answer came to. */
+enum {
+  FETCH_GOING = 0, /* it goes on */
+  FETCH_LOADED,    /* done: *state (heap, the caller's) of *epoch */
+  FETCH_WAITING,   /* no donor could serve it now: asked again later */
+  FETCH_GAVE_UP    /* no donor could serve it, FETCH_PASSES times */
+};
+
+void bee__fetch_init(bee_fetch *f, const bee_config *cfg, const bee_run_io *io,
+                     size_t state_bytes, uint32_t chunk);
+void bee__fetch_close(bee_fetch *f);
+/* Starts a download from donors[0..n) (copied): their donor records
+ * first, unless the DHT cannot be asked.  Returns as bee__fetch_chunk. */
+int bee__fetch_start(bee_fetch *f, const uint8_t (*donors)[PROTO_ID_BYTES],
+                     size_t n);
+/* The donor records read (status 0): the donors with free slots first.
+ * Returns as bee__fetch_chunk. */
+int bee__fetch_donors(bee_fetch *f, int status, const proto_donor *v,
+                      const uint8_t (*ids)[PROTO_ID_BYTES], size_t n);
+/* A chunk's answer.  Returns FETCH_*; with FETCH_LOADED *state and
+ * *epoch. */
+int bee__fetch_chunk(bee_fetch *f, int status, int64_t remote_code,
+                     const proto_state_msg *m, uint8_t **state,
+                     uint64_t *epoch);
+/* What a bee that downloads the state needs before the swarm counts it
+ * in an epoch's group: the last download's time, the matchmaking ahead
+ * and the records' travel. */
+double bee__fetch_join_s(const bee_fetch *f);
+/* Whether the download due now waits for the swarm's next step, lest it
+ * land after the epoch's group formed (bee_fetch_defer). */
+bool bee__fetch_wait(bee_fetch *f, const bee_view *v, uint64_t now_ms);
+
+/* ---- the lines and the split check (run-line.c) ---------------------- */
+
+typedef struct bee_lines {
+  const bee_config *cfg;
+  const bee_run_io *io;
+  /* This bee's last averaged steps: the parameters' hash after each and
+   * its group's size. */
+  bee_line ring[LINES_RING];
+  size_t n;
+  bool split_busy, resync_busy;
+  uint64_t split_ms, resync_ms;
+  /* After a split: the peers of the line that won, the only donors. */
+  uint8_t split_ids[DONORS_MAX][PROTO_ID_BYTES];
+  size_t nsplit;
+  /* Peers seen declaring another layout, warned about once each. */
+  uint8_t layout_warned[LAYOUT_WARNED_MAX][PROTO_ID_BYTES];
+  size_t nlayout_warned;
+  uint64_t metrics_exp; /* the last metrics record's expiration */
+  uint64_t splits;
+} bee_lines;
+
+void bee__lines_init(bee_lines *l, const bee_config *cfg, const bee_run_io *io);
+void bee__lines_close(bee_lines *l);
+/* The metrics record of one step; an averaged step joins the ring. */
+void bee__lines_publish(bee_lines *l, const bee_run_step *s, double rate);
+/* A peer that declared another layout (warned about once). */
+void bee__lines_other_layout(bee_lines *l, const uint8_t id[PROTO_ID_BYTES]);
+/* The split check's read (in line) or the resync's (out of line, from
+ * epoch `from`), when due.  peers: the run's, by the view. */
+void bee__lines_check(bee_lines *l, bool diverged, uint64_t peers,
+                      uint64_t now_ms, uint64_t every_ms);
+/* The split check's answer: true when this bee's line lost (it is to be
+ * marked out of line at *epoch). */
+bool bee__lines_split(bee_lines *l, const proto_metrics *v,
+                      const uint8_t (*ids)[PROTO_ID_BYTES], size_t n,
+                      uint64_t *epoch);
+/* The resync's answer: the donors to load from (out, of the view's
+ * donors), their number; 0: none yet. */
+size_t bee__lines_resync(bee_lines *l, const proto_metrics *v,
+                         const uint8_t (*ids)[PROTO_ID_BYTES], size_t n,
+                         uint64_t from, const bee_view *view,
+                         uint8_t out[DONORS_MAX][PROTO_ID_BYTES]);
+
+/* ---- the rounds (run-round.c) ------------------------------------------ */
+
+enum { AHEAD_NONE, AHEAD_MATCHING, AHEAD_HELD, AHEAD_FAILED };
+
+typedef struct bee_rounds {
+  const bee_config *cfg;
+  const bee_run_io *io;
+  bool averaging;   /* a round (or its matchmaking) is under way */
+  bool round_ahead; /* and its group formed ahead */
+  bool stopped;
+  /* The group for the coming epoch's round, formed ahead: from
+   * --matchmaking-time before the swarm's estimated end of the epoch,
+   * while the worker computes its last batches. */
+  struct {
+    int state; /* AHEAD_* */
+    uint64_t epoch;
+    uint64_t t0_ms;    /* the matchmaking began */
+    uint64_t wait_ms;  /* our last WAIT to its members */
+    uint64_t ready_ms; /* when its round was expected to run */
+    avg_group g;
+    proto_group_member *gm; /* g's members (gm_cap) */
+    size_t gm_cap;
+  } ahead;
+  /* A matchmaking whose epoch the swarm left (bee__rounds_deserted): the
+   * views in a row that found nobody else for it, the epoch they were
+   * for, and whether the cancel that ends it is ours (its answer then
+   * says alone). */
+  unsigned deserted;
+  uint64_t deserted_epoch;
+  bool deserted_cancel;
+} bee_rounds;
+
+void bee__rounds_init(bee_rounds *o, const bee_config *cfg,
+                      const bee_run_io *io);
+void bee__rounds_close(bee_rounds *o);
+/* Matchmaking ahead, when the swarm is expected at the target within
+ * --matchmaking-time. */
+void bee__rounds_ahead(bee_rounds *o, bee_view *v, double rate,
+                       uint64_t now_ms);
+/* Starts the round the worker asked for, if it asked and none runs. */
+void bee__rounds_start(bee_rounds *o, bee_view *v);
+/* Answers. */
+void bee__rounds_matched(bee_rounds *o, bee_view *v, int status,
+                         const avg_group *g);
+void bee__rounds_done(bee_rounds *o, bee_view *v, const avg_node_result *res);
+/* A view from a read (others: the others' records): ends a matchmaking
+ * for an epoch nobody else may come to any more; fresh is the candidates
+ * counted afresh. */
+void bee__rounds_deserted(bee_rounds *o, bee_view *v,
+                          const proto_progress *others, size_t n, size_t fresh);
+/* A state of load_epoch was loaded: a matchmaking the worker waits on for
+ * it or an earlier epoch ends. */
+void bee__rounds_moot(bee_rounds *o, uint64_t load_epoch);
+/* Leaves the group formed ahead, with why. */
+void bee__rounds_drop(bee_rounds *o, const char *why);
+/* Every tick: WAIT to the group formed ahead while it waits for us. */
+void bee__rounds_tick(bee_rounds *o, uint64_t now_ms);
+
+/* ---- the core ---------------------------------------------------------- */
+
+struct bee_run {
+  const bee_config *cfg;
+  bee_run_io io;
+  bee_view view;
+  bee_fetch fetch;
+  bee_lines lines;
+  bee_rounds rounds;
+  bool started, stopped;
+  bee_rate rate;
+  bee_publisher pub;
+  bool put_busy, put_warned, get_busy;
+  uint64_t last_get_ms;
+  uint64_t behind_warned; /* the swarm epoch last warned about */
+  bool short_warned;      /* epochs too short to share: said once */
+  uint64_t started_ms;
+  /* In the DHT through a --join target (or none was given, or every one
+   * was this node): only then may the bee find itself alone and start
+   * the run; and since when. */
+  bool joined, expect_join;
+  uint64_t joined_ms;
+  uint64_t wait_logged_ms; /* --min-peers, --join: the last "waiting" */
+  uint64_t status_ms;      /* the last status line */
+  /* Our donor record under "<run>_donors": what we serve, and how many
+   * more downloads we would start now. */
+  bool donor_busy, donor_any;
+  uint64_t donor_epoch, donor_slots, donor_ms, donor_exp;
+  uint64_t resyncs;
+};
+
+#endif /* BEE_DAEMON_RUN_INT_H */

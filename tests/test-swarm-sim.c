@@ -1,0 +1,243 @@
+/* test-swarm-sim.c: many bees' run cores on a fake clock (swarmsim.h).
+ *
+ * What is checked, each case deterministic for its seed:
+ *   - swarms of 10, 17, 64 and 256 bees on fast links, and 1,000 for a
+ *     few epochs (in the plain build; under the sanitizers it takes
+ *     minutes): from the first epoch on, every epoch is averaged in one
+ *     group of all of them, and every bee holds the same line after it:
+ *     none alone, no split, no download, nothing wasted;
+ *   - the lab of issue 29 (four bees, one per continent, 25 MiB of
+ *     state, epochs of about 6 s): a bee killed and restarted five times
+ *     from a checkpoint three epochs old downloads the state and is back
+ *     on the swarm's line within a minute each time, and the swarm never
+ *     stays split;
+ *   - 256 bees on the four continents, 10% of them replaced every 10
+ *     epochs by fresh bees: nine in ten newcomers or more come to the
+ *     swarm's line within a minute, the swarm's last epochs are one
+ *     line, and less than a tenth of the work is wasted.
+ * The figures (downloads per restart, the time back in line, the waste)
+ * are printed: the targets of issue 29's part 3 are measured here.
+ *
+ * SWARMSIM_DUMP=1 prints every step of a case that fails an assertion's
+ * neighbourhood (all of them, in fact); SWARMSIM_TRACE=N prints bee N's
+ * events and its core's debug lines.
+ */
+#include "swarmsim.h"
+#include "test.h"
+#include "testlib.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void base_cfg(bee_config *cfg, unsigned target, unsigned min_peers) {
+  bee_config_init(cfg);
+  snprintf(cfg->run, sizeof cfg->run, "sim");
+  cfg->target_batch_size = target;
+  cfg->min_peers = min_peers;
+  cfg->status_interval_s = 0;
+}
+
+static void print_report(const char *what, const swarmsim_report *r) {
+  printf("%s: %llu epochs, %llu steps, groups %llu..%llu, %llu alone, %llu "
+         "off the line, %llu split epochs, %llu downloads, %llu splits, "
+         "wasted %.2f%%\n",
+         what, (unsigned long long)r->epochs, (unsigned long long)r->steps,
+         (unsigned long long)r->min_group, (unsigned long long)r->max_group,
+         (unsigned long long)r->alone, (unsigned long long)r->off_line,
+         (unsigned long long)r->split_epochs,
+         (unsigned long long)r->downloads, (unsigned long long)r->splits,
+         r->samples ? 100.0 * (double)r->wasted / (double)r->samples : 0);
+}
+
+static double waste(const swarmsim_report *r) {
+  return r->samples ? (double)r->wasted / (double)r->samples : 0;
+}
+
+static void finish(swarmsim *s) {
+  if (getenv("SWARMSIM_DUMP"))
+    swarmsim_dump(s, stderr);
+  swarmsim_free(s);
+}
+
+/* bees on one fast link (1 ms, 10 Gbit/s), each 1,500 to 2,500
+ * samples/s, target 8,000 per bee: epochs of about 4 s. */
+static void one_group(size_t bees, uint64_t seed, uint64_t run_ms) {
+  bee_config cfg;
+  base_cfg(&cfg, (unsigned)(bees * 2000 * 4), (unsigned)bees);
+  swarmsim_config c = {.cfg = &cfg,
+                       .bees = bees,
+                       .slots = bees,
+                       .seed = seed,
+                       .nregions = 1,
+                       .rtt_ms = {{1}},
+                       .mbit = {{10000}},
+                       .rate_lo = 1500,
+                       .rate_hi = 2500,
+                       .model_bytes = 400e3,
+                       .state_chunks = 1,
+                       .dht_ms = 50};
+  swarmsim *s = swarmsim_new(&c);
+  ASSERT(s);
+  swarmsim_run(s, run_ms);
+  uint64_t last = swarmsim_epoch(s);
+  swarmsim_report r;
+  swarmsim_check(s, 0, last - 1, &r);
+  char what[32];
+  snprintf(what, sizeof what, "%4zu bees", bees);
+  print_report(what, &r);
+  ASSERT_GE(r.epochs, 4);
+  ASSERT_UEQ(r.steps, r.epochs * bees);
+  ASSERT_UEQ(r.min_group, bees);
+  ASSERT_UEQ(r.max_group, bees);
+  ASSERT_UEQ(r.alone, 0);
+  ASSERT_UEQ(r.split_epochs, 0);
+  ASSERT_UEQ(r.downloads, 0);
+  ASSERT_UEQ(r.wasted, 0);
+  finish(s);
+}
+
+/* The links and the state of the lab: the four continents' figures
+ * (tools/wanlab/configs/paper-4continents.conf), a stock kernel's stream
+ * window, the cnn's 25 MiB of state in 25 chunks. */
+static void lab(swarmsim_config *c) {
+  swarmsim_four_continents(c);
+  c->model_bytes = 25.0 * (1 << 20);
+  c->state_chunks = 25;
+  c->window_bytes = 3.5 * (1 << 20);
+  c->dht_ms = 150;
+}
+
+/* Four bees, one per continent, target 8,192 in epochs of about 6 s; the
+ * bee in the fourth region killed and restarted (5 s later, as systemd's
+ * RestartSec) from its checkpoint `behind` epochs old, `times` times. */
+static void rejoin(uint64_t seed, int behind, int times) {
+  bee_config cfg;
+  base_cfg(&cfg, 8192, 4);
+  swarmsim_config c = {.cfg = &cfg,
+                       .bees = 4,
+                       .slots = 4 + (size_t)times,
+                       .seed = seed,
+                       .rate_lo = 300,
+                       .rate_hi = 380};
+  lab(&c);
+  swarmsim *s = swarmsim_new(&c);
+  ASSERT(s);
+  swarmsim_run(s, 40000);
+  size_t victim = 3;
+  double worst = 0;
+  uint64_t downloads = 0;
+  for (int k = 0; k < times; k++) {
+    swarmsim_kill(s, victim);
+    swarmsim_run(s, swarmsim_now(s) + 5000);
+    size_t nb = swarmsim_start(s, victim, behind, SIZE_MAX);
+    ASSERT(nb != SIZE_MAX);
+    uint64_t start_ms = swarmsim_now(s);
+    swarmsim_run(s, start_ms + 60000);
+    uint64_t e, ms;
+    ASSERT(swarmsim_in_line(s, nb, &e, &ms));
+    double back = (double)(ms - start_ms) / 1000;
+    printf("rejoin %d: %llu downloads, on the swarm's line %.1f s after "
+           "its restart (epoch %llu)\n",
+           k, (unsigned long long)swarmsim_life_of(s, nb)->downloads, back,
+           (unsigned long long)e);
+    worst = back > worst ? back : worst;
+    downloads += swarmsim_life_of(s, nb)->downloads;
+    victim = nb;
+  }
+  swarmsim_report r;
+  uint64_t last = swarmsim_epoch(s);
+  swarmsim_check(s, 0, last - 1, &r);
+  print_report("rejoin lab", &r);
+  printf("rejoin lab: %.1f downloads a restart, the slowest back in %.1f "
+         "s\n",
+         (double)downloads / times, worst);
+  /* The swarm did not stay split: its last epochs are one line. */
+  swarmsim_report tail;
+  swarmsim_check(s, last - 3, last - 1, &tail);
+  ASSERT_UEQ(tail.split_epochs, 0);
+  finish(s);
+}
+
+/* 256 bees on the four continents, each 250 to 350 samples/s, epochs of
+ * about 6 s; every 10 epochs 26 of them (10%) killed and as many fresh
+ * bees started, six times.  Downloads of 25 MiB take one to three
+ * epochs on these links. */
+static void churn(uint64_t seed) {
+  bee_config cfg;
+  base_cfg(&cfg, 256 * 300 * 6, 256);
+  swarmsim_config c = {.cfg = &cfg,
+                       .bees = 256,
+                       .slots = 256 + 26 * 6,
+                       .seed = seed,
+                       .rate_lo = 250,
+                       .rate_hi = 350};
+  lab(&c);
+  swarmsim *s = swarmsim_new(&c);
+  ASSERT(s);
+  uint64_t next = 10;
+  size_t *alive = calloc(c.slots, sizeof *alive);
+  ASSERT(alive);
+  size_t fresh[26 * 6], nfresh = 0;
+  for (int round = 0; round < 6; round++) {
+    while (swarmsim_epoch(s) < next)
+      swarmsim_run(s, swarmsim_now(s) + 1000);
+    size_t n = 0;
+    for (size_t i = 0; i < c.slots; i++)
+      if (swarmsim_is_alive(s, i))
+        alive[n++] = i;
+    for (int k = 0; k < 26; k++)
+      swarmsim_kill(s, alive[(size_t)(k * 9 + round) % n]);
+    for (int k = 0; k < 26; k++)
+      fresh[nfresh++] = swarmsim_start(s, SIZE_MAX, -1, SIZE_MAX);
+    next += 10;
+  }
+  swarmsim_run(s, swarmsim_now(s) + 60000);
+  free(alive);
+  uint64_t loads = 0, worst = 0;
+  size_t in_line = 0;
+  for (size_t i = 0; i < nfresh; i++) {
+    uint64_t e, ms;
+    in_line += swarmsim_in_line(s, fresh[i], &e, &ms);
+    uint64_t d = swarmsim_life_of(s, fresh[i])->downloads;
+    loads += d;
+    worst = d > worst ? d : worst;
+  }
+  swarmsim_report r;
+  uint64_t last = swarmsim_epoch(s);
+  swarmsim_check(s, 0, last - 1, &r);
+  print_report("churn 256", &r);
+  printf("churn 256: %zu newcomers, %zu on the swarm's line, %.2f "
+         "downloads each (at most %llu)\n",
+         nfresh, in_line, (double)loads / (double)nfresh,
+         (unsigned long long)worst);
+  /* Issue 29's part 3 asks every newcomer on the line after one download
+   * and less than 5% wasted; today's downloads (one donor, a chunk per
+   * round trip) miss that, and this case measures by how much.  What
+   * holds: most newcomers come to the line, and the swarm goes on in one
+   * line. */
+  ASSERT_GE(in_line, nfresh * 9 / 10);
+  swarmsim_report tail;
+  swarmsim_check(s, last - 3, last - 1, &tail);
+  print_report("churn 256, the last 3 epochs", &tail);
+  ASSERT_LE(tail.off_line * 10, tail.steps);
+  ASSERT(waste(&r) < 0.10);
+  finish(s);
+}
+
+int main(void) {
+  bee_log_set_level(BEE_LOG_ERROR);
+  bool sanitized = getenv("BEE_TEST_SANITIZED") &&
+                   strcmp(getenv("BEE_TEST_SANITIZED"), "1") == 0;
+  one_group(10, 1, 60000);
+  one_group(17, 2, 60000);
+  one_group(64, 3, 60000);
+  one_group(256, 4, 60000);
+  if (sanitized)
+    printf("1000 bees: left to the plain build (minutes here)\n");
+  else
+    one_group(1000, 5, 25000);
+  rejoin(6, 3, 5);
+  churn(7);
+  return 0;
+}
