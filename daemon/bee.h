@@ -482,6 +482,10 @@ typedef struct bee_upload {
   uint64_t start_ms, last_ms; /* the loop's clock */
   uint64_t bytes;             /* sent so far */
   void *pin; /* the caller's: what the download is served from */
+  /* Its asker began with the header alone: it asks for several chunks
+   * at once (and of several donors), so the last chunk's request does
+   * not end it; its request at the state's end does. */
+  bool until_release;
 } bee_upload;
 
 typedef struct bee_uploads {

@@ -52,7 +52,6 @@
  * members' start skew and a round's own time are the epoch. */
 #define STEPPED_MIN_EPOCH_S 0.1
 #define STATE_CHUNK (1u << 20)    /* bytes asked per request, by default */
-#define STATE_RESTARTS 3          /* snapshots that may change under us */
 #define FETCH_BACKOFF_MS 1000     /* every donor busy: the first wait */
 #define FETCH_BACKOFF_MAX_MS 8000 /* and the longest */
 #define FETCH_PASSES 3            /* failed passes before training on */
@@ -66,6 +65,8 @@
  * took). */
 #define FETCH_SETTLE_MS 10000
 #define DONORS_MAX 16
+#define FETCH_DONORS 4 /* donors one download asks at once */
+#define FETCH_WINDOW 4 /* chunk requests on their way to each */
 #define START_WAIT_MS 3000  /* a first view before training, at most */
 #define METRICS_TTL_S 300   /* a metrics record lives this long */
 #define RESYNC_MS 2000      /* diverged: the peers' metrics, read this often */
@@ -86,7 +87,9 @@ typedef struct bee_view {
   bool have;           /* a view was made */
   uint64_t cand_epoch; /* the epoch the candidates were counted for */
   size_t candidates;   /* bee_round_candidates, by the last view */
-  /* Donors: peers at the swarm's epoch by the last view. */
+  uint8_t self[PROTO_ID_BYTES]; /* this bee's id */
+  /* Donors: peers at the swarm's epoch by the last view, the closest to
+   * this bee's id first. */
   uint8_t donors[DONORS_MAX][PROTO_ID_BYTES];
   size_t ndonors;
   /* The others' records of the last read and their owners, for the view
@@ -106,7 +109,8 @@ typedef struct bee_view {
   bee_run_guide guide; /* what the worker was told last */
 } bee_view;
 
-void bee__view_init(bee_view *v, const bee_config *cfg);
+void bee__view_init(bee_view *v, const bee_config *cfg,
+                    const uint8_t self[PROTO_ID_BYTES]);
 void bee__view_close(bee_view *v);
 /* Keeps the others' records of a read (owners in ids) for
  * the view taken again after a step; when memory runs short, none. */
@@ -128,6 +132,9 @@ void bee__view_stepped(bee_view *v, const avg_group *g, uint64_t epoch,
                        uint64_t unix_ms);
 /* The swarm's epoch time by the view (DiLoCo: a round), -1 unknown. */
 double bee__view_epoch_s(const bee_view *v);
+/* Whether id a is closer to self than id b is, by XOR distance. */
+bool bee__closer(const uint8_t self[PROTO_ID_BYTES], const uint8_t *a,
+                 const uint8_t *b);
 /* The others' samples at the view's epoch by now_ms (the guide's). */
 double bee__guide_others_now(const bee_run_guide *g, uint64_t now_ms);
 
@@ -137,20 +144,45 @@ typedef struct bee_fetch {
   const bee_config *cfg;
   const bee_run_io *io;
   size_t state_bytes;
-  uint32_t chunk; /* bytes asked per request */
-  bool on;        /* a download is under way */
-  uint8_t donors[DONORS_MAX][PROTO_ID_BYTES];
-  size_t ndonors;
-  size_t next;                  /* next donor to try */
-  uint8_t peer[PROTO_ID_BYTES]; /* the donor asked now */
+  uint32_t chunk;  /* bytes asked per request */
+  size_t nchunks;  /* the state's */
+  bool on;         /* a download is under way */
+  uint64_t gen;    /* its pass, in its requests' tags */
+  /* The donors offered (the view's, ranked by their records). */
+  uint8_t cand[DONORS_MAX][PROTO_ID_BYTES];
+  size_t ncand;
+  /* The donors of this pass, in the candidates' order: at most
+   * FETCH_DONORS in the download at once, the next candidate taking the
+   * place of one that leaves.  An entry's index is in its requests'
+   * tags, so entries are never reused within a pass. */
+  struct fetch_donor {
+    uint8_t id[PROTO_ID_BYTES];
+    bool active;       /* in the download */
+    bool ready;        /* its probe named the download's snapshot */
+    bool admitted;     /* it answered the probe: it holds a slot for us */
+    unsigned inflight; /* requests on their way */
+    size_t chunks;     /* chunks it served */
+  } d[DONORS_MAX];
+  size_t nd, next_cand; /* entries; the next to bring in */
+  uint8_t self[PROTO_ID_BYTES]; /* this bee's: the candidates' order */
+  bool single; /* this pass is from one donor (a whole that failed) */
+  /* Each chunk: to ask, asked (of `by`, and a second time of `also`),
+   * or in; done chunks keep who served them. */
+  struct fetch_chunk {
+    uint8_t state;
+    size_t by, also;
+  } *chunks;
+  size_t next_todo, got;
+  /* The snapshot assembled (by the first probe's answer). */
+  bool have_ref;
   uint8_t *buf;
-  uint64_t offset, total, epoch;
+  uint64_t total, epoch;
   uint8_t sum[PROTO_STATE_SUM_BYTES];
-  unsigned restarts;
+  char why[160];
   uint64_t shown;        /* percent last logged */
   unsigned busy;         /* donors of this pass that were busy */
   unsigned failed;       /* passes in a row that failed (none busy) */
-  uint64_t start_ms;     /* this donor's download began */
+  uint64_t start_ms;     /* this pass began */
   uint64_t settle_ms;    /* no new download for being behind before then */
   uint64_t retry_ms;     /* every donor busy: ask again from then */
   uint64_t backoff_ms;   /* and the wait after the next such pass */
@@ -168,7 +200,8 @@ enum {
 };
 
 void bee__fetch_init(bee_fetch *f, const bee_config *cfg, const bee_run_io *io,
-                     size_t state_bytes, uint32_t chunk);
+                     size_t state_bytes, uint32_t chunk,
+                     const uint8_t self[PROTO_ID_BYTES]);
 void bee__fetch_close(bee_fetch *f);
 /* Starts a download from donors[0..n) (copied): their donor records
  * first, unless the DHT cannot be asked.  Returns as bee__fetch_chunk. */
@@ -178,11 +211,11 @@ int bee__fetch_start(bee_fetch *f, const uint8_t (*donors)[PROTO_ID_BYTES],
  * Returns as bee__fetch_chunk. */
 int bee__fetch_donors(bee_fetch *f, int status, const proto_donor *v,
                       const uint8_t (*ids)[PROTO_ID_BYTES], size_t n);
-/* A chunk's answer.  Returns FETCH_*; with FETCH_LOADED *state and
- * *epoch. */
-int bee__fetch_chunk(bee_fetch *f, int status, int64_t remote_code,
-                     const proto_state_msg *m, uint8_t **state,
-                     uint64_t *epoch);
+/* The answer to the request tagged tag (io.chunk's).  Returns FETCH_*;
+ * with FETCH_LOADED *state and *epoch. */
+int bee__fetch_chunk(bee_fetch *f, uint64_t tag, int status,
+                     int64_t remote_code, const proto_state_msg *m,
+                     uint8_t **state, uint64_t *epoch);
 /* What a bee that downloads the state needs before the swarm counts it
  * in an epoch's group: the last download's time, the matchmaking ahead
  * and the records' travel. */

@@ -12,9 +12,40 @@
  */
 #include "run-int.h"
 
-void bee__view_init(bee_view *v, const bee_config *cfg) {
+void bee__view_init(bee_view *v, const bee_config *cfg,
+                    const uint8_t self[PROTO_ID_BYTES]) {
   memset(v, 0, sizeof *v);
   v->cfg = cfg;
+  memcpy(v->self, self, PROTO_ID_BYTES);
+}
+
+bool bee__closer(const uint8_t self[PROTO_ID_BYTES], const uint8_t *a,
+                 const uint8_t *b) {
+  for (size_t i = 0; i < PROTO_ID_BYTES; i++) {
+    uint8_t x = a[i] ^ self[i], y = b[i] ^ self[i];
+    if (x != y)
+      return x < y;
+  }
+  return false;
+}
+
+static bool closer(const bee_view *v, const uint8_t *a, const uint8_t *b) {
+  return bee__closer(v->self, a, b);
+}
+
+/* Keeps id among the DONORS_MAX closest donors, in order of closeness. */
+static void add_donor(bee_view *v, const uint8_t id[PROTO_ID_BYTES]) {
+  size_t i = v->ndonors;
+  if (i == DONORS_MAX) {
+    if (!closer(v, id, v->donors[DONORS_MAX - 1]))
+      return;
+    i = DONORS_MAX - 1;
+  } else {
+    v->ndonors++;
+  }
+  for (; i > 0 && closer(v, id, v->donors[i - 1]); i--)
+    memcpy(v->donors[i], v->donors[i - 1], PROTO_ID_BYTES);
+  memcpy(v->donors[i], id, PROTO_ID_BYTES);
 }
 
 void bee__view_close(bee_view *v) {
@@ -118,13 +149,15 @@ size_t bee__view_set(bee_view *v, proto_progress *all,
     cand = v->candidates;
   v->candidates = cand;
   v->cand_epoch = epoch;
-  /* Donors: the others at the swarm's epoch that serve (not clients). */
+  /* Donors: the others at the swarm's epoch that serve (not clients),
+   * the DONORS_MAX closest to this bee's id (XOR), so that bees behind
+   * at once ask different donors rather than all the first records'. */
   if (!keep_donors) {
     v->ndonors = 0;
-    for (size_t i = 0; i < n && v->ndonors < DONORS_MAX; i++)
+    for (size_t i = 0; i < n; i++)
       if (strcmp(all[i].run, c->run) == 0 && !all[i].leaving &&
           all[i].epoch == v->view.epoch && all[i].mode != PROTO_MODE_CLIENT)
-        memcpy(v->donors[v->ndonors++], ids[i], PROTO_ID_BYTES);
+        add_donor(v, ids[i]);
   }
   bee_run_guide *g = &v->guide;
   memset(g, 0, sizeof *g);

@@ -25,8 +25,9 @@ int bee_run_new(const bee_run_config *c, const bee_run_io *io, bee_run **out) {
     return -ENOMEM;
   r->cfg = c->cfg;
   r->io = *io;
-  bee__view_init(&r->view, c->cfg);
-  bee__fetch_init(&r->fetch, c->cfg, &r->io, c->state_bytes, c->chunk_bytes);
+  bee__view_init(&r->view, c->cfg, c->self_id);
+  bee__fetch_init(&r->fetch, c->cfg, &r->io, c->state_bytes, c->chunk_bytes,
+                  c->self_id);
   bee__lines_init(&r->lines, c->cfg, &r->io);
   bee__rounds_init(&r->rounds, c->cfg, &r->io);
   *out = r;
@@ -198,13 +199,14 @@ void bee_run_donors_read(bee_run *r, int status, const proto_donor *v,
   fetched(r, bee__fetch_donors(&r->fetch, status, v, ids, n), NULL, 0);
 }
 
-void bee_run_chunk(bee_run *r, int status, int64_t remote_code,
+void bee_run_chunk(bee_run *r, uint64_t tag, int status, int64_t remote_code,
                    const proto_state_msg *m) {
   if (r->stopped)
     return;
   uint8_t *state = NULL;
   uint64_t epoch = 0;
-  int rc = bee__fetch_chunk(&r->fetch, status, remote_code, m, &state, &epoch);
+  int rc = bee__fetch_chunk(&r->fetch, tag, status, remote_code, m, &state,
+                            &epoch);
   fetched(r, rc, state, epoch);
 }
 
@@ -483,6 +485,7 @@ void bee_run_stats_get(const bee_run *r, bee_run_stats *st) {
   st->download_bytes = r->fetch.bytes;
   st->splits = r->lines.splits;
   st->resyncs = r->resyncs;
+  st->last_download_s = r->fetch.last_s;
 }
 
 double bee_run_others_now(const bee_run_guide *g, uint64_t now_ms) {

@@ -171,10 +171,11 @@ typedef struct bee_run_io {
   void (*leave)(void *ctx, const avg_group *g, const char *why);
   void (*wait)(void *ctx, const avg_group *g);
   /* State downloads: a chunk of len bytes at offset from the peer id
-   * (-> bee_run_chunk), over a connection we have; -ENOTCONN when there
-   * is none. */
+   * (-> bee_run_chunk with tag), over a connection we have; -ENOTCONN
+   * when there is none.  Several may be on their way at once, to one
+   * peer and to several. */
   int (*chunk)(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t offset,
-               uint32_t len);
+               uint32_t len, uint64_t tag);
   /* Downloads of our state we would start now (--max-state-uploads less
    * those running). */
   uint64_t (*free_slots)(void *ctx);
@@ -191,6 +192,7 @@ typedef struct bee_run_config {
   const bee_config *cfg; /* borrowed, outlives the core */
   size_t state_bytes;    /* a snapshot of this model's state */
   uint32_t chunk_bytes;  /* asked per state request; 0: 1 MiB */
+  uint8_t self_id[PROTO_ID_BYTES]; /* this bee's */
 } bee_run_config;
 
 /* Makes a core; nothing happens until bee_run_start.  Returns 0, or
@@ -237,10 +239,10 @@ void bee_run_metrics_read(bee_run *r, int which, int status,
 void bee_run_matched(bee_run *r, int status, const avg_group *g);
 /* The averaging's end (res borrowed). */
 void bee_run_round_done(bee_run *r, const avg_node_result *res);
-/* A chunk's answer: status 0 and m (NULL: an answer that does not
- * decode), or the transport's status (with BEE_EREMOTE, the donor's code
- * in remote_code). */
-void bee_run_chunk(bee_run *r, int status, int64_t remote_code,
+/* The answer to io.chunk's request tagged tag: status 0 and m (NULL: an
+ * answer that does not decode), or the transport's status (with
+ * BEE_EREMOTE, the donor's code in remote_code). */
+void bee_run_chunk(bee_run *r, uint64_t tag, int status, int64_t remote_code,
                    const proto_state_msg *m);
 /* A peer declared itself for a round of this run with another layout:
  * it is never grouped with us, nor asked for the state. */
@@ -259,6 +261,7 @@ typedef struct bee_run_stats {
   uint64_t download_bytes; /* chunk bytes received */
   uint64_t splits;         /* split verdicts against this bee */
   uint64_t resyncs;        /* downloads to come back in line */
+  double last_download_s;  /* the last one took this long (0: none) */
 } bee_run_stats;
 void bee_run_stats_get(const bee_run *r, bee_run_stats *st);
 

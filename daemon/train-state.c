@@ -241,7 +241,8 @@ static void upload_unpin(void *pin, void *arg) {
 /* Admits a chunk request of peer c into the uploads we serve, logging a
  * download's start and a refusal (at most every 10 s).  Returns the
  * upload, or NULL when the peer was told it is busy. */
-static bee_upload *upload_admit(bee_train *t, proto_conn *c, uint64_t req) {
+static bee_upload *upload_admit(bee_train *t, proto_conn *c, uint64_t req,
+                                const proto_state_msg *q) {
   const proto_peer *p = proto_conn_peer(c);
   char id8[9];
   bee_id8(p->id, id8);
@@ -261,9 +262,13 @@ static bee_upload *upload_admit(bee_train *t, proto_conn *c, uint64_t req) {
     proto_conn_reply_error(c, req, BEE_ELIMIT, "busy serving other downloads");
     return NULL;
   }
-  if (fresh)
+  if (fresh) {
+    /* An asker that begins with the header alone pipelines its requests:
+     * it says when it is done (a request at the state's end). */
+    up->until_release = q->offset == 0 && q->len <= STATE_HDR;
     bee_info(COMP, "state: serving %s (%zu of at most %u downloads)", id8,
              t->uploads.n, t->cfg->max_state_uploads);
+  }
   return up;
 }
 
@@ -283,7 +288,7 @@ void bee__state_req_cb(proto_conn *c, uint64_t id, proto_bytes method,
     return;
   }
   /* The uploads table is the loop's: admitted before the lock. */
-  bee_upload *up = upload_admit(t, c, id);
+  bee_upload *up = upload_admit(t, c, id, &q);
   if (!up)
     return;
   uv_mutex_lock(&t->mu);
@@ -321,10 +326,14 @@ void bee__state_req_cb(proto_conn *c, uint64_t id, proto_bytes method,
     proto_conn_reply(c, id, buf, len);
   free(buf);
   up->bytes += n;
-  if (rc == 0 && q.offset + n == m.total) { /* it has the last chunk */
+  /* The state's end ends the download: the last chunk for an asker that
+   * fetches chunk after chunk, the request at the end itself (nothing to
+   * send) for one that asks for several at once and of several donors
+   * (until_release): it sends it once it has the whole. */
+  if (rc == 0 && q.offset + n == m.total && (n == 0 || !up->until_release)) {
     char id8[9];
     bee_id8(up->id, id8);
-    bee_info(COMP, "state: %s has it all (%.1f MiB sent in %.1f s)", id8,
+    bee_info(COMP, "state: done serving %s (%.1f MiB sent in %.1f s)", id8,
              (double)up->bytes / (1 << 20),
              (double)(uv_now(t->loop) - up->start_ms) / 1000);
     upload_unpin(up->pin, t);

@@ -502,35 +502,52 @@ void bee_train_conn_down(bee_train *t, proto_conn *c) {
 
 /* ---- the state's chunks ---------------------------------------------- */
 
+typedef struct chunk_ctx {
+  bee_train *t;
+  uint64_t tag;
+} chunk_ctx;
+
 static void chunk_cb(proto_conn *c, int status, int64_t remote_code,
                      proto_bytes payload, void *arg) {
   (void)c;
-  bee_train *t = arg;
+  chunk_ctx *cc = arg;
+  bee_train *t = cc->t;
+  uint64_t tag = cc->tag;
+  free(cc);
   if (t->stopped)
     return;
   proto_state_msg m;
   if (status == 0 && proto_state_decode(payload.p, payload.n, &m) != 0) {
-    bee_run_chunk(t->run, 0, 0, NULL);
+    bee_run_chunk(t->run, tag, 0, 0, NULL);
     return;
   }
-  bee_run_chunk(t->run, status, remote_code, status == 0 ? &m : NULL);
+  bee_run_chunk(t->run, tag, status, remote_code, status == 0 ? &m : NULL);
 }
 
 static int io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES],
-                    uint64_t offset, uint32_t len) {
+                    uint64_t offset, uint32_t len, uint64_t tag) {
   bee_train *t = ctx;
   proto_conn *c = t->host ? proto_host_find(t->host, id) : NULL;
   if (!c)
     return -ENOTCONN;
-  proto_state_msg q = {.type = PROTO_T_STATE_REQ, .offset = offset, .len = len};
+  proto_state_msg q = {.type = PROTO_T_STATE_REQ, .offset = offset,
+                       .len = len};
   uint8_t buf[PROTO_RUN_MAX + 64];
   size_t n;
   snprintf(q.run, sizeof q.run, "%s", t->cfg->run);
-  uint64_t call; /* not cancelled: a late answer finds us stopped */
   int rc = proto_state_encode(&q, buf, sizeof buf, &n);
-  if (rc == 0)
-    rc = proto_conn_call(c, STATE_METHOD, buf, n, STATE_CALL_MS, chunk_cb, t,
-                         &call);
+  if (rc)
+    return rc;
+  chunk_ctx *cc = malloc(sizeof *cc);
+  if (!cc)
+    return -ENOMEM;
+  *cc = (chunk_ctx){t, tag};
+  uint64_t call; /* not cancelled: a late answer finds us stopped, and the
+                    core knows its tag for another download's */
+  rc = proto_conn_call(c, STATE_METHOD, buf, n, STATE_CALL_MS, chunk_cb, cc,
+                       &call);
+  if (rc)
+    free(cc);
   return rc;
 }
 

@@ -808,6 +808,7 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   /* The run's decisions, with this bee's I/O (train-swarm.c). */
   bee__run_io(t, &t->io);
   bee_run_config rc_cfg = {.cfg = cfg, .state_bytes = bee__snapshot_size(t)};
+  memcpy(rc_cfg.self_id, id->id, sizeof rc_cfg.self_id);
   if ((rc = bee_run_new(&rc_cfg, &t->io, &t->run))) {
     trn_order_free(&ord);
     return rc;

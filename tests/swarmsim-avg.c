@@ -451,7 +451,7 @@ static void unpin(void *pin, void *arg) {
 }
 
 int sim__io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t offset,
-                  uint32_t len) {
+                  uint32_t len, uint64_t tag) {
   sbee *b = ctx;
   swarmsim *s = b->s;
   sbee *d = sim__by_id(s, id);
@@ -461,12 +461,15 @@ int sim__io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t offset,
              .bee = b->idx,
              .gen = b->gen,
              .from = d->idx,
-             .arg = d->gen};
+             .arg = d->gen,
+             .tag = tag};
   double t = sim__rtt(s, b, d);
   bool fresh;
   bee_upload *up =
       bee_uploads_admit(&d->uploads, b->id, s->now, s->c.cfg->max_state_uploads,
                         &fresh, unpin, NULL);
+  if (up && fresh) /* as train-state.c: a probe holds the slot */
+    up->until_release = offset == 0 && len <= BEE_RUN_STATE_HDR;
   if (!up || !d->w.snap) {
     e.at = s->now + (uint64_t)t;
     e.status = BEE_EREMOTE;
@@ -497,10 +500,21 @@ int sim__io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t offset,
   crypto_generichash(e.chunk.checksum, sizeof e.chunk.checksum, all,
                      s->state_bytes, NULL, 0);
   free(all);
-  /* The chunk's share of the modeled state, at the stream's rate. */
-  double bytes = s->c.model_bytes / (double)s->c.state_chunks;
-  e.at = s->now + (uint64_t)(t + bytes / sim__stream_bpms(s, b, d));
-  if (offset + n >= s->state_bytes) {
+  /* The chunk's share of the modeled state, at the stream's rate, after
+   * the chunks before it on the same stream (one connection a pair): a
+   * request reaches the donor half a round trip from now, its bytes
+   * leave once the stream is free, and arrive half a round trip later. */
+  double state = s->c.state_bytes > 0 ? s->c.state_bytes : s->c.model_bytes;
+  double bytes = (double)n / (double)s->state_bytes * state;
+  if (!b->stream_free)
+    b->stream_free = sim__xcalloc(s->c.slots, sizeof *b->stream_free);
+  uint64_t arrive = s->now + (uint64_t)(t / 2);
+  uint64_t begin = arrive > b->stream_free[d->idx] ? arrive
+                                                   : b->stream_free[d->idx];
+  uint64_t sent = begin + (uint64_t)(bytes / sim__stream_bpms(s, b, d));
+  b->stream_free[d->idx] = sent;
+  e.at = sent + (uint64_t)(t / 2);
+  if (offset + n >= s->state_bytes && (n == 0 || !up->until_release)) {
     free(up->pin);
     up->pin = NULL;
     bee_uploads_end(&d->uploads, up);

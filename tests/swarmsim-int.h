@@ -55,6 +55,7 @@ typedef struct event {
   size_t len;
   int status;
   int64_t code;
+  uint64_t tag; /* a chunk request's */
   proto_state_msg chunk;
 } event;
 
@@ -154,6 +155,9 @@ typedef struct sbee {
   size_t round_member;
   /* uploads served */
   bee_uploads uploads;
+  /* when the stream from each donor (by slot) is free again: chunks on
+   * one connection come one after the other */
+  uint64_t *stream_free;
   /* its records in the DHT: each the one stored and the one on its way */
   sslot progress_slot, donor_slot, metrics_slot, decl_slot;
   proto_progress progress[2];
@@ -223,7 +227,7 @@ bool sim__io_matching(void *ctx);
 void sim__io_leave(void *ctx, const avg_group *g, const char *why);
 void sim__io_wait(void *ctx, const avg_group *g);
 int sim__io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t offset,
-                  uint32_t len);
+                  uint32_t len, uint64_t tag);
 uint64_t sim__io_free_slots(void *ctx);
 /* Events: a message for b's matchmaking sent (its answer), the
  * declarations read, the matchmaking's tick; a round's check and end, a

@@ -326,6 +326,9 @@ static void io_load(void *ctx, uint8_t *state, size_t len, uint64_t epoch) {
   b->w.load_epoch = epoch;
   b->w.load_line = sn.line;
   b->life.downloads++;
+  bee_run_stats st;
+  bee_run_stats_get(b->core, &st);
+  b->life.download_s = st.last_download_s;
 }
 
 static void io_mark_diverged(void *ctx, uint64_t epoch) {
@@ -498,6 +501,7 @@ static void bee_init(swarmsim *s, sbee *b, size_t idx, size_t region) {
                        .chunk_bytes =
                            (uint32_t)((s->state_bytes + s->c.state_chunks - 1) /
                                       s->c.state_chunks)};
+  memcpy(rc.self_id, b->id, PROTO_ID_BYTES);
   if (bee_run_new(&rc, &b->io, &b->core) != 0)
     abort();
   if (idx > 0)
@@ -528,6 +532,8 @@ static void bee_down(sbee *b) {
   for (size_t i = 0; i < b->uploads.n; i++)
     free(b->uploads.u[i].pin);
   b->uploads.n = 0;
+  free(b->stream_free);
+  b->stream_free = NULL;
 }
 
 swarmsim *swarmsim_new(const swarmsim_config *c) {
@@ -673,15 +679,15 @@ static void dispatch(swarmsim *s, event *e) {
   case EV_CHUNK: {
     sbee *d = &s->b[e->from];
     if (!d->alive || d->gen != (unsigned)e->arg) {
-      bee_run_chunk(b->core, BEE_ECLOSED, 0, NULL);
+      bee_run_chunk(b->core, e->tag, BEE_ECLOSED, 0, NULL);
       break;
     }
     if (e->status) {
-      bee_run_chunk(b->core, e->status, e->code, NULL);
+      bee_run_chunk(b->core, e->tag, e->status, e->code, NULL);
       break;
     }
     e->chunk.data = (proto_bytes){e->data, e->len};
-    bee_run_chunk(b->core, 0, 0, &e->chunk);
+    bee_run_chunk(b->core, e->tag, 0, 0, &e->chunk);
     break;
   }
   }

@@ -56,7 +56,8 @@ typedef struct swarmsim_config {
   double mbit[SWARMSIM_REGIONS_MAX][SWARMSIM_REGIONS_MAX];
   double window_bytes;     /* one TCP stream's window (0: no cap) */
   double rate_lo, rate_hi; /* samples/s of each bee, drawn in [lo, hi] */
-  double model_bytes;      /* the buffer a round and a download move */
+  double model_bytes;      /* the buffer a round moves */
+  double state_bytes;      /* and a download (0: model_bytes) */
   size_t state_chunks;     /* chunks a download asks for */
   uint64_t dht_ms;         /* a DHT store or read */
 } swarmsim_config;
@@ -66,6 +67,7 @@ typedef struct swarmsim_life {
   uint64_t started_ms;
   bool killed;
   uint64_t downloads; /* states it loaded */
+  double download_s;  /* the last one took this long */
 } swarmsim_life;
 
 /* What swarmsim_check found over the epochs from..to. */

@@ -42,7 +42,7 @@ wait_log n2 'state: loaded epoch' 60
 # The queen served them one at a time: a refusal while the first ran.
 grep -q 'told it is busy' "$work/q.log" || fail "the queen turned nobody away"
 n=$(grep -c 'state: serving ' "$work/q.log" || true)
-done_n=$(grep -c 'has it all' "$work/q.log" || true)
+done_n=$(grep -c 'state: done serving' "$work/q.log" || true)
 # The second newcomer may have loaded from the first instead, once that
 # one was at the swarm's epoch: the queen served one or more downloads,
 # never two at once, and finished them.
