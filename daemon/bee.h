@@ -417,28 +417,6 @@ double bee_outer_due(const proto_progress *v, size_t n, const char *run,
 double bee_outer_round(const proto_progress *v, size_t n, const char *run,
                        uint64_t epoch, uint64_t want, uint64_t now_ms,
                        double own_left, double lag_s);
-/* A download of the swarm's state that would land too late in the epoch
- * to join its group: the members form it ahead, about --matchmaking-time
- * before the target, counting the peers their views show at the epoch,
- * and a bee whose state comes after that steps the epoch without them,
- * out of line, and must download again.  bee_fetch_defer says whether
- * the download should wait for the swarm's next step instead: when the
- * swarm's view expects the target within join_s (the download's time,
- * the matchmaking's, and a record's travel; eta_s < 0: unknown, no
- * wait).  Each download waits at most once: until the swarm's epoch
- * (view_epoch) moves on, or for BEE_DEFER_MAX_MS if it does not; then
- * it goes, whatever the next epoch's length, until bee_fetch_started
- * clears the state for the next download. */
-#define BEE_DEFER_MAX_MS 15000
-typedef struct bee_defer {
-  bool on;          /* waiting now */
-  bool spent;       /* this download waited once already */
-  uint64_t epoch;   /* the swarm's epoch it waits to see move on */
-  uint64_t since_ms;
-} bee_defer;
-bool bee_fetch_defer(bee_defer *d, double eta_s, double join_s,
-                     uint64_t view_epoch, uint64_t now_ms);
-void bee_fetch_started(bee_defer *d);
 /* A line of parameters: their hash after a bee's step at epoch, averaged
  * in a group of group members. */
 typedef struct bee_line {

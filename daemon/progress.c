@@ -192,25 +192,6 @@ double bee_outer_round(const proto_progress *v, size_t n, const char *run,
   return next >= 0 && last > next + lag_s ? next : last;
 }
 
-bool bee_fetch_defer(bee_defer *d, double eta_s, double join_s,
-                     uint64_t view_epoch, uint64_t now_ms) {
-  if (d->on) {
-    if (view_epoch == d->epoch && now_ms < d->since_ms + BEE_DEFER_MAX_MS)
-      return true;
-    d->on = false;
-    d->spent = true;
-    return false;
-  }
-  if (d->spent || !(eta_s >= 0) || !(eta_s < join_s))
-    return false;
-  d->on = true;
-  d->epoch = view_epoch;
-  d->since_ms = now_ms;
-  return true;
-}
-
-void bee_fetch_started(bee_defer *d) { *d = (bee_defer){0}; }
-
 static size_t holders(const bee_line *seen, size_t nseen, uint64_t epoch,
                       const uint8_t *hash) {
   size_t k = 0;

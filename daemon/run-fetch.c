@@ -37,21 +37,32 @@
 enum { CH_TODO = 0, CH_ASKED, CH_DONE };
 
 void bee__fetch_init(bee_fetch *f, const bee_config *cfg, const bee_run_io *io,
-                     size_t state_bytes, uint32_t chunk,
+                     const bee_view *view, size_t state_bytes,
+                     size_t step_bytes, uint32_t chunk,
                      const uint8_t self[PROTO_ID_BYTES]) {
   memset(f, 0, sizeof *f);
   f->cfg = cfg;
   f->io = io;
+  f->view = view;
   f->state_bytes = state_bytes;
+  f->step_bytes = cfg->delay_averaging ? 0 : step_bytes;
   f->chunk = chunk ? chunk : STATE_CHUNK;
   f->nchunks = (state_bytes + f->chunk - 1) / f->chunk;
   memcpy(f->self, self, PROTO_ID_BYTES);
 }
 
+static void free_steps(bee_fetch *f) {
+  for (size_t i = 0; i < f->nsteps; i++)
+    free(f->steps[i].buf);
+  f->nsteps = 0;
+}
+
 void bee__fetch_close(bee_fetch *f) {
   free(f->buf);
   free(f->chunks);
-  f->buf = NULL;
+  free(f->state);
+  free_steps(f);
+  f->buf = f->state = NULL;
   f->chunks = NULL;
   f->on = false;
 }
@@ -70,16 +81,24 @@ static uint64_t tag_of(const bee_fetch *f, size_t donor, uint32_t chunk) {
 static void log_donor(const bee_fetch *f, size_t d, const char *why) {
   char id8[9];
   bee_id8(f->d[d].id, id8);
-  bee_warn(COMP, "state from %s: %s", id8, why);
+  if (f->stepping)
+    bee_info(COMP, "state: the step of epoch %llu from %s: %s",
+             (unsigned long long)f->step_epoch, id8, why);
+  else
+    bee_warn(COMP, "state from %s: %s", id8, why);
 }
 
-/* Sends one request to donor d for chunk c (or a probe, or a release). */
+/* Sends one request to donor d for chunk c of the blob (or a probe, or a
+ * release: of the state, which holds the slot). */
 static int ask(bee_fetch *f, size_t d, uint32_t c) {
+  bool step = f->stepping && c != FETCH_RELEASE;
   uint64_t offset = c == FETCH_PROBE     ? 0
                     : c == FETCH_RELEASE ? f->state_bytes
                                          : (uint64_t)c * f->chunk;
   uint32_t len = c == FETCH_PROBE ? BEE_RUN_STATE_HDR : f->chunk;
-  int rc = f->io->chunk(f->io->ctx, f->d[d].id, offset, len, tag_of(f, d, c));
+  int rc =
+      f->io->chunk(f->io->ctx, f->d[d].id, step ? f->step_epoch : BEE_RUN_STATE,
+                   offset, len, tag_of(f, d, c));
   if (rc == 0 && c != FETCH_RELEASE)
     f->d[d].inflight++;
   return rc;
@@ -196,7 +215,11 @@ static void release_all(bee_fetch *f) {
  * are, for as long as donors are only busy, and for FETCH_PASSES passes
  * in a row when they failed (a connection replaced under the download, a
  * chunk that timed out on a slow link); after that, train on from here. */
+static int steps_over(bee_fetch *f);
+
 static int pass_over(bee_fetch *f) {
+  if (f->stepping)
+    return steps_over(f);
   release_all(f);
   f->on = false;
   f->gen++; /* late answers of this pass are no more ours */
@@ -235,10 +258,9 @@ static int probe_all(bee_fetch *f) {
   return pump(f) ? FETCH_GOING : pass_over(f);
 }
 
-/* A new pass over n donors (ids), in that order: every chunk to be
- * fetched again. */
-static void pass_init(bee_fetch *f, const uint8_t (*ids)[PROTO_ID_BYTES],
-                      size_t n) {
+/* A pass's counters back to none, and every chunk to be fetched; the
+ * answers of the pass before are no more ours. */
+static void pass_reset(bee_fetch *f) {
   f->gen++;
   f->next_cand = 0;
   f->busy = 0;
@@ -246,9 +268,16 @@ static void pass_init(bee_fetch *f, const uint8_t (*ids)[PROTO_ID_BYTES],
   f->got = 0;
   f->next_todo = 0;
   f->shown = 0;
-  f->start_ms = now(f);
   for (size_t c = 0; c < f->nchunks; c++)
     f->chunks[c] = (struct fetch_chunk){CH_TODO, SIZE_MAX, SIZE_MAX};
+}
+
+/* A new pass over n donors (ids), in that order: every chunk to be
+ * fetched again. */
+static void pass_init(bee_fetch *f, const uint8_t (*ids)[PROTO_ID_BYTES],
+                      size_t n) {
+  pass_reset(f);
+  f->start_ms = now(f);
   f->nd = n < DONORS_MAX ? n : DONORS_MAX;
   for (size_t d = 0; d < f->nd; d++) {
     f->d[d] = (struct fetch_donor){.active = false};
@@ -280,11 +309,22 @@ static void order(bee_fetch *f, int64_t rank[DONORS_MAX]) {
     }
 }
 
+/* Room for the chunks of the largest blob, the state. */
+static bool chunks_ready(bee_fetch *f) {
+  size_t n = (f->state_bytes + f->chunk - 1) / f->chunk;
+  return f->chunks ||
+         (f->chunks = calloc(n ? n : 1, sizeof *f->chunks)) != NULL;
+}
+
 int bee__fetch_start(bee_fetch *f, const uint8_t (*donors)[PROTO_ID_BYTES],
                      size_t n) {
-  bee_fetch_started(&f->defer);
-  if (!f->chunks &&
-      !(f->chunks = calloc(f->nchunks ? f->nchunks : 1, sizeof *f->chunks)))
+  f->restarts = 0;
+  f->stepping = f->for_round = false;
+  f->nchunks = (f->state_bytes + f->chunk - 1) / f->chunk;
+  free(f->state);
+  f->state = NULL;
+  free_steps(f);
+  if (!chunks_ready(f))
     return pass_over(f);
   f->on = true;
   f->single = false;
@@ -297,6 +337,37 @@ int bee__fetch_start(bee_fetch *f, const uint8_t (*donors)[PROTO_ID_BYTES],
   order(f, rank);
   pass_init(f, (const uint8_t(*)[PROTO_ID_BYTES])f->cand, f->ncand);
   return probe_all(f);
+}
+
+/* A pass for the swarm's step from epoch, over the donors d[] in their
+ * order (kept: those that gave the state a slot still hold it). */
+static int step_pass(bee_fetch *f, uint64_t epoch) {
+  f->stepping = true;
+  f->step_epoch = epoch;
+  f->nchunks = (f->step_bytes + f->chunk - 1) / f->chunk;
+  pass_reset(f);
+  for (size_t d = 0; d < f->nd; d++) {
+    f->d[d].active = f->d[d].ready = false;
+    f->d[d].inflight = 0;
+    f->d[d].chunks = 0;
+  }
+  return probe_all(f);
+}
+
+int bee__fetch_step(bee_fetch *f, const uint8_t (*donors)[PROTO_ID_BYTES],
+                    size_t n, uint64_t epoch) {
+  if (f->on || !f->step_bytes || n == 0 || !chunks_ready(f))
+    return FETCH_NO_STEP;
+  f->on = true;
+  f->for_round = true;
+  f->single = false;
+  free_steps(f);
+  f->ncand = n < DONORS_MAX ? n : DONORS_MAX;
+  memcpy(f->cand, donors, f->ncand * sizeof *f->cand);
+  int64_t rank[DONORS_MAX] = {0};
+  order(f, rank);
+  pass_init(f, (const uint8_t(*)[PROTO_ID_BYTES])f->cand, f->ncand);
+  return step_pass(f, epoch);
 }
 
 int bee__fetch_donors(bee_fetch *f, int status, const proto_donor *v,
@@ -325,9 +396,10 @@ int bee__fetch_donors(bee_fetch *f, int status, const proto_donor *v,
   return probe_all(f);
 }
 
-/* The whole is in: its checksum and header, then the state is the
- * caller's. */
-static int assembled(bee_fetch *f, uint8_t **state, uint64_t *epoch) {
+static int next_step(bee_fetch *f, uint64_t epoch);
+
+/* The whole is in: its checksum and header, then the steps since. */
+static int assembled(bee_fetch *f) {
   uint8_t sum[PROTO_STATE_SUM_BYTES];
   crypto_generichash(sum, sizeof sum, f->buf, f->total, NULL, 0);
   const char *bad = NULL;
@@ -376,20 +448,104 @@ static int assembled(bee_fetch *f, uint8_t **state, uint64_t *epoch) {
            (unsigned long long)f->epoch, used, used == 1 ? "" : "s",
            (double)took / 1000,
            took ? (double)f->total * 8 / 1000 / (double)took : 0.0);
-  *state = f->buf;
-  *epoch = f->epoch;
+  f->state = f->buf;
+  f->state_epoch = f->epoch;
   f->buf = NULL;
-  f->on = false;
-  f->gen++;
   f->backoff_ms = 0;
   f->failed = 0;
+  return next_step(f, f->state_epoch);
+}
+
+/* The download is over: the state and the steps the caller takes. */
+static int loaded(bee_fetch *f) {
+  release_all(f);
+  f->on = false;
+  f->stepping = false;
+  f->gen++;
   f->loads++;
   return FETCH_LOADED;
+}
+
+/* After the state, or a step of the swarm's from epoch - 1: the next
+ * step while the swarm is past it (it stepped on while the state came),
+ * or the end. */
+static int next_step(bee_fetch *f, uint64_t epoch) {
+  if (f->step_bytes && f->view->view.epoch > epoch &&
+      f->nsteps < BEE_RUN_CATCHUP_MAX)
+    return step_pass(f, epoch);
+  return loaded(f);
+}
+
+/* The end of a fetch of the step for a round that missed it (for_round):
+ * the donors released, the fetch over; returns rc. */
+static int round_step_over(bee_fetch *f, int rc) {
+  release_all(f);
+  f->on = f->stepping = f->for_round = false;
+  f->gen++;
+  return rc;
+}
+
+/* No donor has the step: the round's is not to be had, and a download
+ * ends with the steps it has (the bee then trains on from there, behind
+ * the swarm, as before it took steps). */
+static int steps_over(bee_fetch *f) {
+  free(f->buf);
+  f->buf = NULL;
+  if (f->for_round)
+    return round_step_over(f, FETCH_NO_STEP);
+  bee_info(COMP,
+           "state: no donor has the swarm's step of epoch %llu: this bee "
+           "trains on from epoch %llu",
+           (unsigned long long)f->step_epoch,
+           (unsigned long long)f->step_epoch);
+  return loaded(f);
+}
+
+/* The step is whole: checked against its checksum, kept. */
+static int step_done(bee_fetch *f) {
+  uint8_t sum[PROTO_STATE_SUM_BYTES];
+  crypto_generichash(sum, sizeof sum, f->buf, f->total, NULL, 0);
+  if (memcmp(sum, f->sum, sizeof sum) != 0) {
+    bee_warn(COMP,
+             "state: the swarm's step of epoch %llu: the checksum does "
+             "not match",
+             (unsigned long long)f->step_epoch);
+    return steps_over(f);
+  }
+  f->steps[f->nsteps++] = (struct fetch_step){
+      .buf = f->total ? f->buf : NULL, .len = f->total, .epoch = f->step_epoch};
+  if (!f->total)
+    free(f->buf);
+  f->buf = NULL;
+  if (f->for_round)
+    return round_step_over(f, FETCH_STEP);
+  return next_step(f, f->step_epoch + 1);
 }
 
 /* A probe's answer from donor d: its snapshot.  The first sets the
  * download's; another's donor leaves. */
 static const char *probed(bee_fetch *f, size_t d, const proto_state_msg *m) {
+  if (f->stepping) {
+    /* A step: the parameters' size, or 0 for one that changed nothing;
+     * the first answer names it, another's donor leaves. */
+    if (m->epoch != f->step_epoch ||
+        (m->total != f->step_bytes && m->total != 0))
+      return "another step than the one asked for";
+    if (!f->have_ref) {
+      free(f->buf);
+      if (!(f->buf = malloc(m->total ? m->total : 1)))
+        return "out of memory";
+      f->have_ref = true;
+      f->total = m->total;
+      f->epoch = m->epoch;
+      memcpy(f->sum, m->checksum, sizeof f->sum);
+    } else if (m->total != f->total ||
+               memcmp(m->checksum, f->sum, sizeof f->sum) != 0) {
+      return "another step than the others' (a split?)";
+    }
+    f->d[d].ready = true;
+    return NULL;
+  }
   if (m->total != f->state_bytes) {
     snprintf(f->why, sizeof f->why,
              "a state of %llu bytes, where this model's takes %zu",
@@ -408,6 +564,12 @@ static const char *probed(bee_fetch *f, size_t d, const proto_state_msg *m) {
     f->total = m->total;
     f->epoch = m->epoch;
     memcpy(f->sum, m->checksum, sizeof f->sum);
+  } else if (m->epoch > f->epoch && f->got == 0 &&
+             f->restarts < FETCH_RESTARTS) {
+    /* A donor has stepped since the first answer, before any chunk came:
+     * the download starts over, every donor asked for its latest, so that
+     * the donors at the swarm's epoch serve one snapshot. */
+    return "newer";
   } else if (m->epoch != f->epoch ||
              memcmp(m->checksum, f->sum, sizeof f->sum) != 0) {
     /* Expected where donors' states differ in their own parts: no
@@ -425,8 +587,7 @@ static const char *probed(bee_fetch *f, size_t d, const proto_state_msg *m) {
 }
 
 int bee__fetch_chunk(bee_fetch *f, uint64_t tag, int status,
-                     int64_t remote_code, const proto_state_msg *m,
-                     uint8_t **state, uint64_t *epoch) {
+                     int64_t remote_code, const proto_state_msg *m) {
   char why[160];
   size_t d = (size_t)(tag >> 32 & 0xff);
   uint32_t c = (uint32_t)tag;
@@ -449,12 +610,22 @@ int bee__fetch_chunk(bee_fetch *f, uint64_t tag, int status,
     bad = why;
   } else if (!m) {
     bad = "a malformed answer";
-  } else if (m->type != PROTO_T_STATE_CHUNK ||
+  } else if (m->type !=
+                 (f->stepping ? PROTO_T_STATE_STEP : PROTO_T_STATE_CHUNK) ||
              strcmp(m->run, f->cfg->run) != 0 ||
              m->offset != (c == FETCH_PROBE ? 0 : (uint64_t)c * f->chunk)) {
     bad = "a malformed answer (not the chunk asked for)";
   } else if (c == FETCH_PROBE) {
     bad = probed(f, d, m);
+    if (bad && strcmp(bad, "newer") == 0) {
+      f->restarts++;
+      bee_info(COMP,
+               "state: a donor serves epoch %llu, newer than the "
+               "download's %llu: it starts over",
+               (unsigned long long)m->epoch, (unsigned long long)f->epoch);
+      pass_init(f, (const uint8_t(*)[PROTO_ID_BYTES])f->cand, f->ncand);
+      return probe_all(f);
+    }
   } else if (!f->d[d].ready) {
     bad = "a chunk before the probe's answer";
   } else if (c >= f->nchunks || m->total != f->total || m->epoch != f->epoch ||
@@ -471,6 +642,8 @@ int bee__fetch_chunk(bee_fetch *f, uint64_t tag, int status,
     refill(f);
     return pump(f) ? FETCH_GOING : pass_over(f);
   }
+  if (c == FETCH_PROBE && f->stepping && f->total == 0)
+    return step_done(f); /* a step that changed nothing: nothing to fetch */
   if (c != FETCH_PROBE && f->chunks[c].state != CH_DONE) {
     memcpy(f->buf + m->offset, m->data.p, m->data.n);
     f->bytes += m->data.n;
@@ -479,14 +652,14 @@ int bee__fetch_chunk(bee_fetch *f, uint64_t tag, int status,
     f->chunks[c].state = CH_DONE;
     f->chunks[c].by = d; /* for the release: the last chunk's donor */
     uint64_t pct = f->got * 100 / f->nchunks;
-    if (pct / 25 > f->shown / 25 || f->got == f->nchunks) {
+    if (!f->stepping && (pct / 25 > f->shown / 25 || f->got == f->nchunks)) {
       f->shown = pct;
       bee_info(COMP, "state: %llu%% of %.1f MiB from %zu donor%s (epoch %llu)",
                (unsigned long long)pct, (double)f->total / (1 << 20), active(f),
                active(f) == 1 ? "" : "s", (unsigned long long)f->epoch);
     }
     if (f->got == f->nchunks)
-      return assembled(f, state, epoch);
+      return f->stepping ? step_done(f) : assembled(f);
   }
   return pump(f) ? FETCH_GOING : pass_over(f);
 }
@@ -494,42 +667,4 @@ int bee__fetch_chunk(bee_fetch *f, uint64_t tag, int status,
 double bee__fetch_join_s(const bee_fetch *f) {
   double mm = f->cfg->no_match_ahead ? 0 : f->cfg->matchmaking_s;
   return f->last_s + mm + FETCH_TRAVEL_S;
-}
-
-bool bee__fetch_wait(bee_fetch *f, const bee_view *v, uint64_t now_ms) {
-  /* DiLoCo's round comes when the others' inner steps end; with
-   * --delay-averaging an epoch's round runs through the next, and does
-   * not follow the view's time to the target. */
-  double eta = v->view.eta_s;
-  bool outer = f->cfg->averaging == BEE_AVG_DILOCO;
-  if (f->cfg->delay_averaging)
-    eta = -1;
-  else if (outer)
-    eta = v->swarm_due_ms ? (v->swarm_due_ms > now_ms
-                                 ? (double)(v->swarm_due_ms - now_ms) / 1000
-                                 : 0)
-                          : -1;
-  double mm = f->cfg->no_match_ahead ? 0 : f->cfg->matchmaking_s;
-  double join = bee__fetch_join_s(f);
-  /* An epoch shorter than that cannot be joined at its start either (a
-   * swarm that gathers its target faster than records travel forms each
-   * epoch's group as soon as it steps): no wait, the state lands where it
-   * may. */
-  double epoch_s = bee__view_epoch_s(v);
-  if (epoch_s >= 0 && epoch_s < join)
-    eta = -1;
-  bool was = f->defer.on;
-  bool wait = bee_fetch_defer(&f->defer, eta, join, v->view.epoch, now_ms);
-  if (wait && !was) {
-    char last[48] = "";
-    if (f->last_s > 0)
-      snprintf(last, sizeof last, ", the last download's %.1f", f->last_s);
-    bee_info(COMP,
-             "state: the swarm expects its %s in %.1f s, before this "
-             "bee could join the epoch's group (%.1f s: the matchmaking's "
-             "%.1f%s, the records' travel %.1f): the download waits for "
-             "the swarm's next step",
-             outer ? "round" : "target", eta, join, mm, last, FETCH_TRAVEL_S);
-  }
-  return wait;
 }

@@ -65,8 +65,9 @@
  * took). */
 #define FETCH_SETTLE_MS 10000
 #define DONORS_MAX 16
-#define FETCH_DONORS 4 /* donors one download asks at once */
-#define FETCH_WINDOW 4 /* chunk requests on their way to each */
+#define FETCH_DONORS 4      /* donors one download asks at once */
+#define FETCH_WINDOW 4      /* chunk requests on their way to each */
+#define FETCH_RESTARTS 2    /* starts over on a newer snapshot, at most */
 #define START_WAIT_MS 3000  /* a first view before training, at most */
 #define METRICS_TTL_S 300   /* a metrics record lives this long */
 #define RESYNC_MS 2000      /* diverged: the peers' metrics, read this often */
@@ -143,11 +144,26 @@ double bee__guide_others_now(const bee_run_guide *g, uint64_t now_ms);
 typedef struct bee_fetch {
   const bee_config *cfg;
   const bee_run_io *io;
+  const bee_view *view; /* the swarm's epoch, for the steps to take */
   size_t state_bytes;
-  uint32_t chunk;  /* bytes asked per request */
-  size_t nchunks;  /* the state's */
-  bool on;         /* a download is under way */
-  uint64_t gen;    /* its pass, in its requests' tags */
+  size_t step_bytes; /* a step's: the parameters' (0: no steps) */
+  uint32_t chunk;    /* bytes asked per request */
+  size_t nchunks;    /* the blob's now */
+  /* What the download fetches now: the state, or the swarm's step from
+   * step_epoch; after the state, the steps that came meanwhile. */
+  bool stepping;
+  uint64_t step_epoch;
+  bool for_round; /* one step, for the worker's round that missed */
+  uint8_t *state; /* the state, whole, while the steps come */
+  uint64_t state_epoch;
+  struct fetch_step {
+    uint8_t *buf; /* NULL: a step that changed nothing */
+    size_t len;
+    uint64_t epoch;
+  } steps[BEE_RUN_CATCHUP_MAX];
+  size_t nsteps;
+  bool on;      /* a download is under way */
+  uint64_t gen; /* its pass, in its requests' tags */
   /* The donors offered (the view's, ranked by their records). */
   uint8_t cand[DONORS_MAX][PROTO_ID_BYTES];
   size_t ncand;
@@ -179,6 +195,7 @@ typedef struct bee_fetch {
   uint64_t total, epoch;
   uint8_t sum[PROTO_STATE_SUM_BYTES];
   char why[160];
+  unsigned restarts;     /* on a newer snapshot, this download */
   uint64_t shown;        /* percent last logged */
   unsigned busy;         /* donors of this pass that were busy */
   unsigned failed;       /* passes in a row that failed (none busy) */
@@ -186,7 +203,6 @@ typedef struct bee_fetch {
   uint64_t settle_ms;    /* no new download for being behind before then */
   uint64_t retry_ms;     /* every donor busy: ask again from then */
   uint64_t backoff_ms;   /* and the wait after the next such pass */
-  bee_defer defer;       /* the next download waits for the swarm's step */
   double last_s;         /* the last download took this long (0: none) */
   uint64_t loads, bytes; /* counters */
 } bee_fetch;
@@ -194,35 +210,39 @@ typedef struct bee_fetch {
 /* What a download's answer came to. */
 enum {
   FETCH_GOING = 0, /* it goes on */
-  FETCH_LOADED,    /* done: *state (heap, the caller's) of *epoch */
+  FETCH_LOADED,    /* done: *state (heap, the caller's) of *epoch, and
+                      the steps after it in steps[0..nsteps) (the
+                      caller's, and nsteps zeroed) */
   FETCH_WAITING,   /* no donor could serve it now: asked again later */
-  FETCH_GAVE_UP    /* no donor could serve it, FETCH_PASSES times */
+  FETCH_GAVE_UP,   /* no donor could serve it, FETCH_PASSES times */
+  FETCH_STEP,      /* for_round: the step is steps[0] (the caller's) */
+  FETCH_NO_STEP    /* for_round: no donor had it */
 };
 
 void bee__fetch_init(bee_fetch *f, const bee_config *cfg, const bee_run_io *io,
-                     size_t state_bytes, uint32_t chunk,
+                     const bee_view *view, size_t state_bytes,
+                     size_t step_bytes, uint32_t chunk,
                      const uint8_t self[PROTO_ID_BYTES]);
 void bee__fetch_close(bee_fetch *f);
 /* Starts a download from donors[0..n) (copied): their donor records
  * first, unless the DHT cannot be asked.  Returns as bee__fetch_chunk. */
 int bee__fetch_start(bee_fetch *f, const uint8_t (*donors)[PROTO_ID_BYTES],
                      size_t n);
+/* Fetches the swarm's step from epoch (for the worker's round that
+ * missed it) from donors[0..n).  Returns as bee__fetch_chunk. */
+int bee__fetch_step(bee_fetch *f, const uint8_t (*donors)[PROTO_ID_BYTES],
+                    size_t n, uint64_t epoch);
 /* The donor records read (status 0): the donors with free slots first.
  * Returns as bee__fetch_chunk. */
 int bee__fetch_donors(bee_fetch *f, int status, const proto_donor *v,
                       const uint8_t (*ids)[PROTO_ID_BYTES], size_t n);
-/* The answer to the request tagged tag (io.chunk's).  Returns FETCH_*;
- * with FETCH_LOADED *state and *epoch. */
+/* The answer to the request tagged tag (io.chunk's).  Returns FETCH_*. */
 int bee__fetch_chunk(bee_fetch *f, uint64_t tag, int status,
-                     int64_t remote_code, const proto_state_msg *m,
-                     uint8_t **state, uint64_t *epoch);
+                     int64_t remote_code, const proto_state_msg *m);
 /* What a bee that downloads the state needs before the swarm counts it
  * in an epoch's group: the last download's time, the matchmaking ahead
  * and the records' travel. */
 double bee__fetch_join_s(const bee_fetch *f);
-/* Whether the download due now waits for the swarm's next step, lest it
- * land after the epoch's group formed (bee_fetch_defer). */
-bool bee__fetch_wait(bee_fetch *f, const bee_view *v, uint64_t now_ms);
 
 /* ---- the lines and the split check (run-line.c) ---------------------- */
 
@@ -274,6 +294,12 @@ enum { AHEAD_NONE, AHEAD_MATCHING, AHEAD_HELD, AHEAD_FAILED };
 typedef struct bee_rounds {
   const bee_config *cfg;
   const bee_run_io *io;
+  void (*over)(void *ctx, const bee_run_result *r);
+  void *over_ctx;
+  /* The round's end is held while the swarm's step for its epoch is
+   * fetched (run.c): no other round meanwhile. */
+  bool taking_step;
+  bool take_steps;  /* the swarm's steps can be taken (peers keep them) */
   bool averaging;   /* a round (or its matchmaking) is under way */
   bool round_ahead; /* and its group formed ahead */
   bool stopped;
@@ -299,8 +325,13 @@ typedef struct bee_rounds {
   bool deserted_cancel;
 } bee_rounds;
 
+/* The end of every round the worker asked for goes to over(over_ctx,
+ * result), which hands it to the worker (run.c: or first fetches the
+ * swarm's step for a round that missed it). */
 void bee__rounds_init(bee_rounds *o, const bee_config *cfg,
-                      const bee_run_io *io);
+                      const bee_run_io *io,
+                      void (*over)(void *ctx, const bee_run_result *r),
+                      void *over_ctx);
 void bee__rounds_close(bee_rounds *o);
 /* Matchmaking ahead, when the swarm is expected at the target within
  * --matchmaking-time. */
@@ -354,6 +385,8 @@ struct bee_run {
   bool donor_busy, donor_any;
   uint64_t donor_epoch, donor_slots, donor_ms, donor_exp;
   uint64_t resyncs;
+  uint64_t steps_taken;  /* the swarm's steps taken instead of downloads */
+  bee_run_result missed; /* a round's end held while its step comes */
 };
 
 #endif /* BEE_DAEMON_RUN_INT_H */

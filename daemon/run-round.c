@@ -17,10 +17,14 @@
 #include "run-int.h"
 
 void bee__rounds_init(bee_rounds *o, const bee_config *cfg,
-                      const bee_run_io *io) {
+                      const bee_run_io *io,
+                      void (*over)(void *ctx, const bee_run_result *r),
+                      void *over_ctx) {
   memset(o, 0, sizeof *o);
   o->cfg = cfg;
   o->io = io;
+  o->over = over;
+  o->over_ctx = over_ctx;
 }
 
 void bee__rounds_close(bee_rounds *o) {
@@ -108,7 +112,7 @@ static void over(bee_rounds *o, bee_view *v, int status, size_t group,
                      : (uint64_t)r->group->members[i].weight;
   res.bytes_sent = r && r->summary ? r->summary->bytes_sent : 0;
   res.bytes_recv = r && r->summary ? r->summary->bytes_recv : 0;
-  o->io->round_over(o->io->ctx, &res);
+  o->over(o->over_ctx, &res);
 }
 
 /* Whether an update round's group went on without this bee: it dropped
@@ -195,7 +199,7 @@ void bee__rounds_matched(bee_rounds *o, bee_view *v, int status,
 void bee__rounds_ahead(bee_rounds *o, bee_view *v, double rate,
                        uint64_t now_ms) {
   const bee_config *c = o->cfg;
-  if (c->no_match_ahead || o->averaging || o->stopped ||
+  if (c->no_match_ahead || o->averaging || o->stopped || o->taking_step ||
       o->ahead.state == AHEAD_MATCHING)
     return;
   bee_run_worker w;
@@ -270,7 +274,7 @@ void bee__rounds_start(bee_rounds *o, bee_view *v) {
   bool state = w.round_state;
   uint64_t epoch = w.round_epoch;
   double weight = w.round_weight;
-  if (!w.round_wanted || o->averaging || o->stopped)
+  if (!w.round_wanted || o->averaging || o->stopped || o->taking_step)
     return;
   bool ours = !state && o->ahead.epoch == epoch;
   if (o->ahead.state == AHEAD_MATCHING && ours)
@@ -295,7 +299,12 @@ void bee__rounds_start(bee_rounds *o, bee_view *v) {
    * stall) would step the same way at every epoch after, never
    * training. */
   bool delayed = o->cfg->delay_averaging;
-  if (!state && !delayed && weight == 0 && v->view.epoch > epoch) {
+  /* Where the swarm's steps can be taken (take_steps), a bee with samples
+   * of an epoch the swarm has left takes its step too (run.c), rather
+   * than wait out a matchmaking, or form a group of stragglers that
+   * would split the swarm. */
+  if (!state && !delayed && (weight == 0 || o->take_steps) &&
+      v->view.epoch > epoch) {
     if (o->ahead.state != AHEAD_NONE)
       bee__rounds_drop(o, "the swarm left its epoch");
     o->round_ahead = false;

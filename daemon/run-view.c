@@ -149,14 +149,16 @@ size_t bee__view_set(bee_view *v, proto_progress *all,
     cand = v->candidates;
   v->candidates = cand;
   v->cand_epoch = epoch;
-  /* Donors: the others at the swarm's epoch that serve (not clients),
-   * the DONORS_MAX closest to this bee's id (XOR), so that bees behind
-   * at once ask different donors rather than all the first records'. */
+  /* Donors: the others at the swarm's epoch or one behind it (right
+   * after a step most records still say the epoch before) that serve
+   * (not clients), the DONORS_MAX closest to this bee's id (XOR), so that
+   * bees behind at once ask different donors rather than all the first
+   * records'.  A download takes the newest snapshot they serve. */
   if (!keep_donors) {
     v->ndonors = 0;
     for (size_t i = 0; i < n; i++)
       if (strcmp(all[i].run, c->run) == 0 && !all[i].leaving &&
-          all[i].epoch == v->view.epoch && all[i].mode != PROTO_MODE_CLIENT)
+          all[i].epoch + 1 >= v->view.epoch && all[i].mode != PROTO_MODE_CLIENT)
         add_donor(v, ids[i]);
   }
   bee_run_guide *g = &v->guide;

@@ -19,6 +19,8 @@
 static uint64_t now(const bee_run *r) { return r->io.now_ms(r->io.ctx); }
 static uint64_t unix_ms(const bee_run *r) { return r->io.unix_ms(r->io.ctx); }
 
+static void round_over(void *ctx, const bee_run_result *res);
+
 int bee_run_new(const bee_run_config *c, const bee_run_io *io, bee_run **out) {
   bee_run *r = calloc(1, sizeof *r);
   if (!r)
@@ -26,10 +28,11 @@ int bee_run_new(const bee_run_config *c, const bee_run_io *io, bee_run **out) {
   r->cfg = c->cfg;
   r->io = *io;
   bee__view_init(&r->view, c->cfg, c->self_id);
-  bee__fetch_init(&r->fetch, c->cfg, &r->io, c->state_bytes, c->chunk_bytes,
-                  c->self_id);
+  bee__fetch_init(&r->fetch, c->cfg, &r->io, &r->view, c->state_bytes,
+                  c->step_bytes, c->chunk_bytes, c->self_id);
   bee__lines_init(&r->lines, c->cfg, &r->io);
-  bee__rounds_init(&r->rounds, c->cfg, &r->io);
+  bee__rounds_init(&r->rounds, c->cfg, &r->io, round_over, r);
+  r->rounds.take_steps = r->fetch.step_bytes != 0;
   *out = r;
   return 0;
 }
@@ -176,10 +179,24 @@ static void set_go(bee_run *r) {
     bee_info(COMP, "training starts at epoch %llu", (unsigned long long)epoch);
 }
 
-/* What a download's step came to. */
-static void fetched(bee_run *r, int rc, uint8_t *state, uint64_t epoch) {
-  if (rc == FETCH_LOADED) {
-    r->io.load(r->io.ctx, state, r->fetch.total, epoch);
+static void step_fetched(bee_run *r, int rc);
+
+/* What a download's step came to: the state and the swarm's steps since
+ * go to the worker, which trains on from the last; a matchmaking for an
+ * epoch before that ends (moot). */
+static void fetched(bee_run *r, int rc) {
+  bee_fetch *f = &r->fetch;
+  if (rc == FETCH_STEP || rc == FETCH_NO_STEP) {
+    step_fetched(r, rc);
+  } else if (rc == FETCH_LOADED) {
+    uint64_t epoch = f->state_epoch;
+    r->io.load(r->io.ctx, f->state, f->state_bytes, epoch);
+    f->state = NULL;
+    for (size_t i = 0; i < f->nsteps; i++, epoch++)
+      r->io.replay(r->io.ctx, f->steps[i].buf, f->steps[i].len,
+                   f->steps[i].epoch);
+    r->steps_taken += f->nsteps;
+    f->nsteps = 0;
     set_go(r);
     bee__rounds_moot(&r->rounds, epoch);
   } else if (rc == FETCH_GAVE_UP) {
@@ -187,27 +204,92 @@ static void fetched(bee_run *r, int rc, uint8_t *state, uint64_t epoch) {
   }
 }
 
+/* Whether the round that just ended (res) missed the swarm's step, and
+ * that step may be taken instead: an update round that averaged nothing
+ * for this bee (alone, no group, or its group went on without it), where
+ * the swarm has stepped past its epoch, with donors to ask and no
+ * download under way, and no state on its way to the worker (it replaces
+ * the step). */
+static bool step_instead(bee_run *r, const bee_run_result *res,
+                         const bee_run_worker *w) {
+  return !r->stopped && r->fetch.step_bytes && !r->fetch.on &&
+         (res->status != 0 || res->left) && res->status != BEE_ECANCELED &&
+         !w->round_state && !w->load && r->view.view.epoch > w->round_epoch &&
+         r->view.ndonors;
+}
+
+/* The rounds' end (bee__rounds_init's over): to the worker, or first the
+ * swarm's step for a round that missed it, so that the bee takes the
+ * step its peers took and stays in line, its own samples left out,
+ * rather than step alone and download the state after. */
+static void round_over(void *ctx, const bee_run_result *res) {
+  bee_run *r = ctx;
+  bee_run_worker w;
+  r->io.worker(r->io.ctx, &w);
+  if (!step_instead(r, res, &w)) {
+    r->io.round_over(r->io.ctx, res);
+    return;
+  }
+  r->missed = *res;
+  r->missed.summary = NULL; /* borrowed for the call only */
+  r->rounds.taking_step = true;
+  bee_info(COMP,
+           "epoch %llu: its round missed the swarm's (%s): taking the "
+           "swarm's step instead",
+           (unsigned long long)w.round_epoch,
+           res->status ? bee_strerror(res->status)
+                       : "its group went on without it");
+  fetched(r, bee__fetch_step(&r->fetch,
+                             (const uint8_t(*)[PROTO_ID_BYTES])r->view.donors,
+                             r->view.ndonors, w.round_epoch));
+}
+
+/* The swarm's step for the round that missed it came (FETCH_STEP) or not
+ * (FETCH_NO_STEP): the worker gets it as the round's mean, or the round's
+ * own end. */
+static void step_fetched(bee_run *r, int rc) {
+  bee_fetch *f = &r->fetch;
+  r->rounds.taking_step = false;
+  bee_run_result res = r->missed;
+  if (rc == FETCH_STEP && f->steps[0].buf) {
+    res = (bee_run_result){.status = 0,
+                           .by_all = 1,
+                           .done_ms = res.done_ms,
+                           .bytes_sent = res.bytes_sent,
+                           .bytes_recv = res.bytes_recv,
+                           .swarm = true,
+                           .step = f->steps[0].buf,
+                           .step_len = f->steps[0].len};
+    r->steps_taken++;
+  } else if (rc == FETCH_STEP) {
+    bee_info(COMP,
+             "the swarm's step of epoch %llu changed nothing: this "
+             "bee's own step stands",
+             (unsigned long long)f->steps[0].epoch);
+  }
+  r->io.round_over(r->io.ctx, &res);
+  for (size_t i = 0; i < f->nsteps; i++)
+    free(f->steps[i].buf);
+  f->nsteps = 0;
+}
+
 static void start_fetch(bee_run *r, const uint8_t (*donors)[PROTO_ID_BYTES],
                         size_t n) {
-  fetched(r, bee__fetch_start(&r->fetch, donors, n), NULL, 0);
+  fetched(r, bee__fetch_start(&r->fetch, donors, n));
 }
 
 void bee_run_donors_read(bee_run *r, int status, const proto_donor *v,
                          const uint8_t (*ids)[PROTO_ID_BYTES], size_t n) {
   if (r->stopped)
     return;
-  fetched(r, bee__fetch_donors(&r->fetch, status, v, ids, n), NULL, 0);
+  fetched(r, bee__fetch_donors(&r->fetch, status, v, ids, n));
 }
 
 void bee_run_chunk(bee_run *r, uint64_t tag, int status, int64_t remote_code,
                    const proto_state_msg *m) {
   if (r->stopped)
     return;
-  uint8_t *state = NULL;
-  uint64_t epoch = 0;
-  int rc = bee__fetch_chunk(&r->fetch, tag, status, remote_code, m, &state,
-                            &epoch);
-  fetched(r, rc, state, epoch);
+  fetched(r, bee__fetch_chunk(&r->fetch, tag, status, remote_code, m));
 }
 
 /* ---- the view ------------------------------------------------------------ */
@@ -354,8 +436,7 @@ void bee_run_progress_read(bee_run *r, int status, const proto_progress *v,
   if (w.go && t < r->fetch.settle_ms)
     behind = false;
   if (behind && r->view.ndonors && !r->fetch.on) {
-    if (t >= r->fetch.retry_ms && /* not while every donor was busy */
-        !bee__fetch_wait(&r->fetch, &r->view, t))
+    if (t >= r->fetch.retry_ms) /* not while every donor was busy */
       start_fetch(r, (const uint8_t(*)[PROTO_ID_BYTES])r->view.donors,
                   r->view.ndonors);
   } else if (!w.go && !r->fetch.on) {
@@ -396,8 +477,8 @@ void bee_run_metrics_read(bee_run *r, int which, int status,
   uint8_t good[DONORS_MAX][PROTO_ID_BYTES];
   size_t k =
       bee__lines_resync(&r->lines, v, ids, n, w.diverged_epoch, &r->view, good);
-  if (k == 0 || bee__fetch_wait(&r->fetch, &r->view, now(r)))
-    return; /* none yet, or not now: asked again in RESYNC_MS */
+  if (k == 0)
+    return; /* none yet: asked again in RESYNC_MS */
   if (r->lines.nsplit)
     bee_info(COMP,
              "epoch %llu: loading the state of the line that goes on (%zu "
@@ -459,13 +540,11 @@ void bee_run_tick(bee_run *r, uint64_t samples, double compute_s) {
   bee__rounds_ahead(&r->rounds, &r->view, bee_rate_get(&r->rate), now(r));
   bee__rounds_tick(&r->rounds, now(r));
   /* Out of line: the metrics of the peers that hold the swarm's state;
-   * in line, now and then, for a split.  A download that waits for the
-   * swarm's step asks at every view. */
+   * in line, now and then, for a split. */
   if (!r->fetch.on && t >= r->fetch.retry_ms) {
     r->io.worker(r->io.ctx, &w);
     bee__lines_check(&r->lines, w.diverged && w.go && !w.load,
-                     r->view.view.peers, t,
-                     r->fetch.defer.on ? VIEW_MS : RESYNC_MS);
+                     r->view.view.peers, t, RESYNC_MS);
   }
   unsigned every = r->cfg->status_interval_s;
   if (every && r->view.have && t - r->status_ms >= every * 1000ull) {
@@ -486,6 +565,7 @@ void bee_run_stats_get(const bee_run *r, bee_run_stats *st) {
   st->splits = r->lines.splits;
   st->resyncs = r->resyncs;
   st->last_download_s = r->fetch.last_s;
+  st->steps_taken = r->steps_taken;
 }
 
 double bee_run_others_now(const bee_run_guide *g, uint64_t now_ms) {

@@ -82,6 +82,12 @@ typedef struct bee_run_result {
   /* The round's summary when one ran (borrowed for the call): the spans
    * that did not come back averaged are the caller's to clear. */
   const avg_round_summary *summary;
+  /* No round for this bee (it missed the swarm's): the swarm's step for
+   * the epoch instead, len bytes at step (borrowed for the call: the
+   * caller copies it into the worker's buffer). */
+  bool swarm;
+  const uint8_t *step;
+  size_t step_len;
 } bee_run_result;
 
 /* An averaging the core asks for (io.match, io.average, io.round): the
@@ -100,6 +106,9 @@ typedef struct bee_run_avg {
 } bee_run_avg;
 
 #define BEE_RUN_STATE_ROUND (UINT64_C(1) << 63) /* + epoch: a state round */
+/* Steps a bee takes from its peers after a download at most, to come
+ * level with the swarm instead of downloading again. */
+#define BEE_RUN_CATCHUP_MAX 8
 
 /* One epoch step the worker took, for the metrics record (its figures)
  * and the line the split check compares. */
@@ -136,6 +145,10 @@ typedef struct bee_run_io {
   /* A downloaded state for the worker, checked (checksum, size, shape):
    * len bytes at state (heap: the worker's now), as of epoch. */
   void (*load)(void *ctx, uint8_t *state, size_t len, uint64_t epoch);
+  /* After a load: the swarm's step from epoch, for the worker to take
+   * after the state and the steps before it (len bytes at buf, heap: the
+   * worker's now; NULL: a step that changed nothing). */
+  void (*replay)(void *ctx, uint8_t *buf, size_t len, uint64_t epoch);
   /* Marks the worker out of line from epoch on, unless it is already
    * (the split check's verdict). */
   void (*mark_diverged)(void *ctx, uint64_t epoch);
@@ -170,12 +183,13 @@ typedef struct bee_run_io {
    * tells them we are coming (WAIT). */
   void (*leave)(void *ctx, const avg_group *g, const char *why);
   void (*wait)(void *ctx, const avg_group *g);
-  /* State downloads: a chunk of len bytes at offset from the peer id
-   * (-> bee_run_chunk with tag), over a connection we have; -ENOTCONN
-   * when there is none.  Several may be on their way at once, to one
-   * peer and to several. */
-  int (*chunk)(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t offset,
-               uint32_t len, uint64_t tag);
+  /* State downloads: a chunk of len bytes at offset of the state (step
+   * BEE_RUN_STATE, a request) or of the step the peer took from epoch
+   * `step` (a step request), from the peer id (-> bee_run_chunk with
+   * tag), over a connection we have; -ENOTCONN when there is none.
+   * Several may be on their way at once, to one peer and to several. */
+  int (*chunk)(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t step,
+               uint64_t offset, uint32_t len, uint64_t tag);
   /* Downloads of our state we would start now (--max-state-uploads less
    * those running). */
   uint64_t (*free_slots)(void *ctx);
@@ -185,12 +199,15 @@ typedef struct bee_run_io {
 } bee_run_io;
 
 #define BEE_RUN_STATE_HDR 64
+#define BEE_RUN_STATE UINT64_MAX /* io.chunk: the state, not a step */
 
 /* What the core needs besides the flags (this bee's address, which the
  * matchmaking and the donor record declare, is the glue's). */
 typedef struct bee_run_config {
   const bee_config *cfg; /* borrowed, outlives the core */
   size_t state_bytes;    /* a snapshot of this model's state */
+  size_t step_bytes;     /* a step's buffer (the parameters'); 0: bees do
+                            not take the swarm's steps */
   uint32_t chunk_bytes;  /* asked per state request; 0: 1 MiB */
   uint8_t self_id[PROTO_ID_BYTES]; /* this bee's */
 } bee_run_config;
@@ -262,6 +279,8 @@ typedef struct bee_run_stats {
   uint64_t splits;         /* split verdicts against this bee */
   uint64_t resyncs;        /* downloads to come back in line */
   double last_download_s;  /* the last one took this long (0: none) */
+  uint64_t steps_taken;    /* the swarm's steps taken (after downloads, and
+                              for rounds that missed them) */
 } bee_run_stats;
 void bee_run_stats_get(const bee_run *r, bee_run_stats *st);
 

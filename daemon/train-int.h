@@ -63,6 +63,22 @@ struct pend {
 #define CKPT_LOCAL_OLD 24
 #define CKPT_NLOCAL (CKPT_LOCAL / 8)
 
+/* An epoch's step as this bee took it (bee__log_step): the buffer its
+ * optimizer stepped with from `epoch` to epoch + 1 (the round's mean; with
+ * DiLoCo the mean change), len bytes, or len 0 for a step that changed
+ * nothing.  A bee whose state is of that epoch takes the same step with
+ * it instead of downloading the state again (docs/PROTOCOL.md section
+ * 12).  Kept in shared.step_log under mu, the newest last. */
+typedef struct bee_step {
+  uint64_t epoch;
+  size_t len;
+  uint8_t sum[PROTO_STATE_SUM_BYTES];
+  uint8_t data[];
+} bee_step;
+/* Steps kept, at most; fewer where they would outweigh two snapshots
+ * (steps_kept). */
+#define STEPS_KEPT 8
+
 typedef struct bee_snap {
   unsigned refs;
   uint64_t epoch;
@@ -90,12 +106,13 @@ typedef struct train_shared {
   struct step_report {
     uint64_t epoch, samples;
     double loss;
-    int avg_status;       /* 0: averaged; else why not */
-    size_t group;         /* members of the round */
-    double by_all;        /* share of the tensor every member averaged */
-    bool delayed;         /* the round ran behind the next epoch's work */
-    bool ahead;           /* its group formed ahead (run-round.c) */
-    bool diverged;        /* the parameters have left the swarm's */
+    int avg_status; /* 0: averaged; else why not */
+    size_t group;   /* members of the round */
+    double by_all;  /* share of the tensor every member averaged */
+    bool delayed;   /* the round ran behind the next epoch's work */
+    bool ahead;     /* its group formed ahead (run-round.c) */
+    bool swarm;     /* no round: it took the swarm's step */
+    bool diverged;  /* the parameters have left the swarm's */
     uint8_t hash[PROTO_PARAMS_HASH_BYTES]; /* of the parameters after it */
     /* for the metrics record */
     double compute_s, averaging_s;
@@ -114,6 +131,17 @@ typedef struct train_shared {
   bool go;
   uint8_t *load;      /* a downloaded snapshot, checked; the worker frees */
   uint64_t load_epoch;
+  /* and the swarm's steps after it, to take in order (the worker frees) */
+  struct replay {
+    uint8_t *buf; /* len bytes: a step's buffer; NULL: the step changed
+                     nothing */
+    size_t len;
+    uint64_t epoch;
+  } replay[BEE_RUN_CATCHUP_MAX];
+  size_t nreplay;
+  /* worker -> loop: its last steps, for peers to take (bee_step) */
+  bee_step *step_log[STEPS_KEPT];
+  size_t nstep_log;
   /* worker -> loop: the latest snapshot, swapped in under mu */
   bee_snap *snap;
   /* worker <-> loop: the buffer to average (the gradients, DiLoCo's
@@ -127,8 +155,9 @@ typedef struct train_shared {
   int avg_status;
   size_t avg_group;
   double avg_by_all;
-  bool avg_ahead;       /* the group had formed ahead */
-  bool avg_left;        /* the group went on without this bee */
+  bool avg_ahead; /* the group had formed ahead */
+  bool avg_swarm; /* no round: the buffer is the swarm's step */
+  bool avg_left;  /* the group went on without this bee */
   /* worker -> loop: this bee stepped without a round its peers averaged
    * (from diverged_epoch on) and has not loaded their state since */
   bool diverged;
@@ -181,6 +210,9 @@ struct bee_train {
   trn_source *src; /* this bee's batches (images: made ahead on a thread
                       of their own) and the test set */
   size_t per_sample; /* predictions per sample: 1, gpt's window */
+  /* bee_steps kept for peers: at most STEPS_KEPT, and within two
+   * snapshots' bytes; 0: none (--delay-averaging) */
+  size_t steps_kept;
   uint64_t skipped_told; /* loss scaling's dropped batches, reported */
   uint64_t skip_streak;  /* dropped in a row */
   char desc[160];   /* the model, as trn_model_describe says it */
@@ -261,6 +293,13 @@ void bee__snap_unref(bee_snap *s);
 /* Worker: loads a snapshot the loop checked, as of its epoch (the
  * gradients are left as they are: the caller's). */
 void bee__load_snapshot(bee_train *t, const uint8_t *b, uint64_t epoch);
+/* Worker: keeps the step it took from epoch with buffer g (n floats;
+ * NULL: a step that changed nothing) for peers to take, the oldest going
+ * when more than steps_kept are kept.  Under no lock. */
+void bee__log_step(bee_train *t, uint64_t epoch, const float *g, size_t n);
+/* Worker: forgets the steps kept (its line changed: a state loaded, a
+ * state round, a step out of line). */
+void bee__forget_steps(bee_train *t);
 /* The checkpoint writer thread. */
 void bee__ckpt_writer(void *arg);
 /* The "state.get" handler: the bytes of the latest snapshot. */

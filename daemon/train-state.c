@@ -174,6 +174,51 @@ void bee__load_snapshot(bee_train *t, const uint8_t *b, uint64_t epoch) {
   uv_mutex_unlock(&t->mu);
 }
 
+/* ---- the steps taken, for peers to take ------------------------------- */
+
+void bee__log_step(bee_train *t, uint64_t epoch, const float *g, size_t n) {
+  if (!t->steps_kept)
+    return;
+  size_t len = g ? n * sizeof *g : 0;
+  bee_step *s = malloc(sizeof *s + len);
+  if (!s) { /* no step kept: a peer that needs it downloads the state */
+    bee__forget_steps(t);
+    return;
+  }
+  s->epoch = epoch;
+  s->len = len;
+  if (len)
+    memcpy(s->data, g, len);
+  crypto_generichash(s->sum, sizeof s->sum, s->data, len, NULL, 0);
+  bee_step *old = NULL;
+  uv_mutex_lock(&t->mu);
+  train_shared *sh = &t->shared;
+  /* Steps follow each other: one after a gap (a state loaded, forgotten
+   * steps) starts the log afresh. */
+  if (sh->nstep_log && sh->step_log[sh->nstep_log - 1]->epoch + 1 != epoch) {
+    for (size_t i = 0; i < sh->nstep_log; i++)
+      free(sh->step_log[i]);
+    sh->nstep_log = 0;
+  }
+  if (sh->nstep_log == t->steps_kept) {
+    old = sh->step_log[0];
+    memmove(sh->step_log, sh->step_log + 1,
+            (sh->nstep_log - 1) * sizeof *sh->step_log);
+    sh->nstep_log--;
+  }
+  sh->step_log[sh->nstep_log++] = s;
+  uv_mutex_unlock(&t->mu);
+  free(old);
+}
+
+void bee__forget_steps(bee_train *t) {
+  uv_mutex_lock(&t->mu);
+  for (size_t i = 0; i < t->shared.nstep_log; i++)
+    free(t->shared.step_log[i]);
+  t->shared.nstep_log = 0;
+  uv_mutex_unlock(&t->mu);
+}
+
 /* ---- checkpoints: the writer thread --------------------------------------- */
 
 /* Writes the latest snapshot (a copy taken under mu, so training goes on)
@@ -272,6 +317,57 @@ static bee_upload *upload_admit(bee_train *t, proto_conn *c, uint64_t req,
   return up;
 }
 
+/* Under mu, which it releases: the answer to request q, bytes [offset,
+ * offset + len) of a snapshot's or a step's (data, total, sum) as a
+ * message of type; counted against the upload up.  Returns the bytes
+ * sent, and whether it went (*rc 0). */
+static size_t reply_part(bee_train *t, proto_conn *c, uint64_t id,
+                         const proto_state_msg *q, bee_upload *up, int type,
+                         uint64_t epoch, const uint8_t *data, size_t total,
+                         const uint8_t *sum, const char *what, int *rc) {
+  size_t n = total - q->offset;
+  if (n > q->len)
+    n = q->len;
+  proto_state_msg m = {.type = type,
+                       .epoch = epoch,
+                       .total = total,
+                       .offset = q->offset,
+                       .data = {data + q->offset, n}};
+  memcpy(m.run, q->run, sizeof m.run);
+  memcpy(m.checksum, sum, sizeof m.checksum);
+  size_t cap = n + 256, len;
+  uint8_t *buf = malloc(cap);
+  *rc = buf ? proto_state_encode(&m, buf, cap, &len) : -ENOMEM;
+  uv_mutex_unlock(&t->mu);
+  if (*rc)
+    proto_conn_reply_error(c, id, *rc, what);
+  else
+    proto_conn_reply(c, id, buf, len);
+  free(buf);
+  up->bytes += n;
+  return n;
+}
+
+/* A peer asks for the step we took from q->epoch: its bytes [offset,
+ * offset + len), while we keep it and are in line. */
+static void serve_step(bee_train *t, proto_conn *c, uint64_t id,
+                       const proto_state_msg *q, bee_upload *up) {
+  uv_mutex_lock(&t->mu);
+  const bee_step *s = NULL;
+  for (size_t i = 0; i < t->shared.nstep_log && !t->shared.diverged; i++)
+    if (t->shared.step_log[i]->epoch == q->epoch)
+      s = t->shared.step_log[i];
+  if (!s || q->offset > s->len) {
+    uv_mutex_unlock(&t->mu);
+    proto_conn_reply_error(c, id, BEE_ERANGE,
+                           s ? "offset past the step" : "no such step here");
+    return;
+  }
+  int rc;
+  reply_part(t, c, id, q, up, PROTO_T_STATE_STEP, s->epoch, s->data, s->len,
+             s->sum, "cannot send the step", &rc);
+}
+
 /* A peer asks for our state: the bytes of the latest snapshot. */
 void bee__state_req_cb(proto_conn *c, uint64_t id, proto_bytes method,
                          proto_bytes payload, void *data) {
@@ -279,7 +375,7 @@ void bee__state_req_cb(proto_conn *c, uint64_t id, proto_bytes method,
   bee_train *t = data;
   proto_state_msg q;
   if (proto_state_decode(payload.p, payload.n, &q) ||
-      q.type != PROTO_T_STATE_REQ) {
+      (q.type != PROTO_T_STATE_REQ && q.type != PROTO_T_STATE_STEP_REQ)) {
     proto_conn_reply_error(c, id, BEE_EMALFORMED, "bad state request");
     return;
   }
@@ -291,6 +387,10 @@ void bee__state_req_cb(proto_conn *c, uint64_t id, proto_bytes method,
   bee_upload *up = upload_admit(t, c, id, &q);
   if (!up)
     return;
+  if (q.type == PROTO_T_STATE_STEP_REQ) {
+    serve_step(t, c, id, &q, up);
+    return;
+  }
   uv_mutex_lock(&t->mu);
   /* A download gets the snapshot it started on to its end; one that
    * starts (over) at offset 0 gets the latest. */
@@ -306,31 +406,15 @@ void bee__state_req_cb(proto_conn *c, uint64_t id, proto_bytes method,
     proto_conn_reply_error(c, id, BEE_ERANGE, why);
     return;
   }
-  size_t n = s->len - q.offset;
-  if (n > q.len)
-    n = q.len;
-  proto_state_msg m = {.type = PROTO_T_STATE_CHUNK,
-                       .epoch = s->epoch,
-                       .total = s->len,
-                       .offset = q.offset,
-                       .data = {s->data + q.offset, n}};
-  memcpy(m.run, q.run, sizeof m.run);
-  memcpy(m.checksum, s->sum, sizeof m.checksum);
-  size_t cap = n + 256, len;
-  uint8_t *buf = malloc(cap);
-  int rc = buf ? proto_state_encode(&m, buf, cap, &len) : -ENOMEM;
-  uv_mutex_unlock(&t->mu);
-  if (rc)
-    proto_conn_reply_error(c, id, rc, "cannot send the state");
-  else
-    proto_conn_reply(c, id, buf, len);
-  free(buf);
-  up->bytes += n;
+  int rc;
+  uint64_t total = s->len;
+  size_t n = reply_part(t, c, id, &q, up, PROTO_T_STATE_CHUNK, s->epoch,
+                        s->data, s->len, s->sum, "cannot send the state", &rc);
   /* The state's end ends the download: the last chunk for an asker that
    * fetches chunk after chunk, the request at the end itself (nothing to
    * send) for one that asks for several at once and of several donors
    * (until_release): it sends it once it has the whole. */
-  if (rc == 0 && q.offset + n == m.total && (n == 0 || !up->until_release)) {
+  if (rc == 0 && q.offset + n == total && (n == 0 || !up->until_release)) {
     char id8[9];
     bee_id8(up->id, id8);
     bee_info(COMP, "state: done serving %s (%.1f MiB sent in %.1f s)", id8,

@@ -66,6 +66,18 @@ static void io_load(void *ctx, uint8_t *state, size_t len, uint64_t epoch) {
   uv_mutex_unlock(&t->mu);
 }
 
+static void io_replay(void *ctx, uint8_t *buf, size_t len, uint64_t epoch) {
+  bee_train *t = ctx;
+  uv_mutex_lock(&t->mu);
+  train_shared *sh = &t->shared;
+  if (sh->nreplay < BEE_RUN_CATCHUP_MAX) {
+    sh->replay[sh->nreplay++] = (struct replay){buf, len, epoch};
+    buf = NULL;
+  }
+  uv_mutex_unlock(&t->mu);
+  free(buf); /* more than the core sends: not expected */
+}
+
 static void io_mark_diverged(void *ctx, uint64_t epoch) {
   bee_train *t = ctx;
   uv_mutex_lock(&t->mu);
@@ -115,6 +127,10 @@ static void io_round_over(void *ctx, const bee_run_result *r) {
   uv_mutex_unlock(&t->mu);
   if (r->status == 0 && r->summary && !state && buf)
     zero_local(r->summary, buf, np, epoch);
+  /* The swarm's step instead of a round: the worker steps with it. */
+  bool swarm = r->swarm && buf && r->step_len == np * sizeof *buf;
+  if (swarm)
+    memcpy(buf, r->step, r->step_len);
   uv_mutex_lock(&t->mu);
   t->shared.avg_req = false;
   t->shared.avg_done = true;
@@ -123,6 +139,7 @@ static void io_round_over(void *ctx, const bee_run_result *r) {
   t->shared.avg_by_all = r->by_all;
   t->shared.avg_ahead = r->ahead;
   t->shared.avg_left = r->left;
+  t->shared.avg_swarm = swarm;
   t->shared.avg_batch = r->batch;
   t->shared.avg_bytes_sent = r->bytes_sent;
   t->shared.avg_bytes_recv = r->bytes_recv;
@@ -524,13 +541,16 @@ static void chunk_cb(proto_conn *c, int status, int64_t remote_code,
   bee_run_chunk(t->run, tag, status, remote_code, status == 0 ? &m : NULL);
 }
 
-static int io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES],
+static int io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t step,
                     uint64_t offset, uint32_t len, uint64_t tag) {
   bee_train *t = ctx;
   proto_conn *c = t->host ? proto_host_find(t->host, id) : NULL;
   if (!c)
     return -ENOTCONN;
-  proto_state_msg q = {.type = PROTO_T_STATE_REQ, .offset = offset,
+  proto_state_msg q = {.type = step == BEE_RUN_STATE ? PROTO_T_STATE_REQ
+                                                     : PROTO_T_STATE_STEP_REQ,
+                       .epoch = step == BEE_RUN_STATE ? 0 : step,
+                       .offset = offset,
                        .len = len};
   uint8_t buf[PROTO_RUN_MAX + 64];
   size_t n;
@@ -570,6 +590,7 @@ void bee__run_io(bee_train *t, bee_run_io *io) {
                      .guide = io_guide,
                      .go = io_go,
                      .load = io_load,
+                     .replay = io_replay,
                      .mark_diverged = io_mark_diverged,
                      .round_over = io_round_over,
                      .put_progress = io_put_progress,

@@ -55,7 +55,8 @@ typedef struct avg_out {
   double by_all;
   uint64_t sent, recv, batch;
   bool ahead;
-  bool left; /* the group went on without this bee (left_behind) */
+  bool left;  /* the group went on without this bee (left_behind) */
+  bool swarm; /* no round: the buffer holds the swarm's step instead */
 } avg_out;
 
 /* Sends buf to the loop for the epoch's round (or a state round) without
@@ -81,10 +82,10 @@ static int round_result(bee_train *t, bool wait, avg_out *out) {
   while (wait && !t->shared.avg_done && !t->shared.stop)
     uv_cond_wait(&t->avg_cv, &t->mu);
   int rc = t->shared.stop ? 1 : !t->shared.avg_done ? 2 : 0;
-  *out = (avg_out){t->shared.avg_status,     t->shared.avg_group,
-                   t->shared.avg_by_all,     t->shared.avg_bytes_sent,
-                   t->shared.avg_bytes_recv, t->shared.avg_batch,
-                   t->shared.avg_ahead,      t->shared.avg_left};
+  *out = (avg_out){
+      t->shared.avg_status,     t->shared.avg_group,      t->shared.avg_by_all,
+      t->shared.avg_bytes_sent, t->shared.avg_bytes_recv, t->shared.avg_batch,
+      t->shared.avg_ahead,      t->shared.avg_left,       t->shared.avg_swarm};
   uv_mutex_unlock(&t->mu);
   return rc;
 }
@@ -132,6 +133,25 @@ static float lr_at(const bee_train *t, uint64_t epoch) {
   return trn_sched_lr(&s, epoch);
 }
 
+/* The optimizer step from epoch with buffer g (NULL: a step that changed
+ * nothing): this bee's own (finish_step) and the swarm's it takes, alike:
+ * the same optimizer, the same learning rate, the same bits.  DiLoCo's
+ * outer step goes from the anchor. */
+static int take_step(bee_train *t, uint64_t epoch, const float *g) {
+  float *p = trn_model_params(t->model);
+  size_t np = trn_model_nparams(t->model);
+  int rc = 0;
+  if (g && t->outer) {
+    memcpy(p, t->anchor, np * sizeof(float));
+    rc = trn_optim_step(t->outer, p, g, 1.0f);
+    memcpy(t->anchor, p, np * sizeof(float));
+  } else if (g) {
+    trn_optim_set_lr(t->optim, lr_at(t, epoch));
+    rc = trn_optim_step(t->optim, p, g, 1.0f);
+  }
+  return rc;
+}
+
 /* The second half of the epoch step, once the round is over: the
  * optimizer step with the averaged buffer g (DiLoCo's outer step), the
  * state round when one is due, the report, the snapshot, the checkpoint
@@ -146,35 +166,28 @@ static int finish_step(bee_train *t, const struct pend *s, float *g,
     sq_avg += (double)g[i] * g[i];
   /* Nothing here and nothing averaged in: no step (momentum would still
    * move the weights). */
-  int rc = 0;
-  if (n || a->status == 0) {
-    if (t->outer) {
-      memcpy(p, t->anchor, np * sizeof(float));
-      rc = trn_optim_step(t->outer, p, g, 1.0f);
-      memcpy(t->anchor, p, np * sizeof(float));
-    } else {
-      trn_optim_set_lr(t->optim, lr_at(t, epoch));
-      rc = trn_optim_step(t->optim, p, g, 1.0f);
-    }
-  }
+  int rc = n || a->status == 0 ? take_step(t, epoch, g) : 0;
   if (rc)
     return rc;
-  struct step_report rep = {
-      .epoch = epoch,
-      .samples = n,
-      .loss = n ? s->loss / (double)n : 0,
-      .avg_status = a->status,
-      .group = a->group,
-      .by_all = a->by_all,
-      .delayed = t->dgrad != NULL,
-      .ahead = a->ahead,
-      .compute_s = s->compute_s,
-      .averaging_s = s->round_s,
-      .bytes_sent = a->sent,
-      .bytes_recv = a->recv,
-      .grad_sq_local = s->sq_local,
-      .grad_sq_avg = sq_avg,
-      .batch_avg = a->status == 0 ? a->batch : n};
+  /* For peers whose state is of this epoch (a download that the swarm's
+   * step overtook, a round they missed): the step as taken. */
+  bee__log_step(t, epoch, n || a->status == 0 ? g : NULL, np);
+  struct step_report rep = {.epoch = epoch,
+                            .samples = n,
+                            .loss = n ? s->loss / (double)n : 0,
+                            .avg_status = a->status,
+                            .group = a->group,
+                            .by_all = a->by_all,
+                            .delayed = t->dgrad != NULL,
+                            .ahead = a->ahead,
+                            .swarm = a->swarm,
+                            .compute_s = s->compute_s,
+                            .averaging_s = s->round_s,
+                            .bytes_sent = a->sent,
+                            .bytes_recv = a->recv,
+                            .grad_sq_local = s->sq_local,
+                            .grad_sq_avg = sq_avg,
+                            .batch_avg = a->status == 0 ? a->batch : n};
   uint64_t skipped = 0;
   rep.loss_scale = trn_model_loss_scale(t->model, &skipped);
   rep.skipped = skipped - t->skipped_told;
@@ -198,6 +211,10 @@ static int finish_step(bee_train *t, const struct pend *s, float *g,
     t->shared.diverged = false;
   rep.diverged = t->shared.diverged;
   uv_mutex_unlock(&t->mu);
+  /* A state round's mean cannot be taken as a step, nor a step off the
+   * swarm's line: the steps kept end here. */
+  if ((rep.state_round && rep.state_status == 0) || rep.diverged)
+    bee__forget_steps(t);
   crypto_generichash(rep.hash, sizeof rep.hash, (const uint8_t *)p,
                      np * sizeof(float), NULL, 0);
   uv_mutex_lock(&t->mu);
@@ -280,8 +297,56 @@ static bool state_replaces_step(bee_train *t, uint64_t epoch,
 static void take_state(bee_train *t, uint8_t *load, uint64_t epoch) {
   bee__load_snapshot(t, load, epoch);
   free(load);
+  bee__forget_steps(t); /* its own, of a line that is no more */
   if (t->residual)
     memset(t->residual, 0, trn_model_nparams(t->model) * sizeof *t->residual);
+}
+
+/* The swarm's steps after a state just loaded, which the loop fetched
+ * from its donors because the swarm stepped on while the state came
+ * (run-fetch.c): taken in order, each as the donors took it, so that the
+ * bee lands where the swarm is, in line, without another download.  A
+ * step that does not follow, or does not fit, ends them there. */
+static int replay_steps(bee_train *t) {
+  struct replay r[BEE_RUN_CATCHUP_MAX];
+  uv_mutex_lock(&t->mu);
+  size_t n = t->shared.nreplay;
+  memcpy(r, t->shared.replay, n * sizeof *r);
+  t->shared.nreplay = 0;
+  uint64_t epoch = t->shared.epoch, from = epoch;
+  uv_mutex_unlock(&t->mu);
+  size_t np = trn_model_nparams(t->model), i = 0;
+  int rc = 0;
+  for (; i < n && rc == 0; i++) {
+    if (r[i].epoch != epoch || (r[i].buf && r[i].len != np * sizeof(float)))
+      break;
+    const float *g = (const float *)r[i].buf;
+    if ((rc = take_step(t, epoch, g)))
+      break;
+    bee__log_step(t, epoch, g, np);
+    free(r[i].buf);
+    r[i].buf = NULL;
+    epoch++;
+    uv_mutex_lock(&t->mu);
+    t->shared.epoch = epoch;
+    t->shared.samples = 0;
+    uv_mutex_unlock(&t->mu);
+    bee__make_snapshot(t, epoch);
+  }
+  for (size_t k = i; k < n; k++)
+    free(r[k].buf);
+  if (epoch > from)
+    bee_info(COMP,
+             "state: took the swarm's steps of epochs %llu to %llu (%llu): "
+             "at its epoch",
+             (unsigned long long)from, (unsigned long long)epoch - 1,
+             (unsigned long long)(epoch - from));
+  if (i < n && rc == 0)
+    bee_warn(COMP,
+             "state: the swarm's step of epoch %llu does not follow the "
+             "state; training on from epoch %llu",
+             (unsigned long long)r[i].epoch, (unsigned long long)epoch);
+  return rc;
 }
 
 /* A state of the very epoch whose round just ended, downloaded while the
@@ -294,7 +359,11 @@ static void take_state(bee_train *t, uint8_t *load, uint64_t epoch) {
  * bee back to the epoch it had just left, one step behind the swarm. */
 static void load_under_step(bee_train *t, uint64_t epoch) {
   uv_mutex_lock(&t->mu);
-  uint8_t *load = t->shared.load && t->shared.load_epoch == epoch ? t->shared.load : NULL;
+  /* Not with steps to take after it: the worker's loop takes both. */
+  uint8_t *load =
+      t->shared.load && t->shared.load_epoch == epoch && !t->shared.nreplay
+          ? t->shared.load
+          : NULL;
   t->shared.load = load ? NULL : t->shared.load;
   uv_mutex_unlock(&t->mu);
   if (!load)
@@ -447,6 +516,11 @@ static void worker(void *arg) {
       take_state(t, load, load_epoch);
       trn_model_zero_grad(t->model); /* what was gathered is not the state's */
       bee__make_snapshot(t, load_epoch);
+      int rr = replay_steps(t);
+      if (rr) {
+        worker_fail(t, rr, "the swarm's steps");
+        return;
+      }
       continue;
     }
     uv_mutex_lock(&t->mu);
@@ -559,7 +633,12 @@ static void async_cb(uv_async_t *h) {
     if (t->outer && steps < bee_config_inner_steps(t->cfg))
       snprintf(lag, sizeof lag, ", after %llu of its %u local steps",
                (unsigned long long)steps, bee_config_inner_steps(t->cfg));
-    if (r->avg_status == 0)
+    if (r->avg_status == 0 && r->swarm)
+      snprintf(how, sizeof how,
+               "took the swarm's step (its round missed it; its own %s left "
+               "out)%s",
+               t->outer ? "change" : "gradients", lag);
+    else if (r->avg_status == 0)
       snprintf(how, sizeof how,
                "averaged in a group of %zu (%.1f%% by all) in %.2f s, %.2f "
                "MiB sent%s%s%s",
@@ -791,6 +870,15 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     return -ENOMEM;
   if (cfg->error_feedback && !(t->residual = calloc(np, sizeof *t->residual)))
     return -ENOMEM;
+  /* The steps kept for peers: within two snapshots' bytes, none where
+   * a step is taken a round late (--delay-averaging). */
+  if (!cfg->delay_averaging) {
+    size_t step = np * sizeof(float), snap = bee__snapshot_size(t);
+    t->steps_kept = step ? 2 * snap / step : 0;
+    t->steps_kept = t->steps_kept < 2            ? 2
+                    : t->steps_kept > STEPS_KEPT ? STEPS_KEPT
+                                                 : t->steps_kept;
+  }
   if (cfg->average_state_every) {
     float *part[STATE_PARTS];
     size_t len[STATE_PARTS];
@@ -807,7 +895,10 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   }
   /* The run's decisions, with this bee's I/O (train-swarm.c). */
   bee__run_io(t, &t->io);
-  bee_run_config rc_cfg = {.cfg = cfg, .state_bytes = bee__snapshot_size(t)};
+  bee_run_config rc_cfg = {.cfg = cfg,
+                           .state_bytes = bee__snapshot_size(t),
+                           .step_bytes =
+                               t->steps_kept ? np * sizeof(float) : 0};
   memcpy(rc_cfg.self_id, id->id, sizeof rc_cfg.self_id);
   if ((rc = bee_run_new(&rc_cfg, &t->io, &t->run))) {
     trn_order_free(&ord);
@@ -1170,6 +1261,10 @@ void bee_train_free(bee_train *t) {
     bee__snap_unref(t->uploads.u[i].pin);
   bee__snap_unref(t->shared.snap);
   free(t->shared.load);
+  for (size_t i = 0; i < t->shared.nreplay; i++)
+    free(t->shared.replay[i].buf);
+  for (size_t i = 0; i < t->shared.nstep_log; i++)
+    free(t->shared.step_log[i]);
   bee_run_free(t->run);
   trn_source_free(t->src);
   free(t);

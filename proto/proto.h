@@ -182,6 +182,8 @@ enum proto_type {
   PROTO_T_AVG_WAIT = 67,    /* averaging round, see proto_avg_msg */
   PROTO_T_STATE_REQ = 70,   /* state download, see proto_state_msg */
   PROTO_T_STATE_CHUNK = 71,
+  PROTO_T_STATE_STEP_REQ = 72, /* an epoch's step, see proto_state_msg */
+  PROTO_T_STATE_STEP = 73,
 };
 
 /* One envelope message, decoded.  Views point into the decoded buffer.
@@ -855,23 +857,30 @@ int proto_group_decode(const uint8_t *buf, size_t len, proto_group_msg *m,
 /* State download (issue 6): a bee behind the swarm fetches the run's
  * training state from a peer with "state.get" requests (state-msg.c,
  * docs/PROTOCOL.md section 12):
- *   REQUEST [1, 70, run, offset, len]
- *   CHUNK   [1, 71, run, epoch, total, checksum, offset, data]
- * checksum is the BLAKE2b-256 of the whole snapshot of total bytes.      */
+ *   REQUEST  [1, 70, run, offset, len]
+ *   CHUNK    [1, 71, run, epoch, total, checksum, offset, data]
+ *   STEP_REQ [1, 72, run, epoch, offset, len]
+ *   STEP     [1, 73, run, epoch, total, checksum, offset, data]
+ * checksum is the BLAKE2b-256 of the whole snapshot of total bytes.  A
+ * STEP is the update a peer stepped with from epoch to epoch + 1 (the
+ * round's mean, as its optimizer took it), so that a bee with the state
+ * of epoch takes the same step; total 0: that step changed nothing.     */
 
 #define PROTO_STATE_CHUNK_MAX (1u << 20) /* bytes of one chunk */
 #define PROTO_STATE_MAX (1ull << 40)     /* bytes of one snapshot */
 #define PROTO_STATE_SUM_BYTES 32
 
 typedef struct proto_state_msg {
-  int type;                     /* PROTO_T_STATE_REQ or _CHUNK */
-  char run[PROTO_RUN_MAX + 1];  /* both */
-  uint64_t offset;              /* both: where the bytes start */
-  uint64_t len;                 /* REQ: bytes asked, 1..CHUNK_MAX */
-  uint64_t epoch;               /* CHUNK: the snapshot's epoch */
-  uint64_t total;               /* CHUNK: the snapshot's size */
-  uint8_t checksum[PROTO_STATE_SUM_BYTES]; /* CHUNK */
-  proto_bytes data;             /* CHUNK: a view, at most CHUNK_MAX */
+  int type;                     /* PROTO_T_STATE_REQ, _CHUNK, _STEP_REQ
+                                   or _STEP */
+  char run[PROTO_RUN_MAX + 1];  /* all */
+  uint64_t offset;              /* all: where the bytes start */
+  uint64_t len;                 /* REQ, STEP_REQ: bytes asked, 1..CHUNK_MAX */
+  uint64_t epoch;               /* CHUNK: the snapshot's epoch; STEP_REQ,
+                                   STEP: the step's (from epoch) */
+  uint64_t total;               /* CHUNK, STEP: the whole's size */
+  uint8_t checksum[PROTO_STATE_SUM_BYTES]; /* CHUNK, STEP */
+  proto_bytes data;             /* CHUNK, STEP: a view, at most CHUNK_MAX */
 } proto_state_msg;
 
 /* Encodes m; BEE_EUNKNOWN for another type, BEE_ERANGE or BEE_ETOOBIG for

@@ -4,12 +4,16 @@
  * A bee that joins a run behind the swarm asks a peer for the run's
  * training state (parameters, optimizer state, buffers) piece by piece
  * with the "state.get" request:
- *   REQUEST [1, 70, run, offset, len]
- *   CHUNK   [1, 71, run, epoch, total, checksum, offset, data]
+ *   REQUEST  [1, 70, run, offset, len]
+ *   CHUNK    [1, 71, run, epoch, total, checksum, offset, data]
  * The donor answers each request with the bytes [offset, offset + len) of
  * its latest snapshot (fewer at the end), the snapshot's epoch, its total
  * size and its BLAKE2b-256 checksum, so the asker notices a snapshot that
- * changed under it and checks the whole before using it.
+ * changed under it and checks the whole before using it.  The same
+ * request carries the swarm's steps since, so that a bee whose state is
+ * an epoch or two old takes them instead of downloading again:
+ *   STEP_REQ [1, 72, run, epoch, offset, len]
+ *   STEP     [1, 73, run, epoch, total, checksum, offset, data]
  *
  * Strict in the way of dht-msg.c: exact field counts and msgpack types,
  * every range checked, the message must fill the buffer, views into the
@@ -19,15 +23,19 @@
 
 #include <string.h>
 
-static const uint8_t nfields_of[] = {3, 6};
+static const uint8_t nfields_of[] = {3, 6, 4, 6};
+
+static bool is_request(int type) {
+  return type == PROTO_T_STATE_REQ || type == PROTO_T_STATE_STEP_REQ;
+}
 
 static int check(const proto_state_msg *m, size_t *run_n) {
-  if (m->type != PROTO_T_STATE_REQ && m->type != PROTO_T_STATE_CHUNK)
+  if (m->type < PROTO_T_STATE_REQ || m->type > PROTO_T_STATE_STEP)
     return BEE_EUNKNOWN;
   int rc = proto__str_check(m->run, sizeof m->run, proto__run_ok, run_n);
   if (rc)
     return rc;
-  if (m->type == PROTO_T_STATE_REQ)
+  if (is_request(m->type))
     return m->len >= 1 && m->len <= PROTO_STATE_CHUNK_MAX &&
                    m->offset < PROTO_STATE_MAX
                ? 0
@@ -50,7 +58,9 @@ int proto_state_encode(const proto_state_msg *m, uint8_t *buf, size_t cap,
   proto__wr_init(&w, buf, cap);
   proto__wr_head(&w, m->type, nfields_of[m->type - PROTO_T_STATE_REQ]);
   proto__wr_str(&w, m->run, run_n);
-  if (m->type == PROTO_T_STATE_REQ) {
+  if (m->type == PROTO_T_STATE_STEP_REQ)
+    proto__wr_uint(&w, m->epoch);
+  if (is_request(m->type)) {
     proto__wr_uint(&w, m->offset);
     proto__wr_uint(&w, m->len);
   } else {
@@ -71,11 +81,13 @@ int proto_state_decode(const uint8_t *buf, size_t len, proto_state_msg *m) {
   int rc;
   memset(m, 0, sizeof *m);
   proto__rd_init(&r, buf, len);
-  if ((rc = proto__rd_family_head(&r, PROTO_T_STATE_REQ, 2, nfields_of,
+  if ((rc = proto__rd_family_head(&r, PROTO_T_STATE_REQ, 4, nfields_of,
                                   &m->type)) ||
       (rc = proto__rd_cstr(&r, m->run, PROTO_RUN_MAX, proto__run_ok)))
     goto fail;
-  if (m->type == PROTO_T_STATE_REQ) {
+  if (m->type == PROTO_T_STATE_STEP_REQ && (rc = proto__rd_uint(&r, &m->epoch)))
+    goto fail;
+  if (is_request(m->type)) {
     if ((rc = proto__rd_uint(&r, &m->offset)) ||
         (rc = proto__rd_uint(&r, &m->len)))
       goto fail;

@@ -450,8 +450,59 @@ static void unpin(void *pin, void *arg) {
   free(pin);
 }
 
-int sim__io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t offset,
-                  uint32_t len, uint64_t tag) {
+/* When the stream from d to b is free for n more bytes of a blob whose
+ * real size is real, modeled as model bytes: the answer's time.  A
+ * request reaches the donor half a round trip from now, its bytes leave
+ * once the stream is free (chunks on one connection come one after the
+ * other), and arrive half a round trip later. */
+static uint64_t answer_at(swarmsim *s, sbee *b, const sbee *d, size_t n,
+                          size_t real, double model) {
+  double t = sim__rtt(s, b, d);
+  double bytes = real ? (double)n / (double)real * model : 0;
+  if (!b->stream_free)
+    b->stream_free = sim__xcalloc(s->c.slots, sizeof *b->stream_free);
+  uint64_t arrive = s->now + (uint64_t)(t / 2);
+  uint64_t begin =
+      arrive > b->stream_free[d->idx] ? arrive : b->stream_free[d->idx];
+  uint64_t sent = begin + (uint64_t)(bytes / sim__stream_bpms(s, b, d));
+  b->stream_free[d->idx] = sent;
+  return sent + (uint64_t)(t / 2);
+}
+
+/* A donor's answer to a step request: the step it took from epoch, while
+ * it keeps it and is in line (train-state.c's serve_step). */
+static void step_answer(swarmsim *s, sbee *b, sbee *d, uint64_t epoch,
+                        uint64_t offset, uint32_t len, event *e) {
+  const ssnap *st = NULL;
+  for (size_t i = 0; i < d->w.nsteps && !d->w.diverged; i++)
+    if (d->w.steps[i].epoch == epoch)
+      st = &d->w.steps[i];
+  size_t total = st && st->line ? s->step_bytes : 0;
+  if (!st || offset > total) {
+    e->at = s->now + (uint64_t)sim__rtt(s, b, d);
+    e->status = BEE_EREMOTE;
+    e->code = BEE_ERANGE;
+    return;
+  }
+  uint8_t *all = sim__xcalloc(s->step_bytes, 1);
+  sim__step_bytes_of(s, epoch, st->line, all);
+  size_t n = total - offset < len ? total - offset : len;
+  e->data = sim__xcalloc(n ? n : 1, 1);
+  memcpy(e->data, all + offset, n);
+  e->len = n;
+  e->chunk = (proto_state_msg){.type = PROTO_T_STATE_STEP,
+                               .epoch = epoch,
+                               .total = total,
+                               .offset = offset};
+  snprintf(e->chunk.run, sizeof e->chunk.run, "%s", s->c.cfg->run);
+  crypto_generichash(e->chunk.checksum, sizeof e->chunk.checksum, all, total,
+                     NULL, 0);
+  free(all);
+  e->at = answer_at(s, b, d, n, s->step_bytes, s->c.model_bytes);
+}
+
+int sim__io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t step,
+                  uint64_t offset, uint32_t len, uint64_t tag) {
   sbee *b = ctx;
   swarmsim *s = b->s;
   sbee *d = sim__by_id(s, id);
@@ -469,11 +520,17 @@ int sim__io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t offset,
       bee_uploads_admit(&d->uploads, b->id, s->now, s->c.cfg->max_state_uploads,
                         &fresh, unpin, NULL);
   if (up && fresh) /* as train-state.c: a probe holds the slot */
-    up->until_release = offset == 0 && len <= BEE_RUN_STATE_HDR;
-  if (!up || !d->w.snap) {
+    up->until_release =
+        step == BEE_RUN_STATE && offset == 0 && len <= BEE_RUN_STATE_HDR;
+  if (!up || (step == BEE_RUN_STATE && !d->w.snap)) {
     e.at = s->now + (uint64_t)t;
     e.status = BEE_EREMOTE;
     e.code = up ? BEE_ERANGE : BEE_ELIMIT;
+    sim__push(s, e);
+    return 0;
+  }
+  if (step != BEE_RUN_STATE) {
+    step_answer(s, b, d, step, offset, len, &e);
     sim__push(s, e);
     return 0;
   }
@@ -500,20 +557,8 @@ int sim__io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t offset,
   crypto_generichash(e.chunk.checksum, sizeof e.chunk.checksum, all,
                      s->state_bytes, NULL, 0);
   free(all);
-  /* The chunk's share of the modeled state, at the stream's rate, after
-   * the chunks before it on the same stream (one connection a pair): a
-   * request reaches the donor half a round trip from now, its bytes
-   * leave once the stream is free, and arrive half a round trip later. */
   double state = s->c.state_bytes > 0 ? s->c.state_bytes : s->c.model_bytes;
-  double bytes = (double)n / (double)s->state_bytes * state;
-  if (!b->stream_free)
-    b->stream_free = sim__xcalloc(s->c.slots, sizeof *b->stream_free);
-  uint64_t arrive = s->now + (uint64_t)(t / 2);
-  uint64_t begin = arrive > b->stream_free[d->idx] ? arrive
-                                                   : b->stream_free[d->idx];
-  uint64_t sent = begin + (uint64_t)(bytes / sim__stream_bpms(s, b, d));
-  b->stream_free[d->idx] = sent;
-  e.at = sent + (uint64_t)(t / 2);
+  e.at = answer_at(s, b, d, n, s->state_bytes, state);
   if (offset + n >= s->state_bytes && (n == 0 || !up->until_release)) {
     free(up->pin);
     up->pin = NULL;

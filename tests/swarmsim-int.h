@@ -99,6 +99,9 @@ typedef struct sthrow {
 } sthrow;
 
 #define SNAPS_KEPT 32
+/* Steps a bee keeps for peers, at most (the room; s->steps_kept: as
+ * train.c, within two states' bytes). */
+#define SIM_STEPS_KEPT 8
 
 /* A record in the DHT, in two copies: [0] stored, [1] on its way (stored
  * from vis_ms on).  A read sees the newer once it is stored, the older
@@ -141,6 +144,13 @@ typedef struct sbee {
     ssnap snapshot;
     uint64_t pend_samples;
     double pend_s;
+    /* the steps it took, the newest last, for peers to take (a step of
+     * key 0 changed nothing) */
+    ssnap steps[SIM_STEPS_KEPT];
+    size_t nsteps;
+    /* the swarm's steps to take after a load */
+    ssnap replay[BEE_RUN_CATCHUP_MAX];
+    size_t nreplay;
   } w;
   ssnap kept[SNAPS_KEPT]; /* the last checkpoints, by epoch */
   /* the averager */
@@ -183,6 +193,8 @@ struct swarmsim {
   sthrow *thrown; /* samples loads threw away */
   size_t nthrown, capthrown;
   size_t state_bytes;
+  size_t step_bytes; /* a step's, as the cores see it */
+  size_t steps_kept; /* steps a bee keeps for peers */
   /* Scratch for the reads (slots entries each). */
   proto_progress *rd_progress;
   proto_donor *rd_donors;
@@ -213,6 +225,9 @@ void *sim__slot_store(sslot *sl, void *copies, size_t size, uint64_t now,
                       uint64_t vis, uint64_t exp);
 const void *sim__slot_read(const sslot *sl, const void *copies, size_t size,
                            uint64_t now);
+/* A step's bytes (s->step_bytes at out): its epoch and key. */
+void sim__step_bytes_of(const swarmsim *s, uint64_t epoch, uint64_t key,
+                        uint8_t *out);
 /* A snapshot's bytes (s->state_bytes at out). */
 void sim__state_bytes_of(const swarmsim *s, const ssnap *sn, uint8_t *out);
 
@@ -226,8 +241,8 @@ void sim__io_cancel(void *ctx);
 bool sim__io_matching(void *ctx);
 void sim__io_leave(void *ctx, const avg_group *g, const char *why);
 void sim__io_wait(void *ctx, const avg_group *g);
-int sim__io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t offset,
-                  uint32_t len, uint64_t tag);
+int sim__io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t step,
+                  uint64_t offset, uint32_t len, uint64_t tag);
 uint64_t sim__io_free_slots(void *ctx);
 /* Events: a message for b's matchmaking sent (its answer), the
  * declarations read, the matchmaking's tick; a round's check and end, a

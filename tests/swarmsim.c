@@ -122,9 +122,11 @@ double sim__stream_bpms(const swarmsim *s, const sbee *a, const sbee *b) {
 }
 
 sbee *sim__by_id(swarmsim *s, const uint8_t id[PROTO_ID_BYTES]) {
-  /* Ids start with the slot number (little-endian, 4 bytes). */
-  size_t i = (size_t)id[0] | (size_t)id[1] << 8 | (size_t)id[2] << 16 |
-             (size_t)id[3] << 24;
+  /* Ids end with the slot number (little-endian, 4 bytes); their first
+   * bytes are random, as a key's hash is, for the XOR orders. */
+  const uint8_t *t = id + PROTO_ID_BYTES - 4;
+  size_t i = (size_t)t[0] | (size_t)t[1] << 8 | (size_t)t[2] << 16 |
+             (size_t)t[3] << 24;
   if (i >= s->nb || memcmp(s->b[i].id, id, PROTO_ID_BYTES) != 0)
     return NULL;
   return &s->b[i];
@@ -139,6 +141,14 @@ uint64_t sim__mix(uint64_t a, uint64_t b) {
 }
 
 /* ---- the state as bytes: a header, then the line and epoch repeated ---- */
+
+void sim__step_bytes_of(const swarmsim *s, uint64_t epoch, uint64_t key,
+                        uint8_t *out) {
+  for (size_t i = 0; i + 16 <= s->step_bytes; i += 16) {
+    memcpy(out + i, &key, 8);
+    memcpy(out + i + 8, &epoch, 8);
+  }
+}
 
 void sim__state_bytes_of(const swarmsim *s, const ssnap *sn, uint8_t *out) {
   memset(out, 0, s->state_bytes);
@@ -180,9 +190,21 @@ static void record(swarmsim *s, sbee *b, uint64_t epoch, uint64_t samples,
                                .group = group};
 }
 
+/* Keeps the step the worker took from epoch (key 0: none) for peers. */
+static void log_step(sbee *b, uint64_t epoch, uint64_t key) {
+  if (b->w.nsteps && b->w.steps[b->w.nsteps - 1].epoch + 1 != epoch)
+    b->w.nsteps = 0;
+  if (b->w.nsteps == b->s->steps_kept) {
+    memmove(b->w.steps, b->w.steps + 1, (b->w.nsteps - 1) * sizeof *b->w.steps);
+    b->w.nsteps--;
+  }
+  b->w.steps[b->w.nsteps++] = (ssnap){epoch, key};
+}
+
 static void take_state(swarmsim *s, sbee *b) {
   b->w.epoch = b->w.load_epoch;
   b->w.line = b->w.load_line;
+  b->w.nsteps = 0;
   if (b->w.samples) { /* computed at the old epoch, thrown away */
     if (s->nthrown == s->capthrown) {
       s->capthrown = s->capthrown ? 2 * s->capthrown : 256;
@@ -194,6 +216,17 @@ static void take_state(swarmsim *s, sbee *b) {
   b->w.diverged = false;
   b->w.load = false;
   make_snapshot(b, b->w.epoch);
+  /* The swarm's steps since, as train.c's replay_steps takes them. */
+  size_t i = 0;
+  for (; i < b->w.nreplay && b->w.replay[i].epoch == b->w.epoch; i++) {
+    uint64_t key = b->w.replay[i].line;
+    if (key)
+      b->w.line = sim__mix(b->w.line, key);
+    log_step(b, b->w.epoch, key);
+    b->w.epoch++;
+    make_snapshot(b, b->w.epoch);
+  }
+  b->w.nreplay = 0;
 }
 
 static void request_round(swarmsim *s, sbee *b) {
@@ -218,7 +251,7 @@ static void step_done(swarmsim *s, sbee *b) {
     return;
   }
   /* A state of the round's own epoch: the step goes from it. */
-  if (b->w.load && b->w.load_epoch == epoch) {
+  if (b->w.load && b->w.load_epoch == epoch && !b->w.nreplay) {
     b->w.line = b->w.load_line;
     b->w.load = false;
     b->w.diverged = false;
@@ -227,13 +260,17 @@ static void step_done(swarmsim *s, sbee *b) {
   b->w.samples = 0;
   /* The step: the round's mean, or this bee's own gradients; none with
    * nothing here and nothing averaged in. */
-  if (n || a->status == 0)
+  bool stepped = n || a->status == 0;
+  if (stepped)
     b->w.line = sim__mix(b->w.line, b->w.mean_key);
+  log_step(b, epoch, stepped ? b->w.mean_key : 0);
   if (!b->w.diverged &&
       bee_run_step_diverges(&b->w.guide, epoch, n, a->status, a->left)) {
     b->w.diverged = true;
     b->w.diverged_epoch = epoch;
   }
+  if (b->w.diverged)
+    b->w.nsteps = 0; /* off the line: no step of the swarm's */
   bee_run_step st = {.epoch = epoch,
                      .samples = n,
                      .loss = 1.0,
@@ -329,6 +366,17 @@ static void io_load(void *ctx, uint8_t *state, size_t len, uint64_t epoch) {
   bee_run_stats st;
   bee_run_stats_get(b->core, &st);
   b->life.download_s = st.last_download_s;
+  b->life.loaded_ms = b->s->now;
+}
+
+static void io_replay(void *ctx, uint8_t *buf, size_t len, uint64_t epoch) {
+  sbee *b = ctx;
+  uint64_t key = 0;
+  if (buf && len >= 8)
+    memcpy(&key, buf, 8);
+  free(buf);
+  if (b->w.nreplay < BEE_RUN_CATCHUP_MAX)
+    b->w.replay[b->w.nreplay++] = (ssnap){epoch, key};
 }
 
 static void io_mark_diverged(void *ctx, uint64_t epoch) {
@@ -345,9 +393,14 @@ static void io_round_over(void *ctx, const bee_run_result *r) {
   b->w.avg_done = true;
   b->w.res = *r;
   b->w.res.summary = NULL;
-  /* The round's mean, the same for every member it answered; a member
-   * it went on without, or one alone, steps with its own values. */
-  b->w.mean_key = r->status == 0 && b->round && !r->left
+  /* The round's mean, the same for every member it answered; the
+   * swarm's step taken instead; a member its group went on without, or
+   * one alone, steps with its own values. */
+  uint64_t key;
+  if (r->swarm && r->step_len >= 8)
+    memcpy(&key, r->step, 8);
+  b->w.mean_key = r->swarm && r->step_len >= 8 ? key
+                  : r->status == 0 && b->round && !r->left
                       ? b->round->key
                       : sim__mix(sim__mix(b->idx, b->gen), b->w.avg_epoch);
   sim__at(b->s, b->s->now, EV_WORKER, b, 1);
@@ -464,10 +517,11 @@ static void bee_init(swarmsim *s, sbee *b, size_t idx, size_t region) {
   b->region = region;
   for (size_t k = 0; k < PROTO_ID_BYTES; k++)
     b->id[k] = (uint8_t)test_rng_next(&s->rng);
-  b->id[0] = (uint8_t)idx;
-  b->id[1] = (uint8_t)(idx >> 8);
-  b->id[2] = (uint8_t)(idx >> 16);
-  b->id[3] = (uint8_t)(idx >> 24);
+  uint8_t *t = b->id + PROTO_ID_BYTES - 4;
+  t[0] = (uint8_t)idx;
+  t[1] = (uint8_t)(idx >> 8);
+  t[2] = (uint8_t)(idx >> 16);
+  t[3] = (uint8_t)(idx >> 24);
   b->rate =
       s->c.rate_lo + (s->c.rate_hi - s->c.rate_lo) * test_rng_unit(&s->rng);
   b->life.started_ms = s->now;
@@ -478,6 +532,7 @@ static void bee_init(swarmsim *s, sbee *b, size_t idx, size_t region) {
                        .guide = io_guide,
                        .go = io_go,
                        .load = io_load,
+                       .replay = io_replay,
                        .mark_diverged = io_mark_diverged,
                        .round_over = io_round_over,
                        .put_progress = io_put_progress,
@@ -501,6 +556,7 @@ static void bee_init(swarmsim *s, sbee *b, size_t idx, size_t region) {
                        .chunk_bytes =
                            (uint32_t)((s->state_bytes + s->c.state_chunks - 1) /
                                       s->c.state_chunks)};
+  rc.step_bytes = s->step_bytes;
   memcpy(rc.self_id, b->id, PROTO_ID_BYTES);
   if (bee_run_new(&rc, &b->io, &b->core) != 0)
     abort();
@@ -553,6 +609,12 @@ swarmsim *swarmsim_new(const swarmsim_config *c) {
   s->rd_decls = sim__xcalloc(c->slots, sizeof *s->rd_decls);
   s->rd_ids = sim__xcalloc(c->slots, sizeof *s->rd_ids);
   s->state_bytes = BEE_RUN_STATE_HDR + 16 * c->state_chunks * 4;
+  s->step_bytes = 16 * c->state_chunks * 2;
+  double state = c->state_bytes > 0 ? c->state_bytes : c->model_bytes;
+  double kept = 2 * state / c->model_bytes;
+  s->steps_kept = kept < 2                ? 2
+                  : kept > SIM_STEPS_KEPT ? SIM_STEPS_KEPT
+                                          : (size_t)kept;
   for (size_t i = 0; i < c->bees; i++) {
     bee_init(s, &s->b[i], i, i % c->nregions);
     s->nb++;
@@ -809,7 +871,12 @@ void swarmsim_check(const swarmsim *s, uint64_t from, uint64_t to,
         r->off_line++;
         r->wasted += v[k].samples;
       }
-      if (v[k].status == 0) {
+      if (v[k].status == 0 && v[k].group == 0) { /* its samples left out */
+        r->swarm_steps++;
+        if (v[k].line == main_line)
+          r->wasted += v[k].samples;
+      }
+      if (v[k].status == 0 && v[k].group > 0) {
         if (v[k].group > r->max_group)
           r->max_group = v[k].group;
         if (v[k].group < r->min_group)
@@ -879,6 +946,13 @@ bool swarmsim_in_line(const swarmsim *s, size_t bee, uint64_t *epoch,
   }
   free(v);
   return found;
+}
+
+uint64_t swarmsim_step_ms(const swarmsim *s, uint64_t epoch) {
+  for (size_t i = 0; i < s->nrecs; i++) /* in time order */
+    if (s->recs[i].epoch == epoch)
+      return s->recs[i].ms;
+  return UINT64_MAX;
 }
 
 void swarmsim_four_continents(swarmsim_config *c) {

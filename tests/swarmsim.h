@@ -68,6 +68,7 @@ typedef struct swarmsim_life {
   bool killed;
   uint64_t downloads; /* states it loaded */
   double download_s;  /* the last one took this long */
+  uint64_t loaded_ms; /* when the last was loaded */
 } swarmsim_life;
 
 /* What swarmsim_check found over the epochs from..to. */
@@ -76,10 +77,12 @@ typedef struct swarmsim_report {
   uint64_t steps;        /* steps taken */
   uint64_t split_epochs; /* epochs whose steps left more than one line */
   uint64_t alone;        /* steps without a round (not averaged) */
+  uint64_t swarm_steps;  /* the swarm's step taken for a round missed */
   uint64_t off_line;     /* steps whose line is not the epoch's main one */
   uint64_t samples;      /* computed, in those epochs' steps */
-  uint64_t wasted;       /* of them, in steps off the main line, and
-                             thrown away by loads */
+  uint64_t wasted;       /* of them, in steps off the main line, left
+                            out of the swarm's step taken instead, and
+                            thrown away by loads */
   uint64_t downloads;    /* states loaded, all bees */
   uint64_t splits;       /* split verdicts, all bees */
   uint64_t max_group;    /* largest group */
@@ -110,6 +113,8 @@ const swarmsim_life *swarmsim_life_of(const swarmsim *s, size_t bee);
  * of the epoch's steps left): its epoch and time.  False when none. */
 bool swarmsim_in_line(const swarmsim *s, size_t bee, uint64_t *epoch,
                       uint64_t *ms);
+/* When the first step at epoch was taken (ms); UINT64_MAX: none yet. */
+uint64_t swarmsim_step_ms(const swarmsim *s, uint64_t epoch);
 /* The steps of epochs from..to (inclusive) and the waste. */
 void swarmsim_check(const swarmsim *s, uint64_t from, uint64_t to,
                     swarmsim_report *r);

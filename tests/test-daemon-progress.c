@@ -509,37 +509,6 @@ static void test_outer_round(void) {
   ASSERT(bee_outer_round(p, 3, "r", 6, 10000, now, -1, 1.0) == -1);
 }
 
-/* A download waits for the swarm's step when the target comes sooner
- * than the bee could join the epoch's group; once per download, and for
- * at most BEE_DEFER_MAX_MS. */
-static void test_fetch_defer(void) {
-  bee_defer d = {0};
-  /* Unknown time to the target, or enough time: no wait. */
-  ASSERT(!bee_fetch_defer(&d, -1, 3.5, 7, 1000));
-  ASSERT(!bee_fetch_defer(&d, 3.5, 3.5, 7, 1000));
-  ASSERT(!bee_fetch_defer(&d, 9.0, 3.5, 7, 1000));
-  ASSERT(!d.on && !d.spent);
-  /* Too late in epoch 7: waits while the swarm is there... */
-  ASSERT(bee_fetch_defer(&d, 1.2, 3.5, 7, 1000));
-  ASSERT(bee_fetch_defer(&d, 0.0, 3.5, 7, 2000)); /* target in, no step */
-  ASSERT(bee_fetch_defer(&d, 9.0, 3.5, 7, 2500)); /* still epoch 7 */
-  /* ...and goes once it stepped, whatever the new epoch's time left. */
-  ASSERT(!bee_fetch_defer(&d, 0.5, 3.5, 8, 3000));
-  ASSERT(!d.on && d.spent);
-  ASSERT(!bee_fetch_defer(&d, 0.5, 3.5, 8, 3100)); /* no second wait */
-  /* The next download may wait again. */
-  bee_fetch_started(&d);
-  ASSERT(!d.on && !d.spent);
-  ASSERT(bee_fetch_defer(&d, 2.0, 3.5, 8, 5000));
-  /* A swarm that never steps: the wait ends after BEE_DEFER_MAX_MS. */
-  ASSERT(bee_fetch_defer(&d, 0.0, 3.5, 8, 5000 + BEE_DEFER_MAX_MS - 1));
-  ASSERT(!bee_fetch_defer(&d, 0.0, 3.5, 8, 5000 + BEE_DEFER_MAX_MS));
-  ASSERT(!bee_fetch_defer(&d, 0.0, 3.5, 8, 5000 + BEE_DEFER_MAX_MS + 1));
-  /* A NaN time to the target is no reason to wait. */
-  bee_fetch_started(&d);
-  ASSERT(!bee_fetch_defer(&d, NAN, 3.5, 8, 1000));
-}
-
 int main(void) {
   test_rate();
   test_uploads();
@@ -549,7 +518,6 @@ int main(void) {
   test_candidates();
   test_deserted();
   test_stepped();
-  test_fetch_defer();
   test_outer_due();
   test_outer_round();
   test_split();

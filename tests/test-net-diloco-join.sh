@@ -24,7 +24,7 @@ set -euo pipefail
 # Rounds of about 10 s in either build, so that j's first view (4 to 5 s
 # into the round) comes well before the others form their group (about
 # --matchmaking-time, 2 s, before their steps end): it loads the round
-# under way rather than wait for the next (bee_fetch_defer).
+# under way and takes part in it.
 H=$(epoch_target 8000 4800)
 train=(--open --run-id dj --averaging diloco --inner-steps "$H"
   --optimizer adamw --lr 1e-3 --eval-every 0)

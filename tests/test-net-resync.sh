@@ -1,19 +1,34 @@
 #!/bin/bash
-# test-net-resync.sh: a bee that missed a round its peers averaged loads
-# their state and steps in line again.
+# test-net-resync.sh [--delay-averaging]: a bee that missed a round its
+# peers averaged steps in line with them again.
 #
 # Three bees train mlp (gradient averaging, epochs of several seconds).
 # Once all three have finished epoch K (K >= 1), b2 is paused (SIGSTOP,
 # as a VM the host stalls) until b0 has finished epoch K + 1, which b0
-# and b1 average as a pair.  Resumed, b2 finds the swarm past its epoch,
-# steps K + 1 with its own gradients (its round finds nobody), and so
-# holds parameters the swarm never had.  Its metrics record says so
-# (diverged); it reads its peers' and loads the state from one that
-# averaged that round in full and is not diverged, and from then on steps
-# in a group of three with b0's parameters.  b0 and b1, never diverged,
-# never load anything.
+# and b1 average as a pair.  Resumed, b2 finds the swarm past its epoch
+# and its round finds nobody.
+#
+# By default it takes the swarm's step of K + 1 instead, fetched from a
+# peer's kept steps (its own gradients left out): it holds b0's
+# parameters after K + 1, steps K + 2 in a group of three, and nobody
+# downloads a state.
+#
+# With --delay-averaging (no kept steps) it steps K + 1 with its own
+# gradients and so holds parameters the swarm never had.  Its metrics
+# record says so (diverged); it reads its peers' and loads the state from
+# one that averaged that round in full and is not diverged, and from then
+# on steps with b0's parameters, in a group of three from the epoch
+# after its first.  b0 and b1, never
+# diverged, never load anything.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
+
+delayed=
+case ${1:-} in
+--delay-averaging) delayed=1 ;;
+'') ;;
+*) echo "usage: test-net-resync.sh [--delay-averaging]" >&2; exit 2 ;;
+esac
 
 for b in b0 b1 b2; do key "$b"; done
 # An epoch (about 3 s with gcc) must outlast b2's failed round after the
@@ -22,7 +37,7 @@ for b in b0 b1 b2; do key "$b"; done
 # within two views (test-net-catchup).
 train=(--open --run-id resync
   --target-batch-size "$(epoch_target 1310720 786432)" --eval-every 0
-  --matchmaking-time 1 --min-peers 3)
+  --matchmaking-time 1 --min-peers 3 ${delayed:+--delay-averaging})
 start_swarm 3 "${train[@]}"
 
 # K: the first epoch from 1 on that all three finished.
@@ -40,26 +55,48 @@ done
 [ "$(hash_of b0 $((K + 1)))" = "$(hash_of b1 $((K + 1)))" ] ||
   fail "b0 and b1 differ after epoch $((K + 1))"
 
-# b2 stepped K + 1 alone, then loaded the state of a peer at the swarm's
-# epoch.
 wait_log b2 "train: epoch $((K + 1)) done" 60
-[[ $(done_line b2 $((K + 1))) == *"not averaged"* ||
-  $(done_line b2 $((K + 1))) == *"alone at its epoch"* ]] ||
-  fail "b2, epoch $((K + 1)): '$(done_line b2 $((K + 1)))'"
-wait_log b2 "train: epoch $((K + 1)) was stepped here without the round its peers averaged: loading their state" 30
-wait_log b2 'train: state: loaded epoch [0-9]+ from' 30
-E=$(sed -nE 's/.*train: state: loaded epoch ([0-9]+) from.*/\1/p' \
-  "$work/b2.log" | tail -n 1)
-[ "$E" -ge $((K + 2)) ] || fail "b2 loaded epoch $E, not past $((K + 1))"
-# In line again: its next step is b0's, in a group of three.
+if [ -z "$delayed" ]; then
+  # b2 took the pair's step of K + 1 and holds their parameters.
+  [[ $(done_line b2 $((K + 1))) == *"took the swarm's step (its round missed it; its own gradients left out)"* ]] ||
+    fail "b2, epoch $((K + 1)): '$(done_line b2 $((K + 1)))'"
+  [ "$(hash_of b2 $((K + 1)))" = "$(hash_of b0 $((K + 1)))" ] ||
+    fail "b2 and b0 differ after epoch $((K + 1)), the swarm's step"
+  E=$((K + 2))
+else
+  # b2 stepped K + 1 alone, then loaded the state of a peer at the
+  # swarm's epoch.
+  [[ $(done_line b2 $((K + 1))) == *"not averaged"* ||
+    $(done_line b2 $((K + 1))) == *"alone at its epoch"* ]] ||
+    fail "b2, epoch $((K + 1)): '$(done_line b2 $((K + 1)))'"
+  wait_log b2 "train: epoch $((K + 1)) was stepped here without the round its peers averaged: loading their state" 30
+  wait_log b2 'train: state: loaded epoch [0-9]+ from' 30
+  E=$(sed -nE 's/.*train: state: loaded epoch ([0-9]+) from.*/\1/p' \
+    "$work/b2.log" | tail -n 1)
+  [ "$E" -ge $((K + 2)) ] || fail "b2 loaded epoch $E, not past $((K + 1))"
+fi
+# In line: its next step is b0's, and (at the latest the one after: with
+# --delay-averaging the group of E may have formed ahead before the
+# state came) in a group of three.
 for b in b0 b2; do wait_log "$b" "train: epoch $E done" 90; done
-[[ $(done_line b2 "$E") == *"averaged in a group of 3 (100.0% by all)"* ]] ||
-  fail "b2, epoch $E: '$(done_line b2 "$E")'"
 [ "$(hash_of b2 "$E")" = "$(hash_of b0 "$E")" ] ||
   fail "b2 and b0 differ after epoch $E"
-for b in b0 b1; do
+G=$E
+[ -n "$delayed" ] && G=$((E + 1))
+for b in b0 b2; do wait_log "$b" "train: epoch $G done" 90; done
+[[ $(done_line b2 "$G") == *"averaged in a group of 3 (100.0% by all)"* ]] ||
+  fail "b2, epoch $G: '$(done_line b2 "$G")'"
+[ "$(hash_of b2 "$G")" = "$(hash_of b0 "$G")" ] ||
+  fail "b2 and b0 differ after epoch $G"
+loaders=(b0 b1)
+[ -z "$delayed" ] && loaders+=(b2)
+for b in "${loaders[@]}"; do
   grep -q 'train: state: loaded epoch' "$work/$b.log" &&
     fail "$b loaded a state it did not need"
 done
 stop_all
-echo "resync: b2 paused over epoch $((K + 1)), stepped it alone, loaded epoch $E from a peer that averaged it, and stepped epoch $E in line (parameters $(hash_of b0 "$E"))"
+if [ -z "$delayed" ]; then
+  echo "resync: b2 paused over epoch $((K + 1)), took the pair's step of it (no download) and stepped epoch $E in a group of 3 (parameters $(hash_of b0 "$E"))"
+else
+  echo "resync (--delay-averaging): b2 paused over epoch $((K + 1)), stepped it alone, loaded epoch $E from a peer that averaged it, and stepped epoch $E in line, $G in a group of 3 (parameters $(hash_of b0 "$G"))"
+fi

@@ -1,6 +1,7 @@
 /* test-proto-statemsg.c: the state download's payloads (proto/state-msg.c).
  *
- * Round trips of both messages at their limits, and every refusal the
+ * Round trips of the four messages at their limits (a state's request and
+ * chunk, an epoch step's request and piece), and every refusal the
  * decoder makes: a bad run name, len 0 or over a chunk, data past the
  * snapshot's end, a checksum of the wrong size, a float where a uint goes,
  * trailing bytes, a truncated message, another type.
@@ -59,6 +60,40 @@ static void test_roundtrip(void) {
   /* A byte more is trailing. */
   buf[len] = 0xc0;
   ASSERT_RC(proto_state_decode(buf, len + 1, &d), BEE_ETRAILING);
+
+  /* An epoch's step: the request names the epoch, the answer is shaped
+   * as a chunk; an empty step (total 0) is a step that changed nothing. */
+  proto_state_msg sq = {.type = PROTO_T_STATE_STEP_REQ,
+                        .epoch = UINT64_MAX,
+                        .offset = PROTO_STATE_MAX - 1,
+                        .len = 1};
+  snprintf(sq.run, sizeof sq.run, "r");
+  ASSERT_OK(proto_state_encode(&sq, buf, sizeof buf, &len));
+  ASSERT_OK(proto_state_decode(buf, len, &d));
+  ASSERT_EQ(d.type, PROTO_T_STATE_STEP_REQ);
+  ASSERT_UEQ(d.epoch, UINT64_MAX);
+  ASSERT_UEQ(d.offset, PROTO_STATE_MAX - 1);
+  ASSERT_UEQ(d.len, 1);
+  proto_state_msg st = {.type = PROTO_T_STATE_STEP,
+                        .epoch = 41,
+                        .total = 8,
+                        .offset = 4,
+                        .data = {data, 4}};
+  snprintf(st.run, sizeof st.run, "r");
+  memset(st.checksum, 0x11, sizeof st.checksum);
+  ASSERT_OK(proto_state_encode(&st, buf, sizeof buf, &len));
+  ASSERT_OK(proto_state_decode(buf, len, &d));
+  ASSERT_EQ(d.type, PROTO_T_STATE_STEP);
+  ASSERT_UEQ(d.epoch, 41);
+  ASSERT_UEQ(d.total, 8);
+  ASSERT_UEQ(d.offset, 4);
+  ASSERT_MEMEQ(d.data.p, data, 4);
+  st.total = 0, st.offset = 0, st.data.n = 0;
+  ASSERT_OK(proto_state_encode(&st, buf, sizeof buf, &len));
+  ASSERT_OK(proto_state_decode(buf, len, &d));
+  ASSERT_UEQ(d.total, 0);
+  for (size_t n = 0; n < len; n++)
+    ASSERT(proto_state_decode(buf, n, &d) != 0);
 }
 
 static void test_refused(void) {
@@ -92,7 +127,8 @@ static void test_refused(void) {
 
   /* Hand-made: [1, 70, "r", 0, 0] (len 0), [1, 70, "r", 0.0, 1] (a
    * float), [1, 71, "r", 0, 1, bin 31, 0, bin 0] (short checksum),
-   * [1, 72, ...] (another type). */
+   * [1, 74, ...] (another type), [1, 72, "r", 0, 1] (a step request
+   * without its epoch). */
   proto_state_msg d;
   const uint8_t len0[] = {0x95, 1, 70, 0xa1, 'r', 0, 0};
   ASSERT_RC(proto_state_decode(len0, sizeof len0, &d), BEE_ERANGE);
@@ -105,8 +141,17 @@ static void test_refused(void) {
   shortsum[n++] = 0xc4;
   shortsum[n++] = 0;
   ASSERT_RC(proto_state_decode(shortsum, n, &d), BEE_ERANGE);
-  const uint8_t other[] = {0x95, 1, 72, 0xa1, 'r', 0, 1};
+  const uint8_t other[] = {0x95, 1, 74, 0xa1, 'r', 0, 1};
   ASSERT_RC(proto_state_decode(other, sizeof other, &d), BEE_EUNKNOWN);
+  const uint8_t noepoch[] = {0x95, 1, 72, 0xa1, 'r', 0, 1};
+  ASSERT_RC(proto_state_decode(noepoch, sizeof noepoch, &d), BEE_EMISSING);
+  proto_state_msg sq = {.type = PROTO_T_STATE_STEP_REQ, .epoch = 3, .len = 0};
+  snprintf(sq.run, sizeof sq.run, "r");
+  ASSERT_RC(proto_state_encode(&sq, buf, sizeof buf, &len), BEE_ERANGE);
+  proto_state_msg st = {
+      .type = PROTO_T_STATE_STEP, .total = 10, .offset = 8, .data = {d4, 4}};
+  snprintf(st.run, sizeof st.run, "r");
+  ASSERT_RC(proto_state_encode(&st, buf, sizeof buf, &len), BEE_ERANGE);
 }
 
 int main(void) {
