@@ -302,6 +302,8 @@ enum avg_drop {
   AVG_DROP_SEND_FAILED,     /* the transport refused a send to it */
   AVG_DROP_BAD_RESULT,      /* it sent a result that does not decode */
   AVG_DROP_ABORTED,         /* it sent ABORT: it left or dropped us */
+  AVG_DROP_CLOSED,          /* its last connection to us closed
+                               (avg_round_gone) */
 };
 /* "sender timeout", "reducer timeout"...; "?" for other values. */
 const char *avg_drop_name(int reason);
@@ -381,6 +383,12 @@ int avg_round_handle(avg_round *r, size_t from, const uint8_t *msg, size_t len);
 uint64_t avg_round_tick(avg_round *r);
 /* The transport's queue to member has room again: resume sending. */
 void avg_round_drain(avg_round *r, size_t member);
+/* The transport's last connection to member closed (its process is
+ * gone, or it closed the link): it is dropped now (AVG_DROP_CLOSED), its
+ * span left local unless it was done, rather than after its timeouts.
+ * A member that returns holds a new connection; its messages to this
+ * round are refused as a dropped member's are. */
+void avg_round_gone(avg_round *r, size_t member);
 /* Frees r; NULL is fine.  Safe at any point, from the callback too.
  * Before the end, it sends ABORT to the members still in the round, puts
  * back every span not yet committed and runs the callback with
@@ -680,8 +688,9 @@ double avg_node_bandwidth_mbit(const avg_node *n);
 void avg_node_declared(avg_node *n, const avg_decl *v, size_t count);
 /* The host's on_drain for connection c: the round sends again. */
 void avg_node_drain(avg_node *n, proto_conn *c);
-/* The host's on_down for connection c: the matchmaking stops waiting on
- * that peer (avg_match_peer_gone). */
+/* The host's on_down for connection c: once no connection to that peer
+ * is left, the matchmaking stops waiting on it (avg_match_peer_gone) and
+ * the round under way drops it, if a member (avg_round_gone). */
 void avg_node_conn_down(avg_node *n, proto_conn *c);
 /* Ends the averaging under way (its callback runs now, BEE_ECANCELED) and
  * frees n on a later turn of the loop.  NULL is fine. */

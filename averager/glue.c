@@ -997,14 +997,24 @@ void avg_node_drain(avg_node *n, proto_conn *c) {
 
 void avg_node_conn_down(avg_node *n, proto_conn *c) {
   stripes_drop(n, c); /* never sent on again, closing or not */
-  if (n->closing || !n->m)
+  if (n->closing || (!n->m && !n->r))
     return;
   /* Only if no other connection to that peer is left. */
   const uint8_t *id = proto_conn_peer(c)->id;
   proto_conn *other = proto_host_find(n->cfg.host, id);
   if (other && other != c)
     return;
-  avg_match_peer_gone(n->m, id);
+  if (n->m)
+    avg_match_peer_gone(n->m, id);
+  /* A member of the round under way: one whose process died (a
+   * preempted VM) would hold the others until its reducer timeout while
+   * they wait for its results; a live one keeps its connection. */
+  if (n->r) {
+    size_t k = member_index(n, id);
+    stripes *st = stripes_find(n, id, false);
+    if (k != SIZE_MAX && k != n->group.self && !(st && st->up))
+      avg_round_gone(n->r, k);
+  }
   arm(n);
 }
 

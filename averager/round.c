@@ -189,8 +189,9 @@ const char *avg_drop_name(int reason) {
       [AVG_DROP_SEND_FAILED] = "send failed",
       [AVG_DROP_BAD_RESULT] = "bad result",
       [AVG_DROP_ABORTED] = "aborted",
+      [AVG_DROP_CLOSED] = "connection closed",
   };
-  return reason >= 0 && reason <= AVG_DROP_ABORTED ? names[reason] : "?";
+  return reason >= 0 && reason <= AVG_DROP_CLOSED ? names[reason] : "?";
 }
 
 /* Members that send data and get results: all but AUX. */
@@ -330,7 +331,8 @@ static void drop(avg_round *r, size_t j, int reason, const char *why) {
   d->dropped_ms = r->started ? now(r) - r->start_ms : 0;
   bee_warn("avg", "group %s: dropped %s: %s%s%s", r->gname, WHO(j),
            avg_drop_name(reason), why ? ": " : "", why ? why : "");
-  if (reason != AVG_DROP_ABORTED && reason != AVG_DROP_SEND_FAILED) {
+  if (reason != AVG_DROP_ABORTED && reason != AVG_DROP_SEND_FAILED &&
+      reason != AVG_DROP_CLOSED) {
     char text[64];
     snprintf(text, sizeof text, "dropped: %s", avg_drop_name(reason));
     send_abort(r, j, reason == AVG_DROP_BAD_RESULT ? BEE_ERANGE : BEE_ETIMEOUT,
@@ -1321,6 +1323,15 @@ void avg_round_drain(avg_round *r, size_t member) {
   enter(r);
   if (member < r->N && r->m[member].blocked) {
     r->m[member].blocked = false;
+    progress(r);
+  }
+  leave(r);
+}
+
+void avg_round_gone(avg_round *r, size_t member) {
+  enter(r);
+  if (member < r->N && r->started && !r->completed && !r->ended) {
+    drop(r, member, AVG_DROP_CLOSED, NULL);
     progress(r);
   }
   leave(r);

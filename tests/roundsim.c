@@ -463,8 +463,12 @@ void net_run(net *n) {
     } else if (++still > 1000000) {
       FAIL("the network spins at %" PRIu64 " us", n->now);
     }
-    if (n->s.kill < n->s.N && n->s.kill_us <= n->now)
+    if (n->s.kill < n->s.N && n->s.kill_us <= n->now && !n->p[n->s.kill].dead) {
       n->p[n->s.kill].dead = true;
+      for (size_t i = 0; i < n->s.N && n->s.gone; i++)
+        if (i != n->s.kill && n->p[i].r && !n->p[i].done)
+          avg_round_gone(n->p[i].r, n->s.kill);
+    }
     while (n->nheap && n->heap[0].at <= n->now)
       process(n, pop(n));
     for (size_t i = 0; i < n->s.N; i++)

@@ -56,6 +56,9 @@ typedef struct scen {
   uint64_t seed;
   size_t kill; /* member killed at kill_us, or NONE */
   uint64_t kill_us;
+  /* and the others told at once (avg_round_gone), as when its connection
+   * closes */
+  bool gone;
   size_t tamper; /* member whose messages are tampered with */
   int tamper_kind;
   bool free_in_cb;

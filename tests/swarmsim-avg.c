@@ -251,8 +251,9 @@ static uint64_t round_time(const swarmsim *s, const sround *r) {
   return (uint64_t)(worst + 2 * far) + 1;
 }
 
-/* Settles who is in: members silent past their timeout are dropped; when
- * nobody is left to wait for, the round runs. */
+/* Settles who is in: dead members are dropped (their connections closed:
+ * avg_round_gone, or a send to them fails), members silent past their
+ * timeout too; when nobody is left to wait for, the round runs. */
 void sim__round_check(swarmsim *s, sround *r) {
   if (r->done || !r->live)
     return;
@@ -265,6 +266,10 @@ void sim__round_check(swarmsim *s, sround *r) {
       continue;
     if (r->first_ms == UINT64_MAX) {
       waiting = true;
+      continue;
+    }
+    if (r->bee[i] != SIZE_MAX && !member_alive(s, r, i)) {
+      r->st[i] = RS_DROPPED;
       continue;
     }
     uint64_t since = r->first_ms > r->wait_ms[i] ? r->first_ms : r->wait_ms[i];

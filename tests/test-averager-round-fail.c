@@ -151,6 +151,52 @@ static void test_half_dead(void) {
   }
 }
 
+/* A member killed mid-round, the others' timeouts 20 s: told that its
+ * connection closed (avg_round_gone), they drop it at once and end the
+ * round within milliseconds of the kill; not told, they wait out a
+ * timeout.  Either way its span stays local unless it had done it, and
+ * the rest is averaged (check_round). */
+static void test_gone(void) {
+  size_t told_ok = 0;
+  uint64_t told_ms = 0, untold_ms = UINT64_MAX;
+  for (uint64_t seed = 0; seed < 8; seed++) {
+    for (int told = 0; told < 2; told++) {
+      scen s = scen_make(4, 80000, 700 + seed);
+      s.pf = 1024;
+      s.window = 2;
+      for (size_t i = 0; i < s.N; i++)
+        s.bw[i] = 100;
+      s.sender_ms = s.reducer_ms = 20000;
+      s.deadline_ms = 60000;
+      s.kill = 1 + seed % 3;
+      s.kill_us = 2000 + seed * 1500; /* mid-round: it lasts about 10 ms */
+      s.gone = told;
+      net *n = run_check(&s, 0);
+      for (size_t i = 0; i < s.N; i++) {
+        const peer *p = &n->p[i];
+        if (i == s.kill)
+          continue;
+        if (told) {
+          ASSERT(p->members[s.kill].dropped == AVG_DROP_CLOSED ||
+                 p->spans[s.kill].averaged);
+          told_ms = p->ms > told_ms ? p->ms : told_ms;
+          told_ok += p->members[s.kill].dropped == AVG_DROP_CLOSED;
+        } else {
+          untold_ms = p->ms < untold_ms ? p->ms : untold_ms;
+        }
+      }
+      net_free(n);
+    }
+  }
+  printf("gone: a member killed mid-round, dropped as its connection closed "
+         "by %zu survivors, every round over in %" PRIu64 " ms (not told: "
+         "%" PRIu64 " ms at the least, the timeouts)\n",
+         told_ok, told_ms, untold_ms);
+  ASSERT_GT(told_ok, 0);
+  ASSERT_LT(told_ms, 1000);
+  ASSERT_GE(untold_ms, 20000);
+}
+
 /* Reads what the round logged while fn ran. */
 static char *capture(void (*fn)(net **), net **n) {
   char path[] = "/tmp/beed-round-log-XXXXXX";
@@ -272,13 +318,10 @@ int main(int argc, char **argv) {
   static const rs_test tests[] = {
       /* loop first: its RSS check reads the peak, which later tests'
        * allocations would set */
-      {"loop", test_loop},
-      {"kill", test_kill},
-      {"half_dead", test_half_dead},
-      {"corrupt", test_corrupt},
-      {"backpressure", test_backpressure},
-      {"deadline", test_deadline},
-      {"late", test_late},
+      {"loop", test_loop},         {"kill", test_kill},
+      {"gone", test_gone},         {"half_dead", test_half_dead},
+      {"corrupt", test_corrupt},   {"backpressure", test_backpressure},
+      {"deadline", test_deadline}, {"late", test_late},
   };
   return rs_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }
