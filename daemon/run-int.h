@@ -71,6 +71,10 @@
 #define START_WAIT_MS 3000  /* a first view before training, at most */
 #define METRICS_TTL_S 300   /* a metrics record lives this long */
 #define RESYNC_MS 2000      /* diverged: the peers' metrics, read this often */
+/* A round that missed the swarm's while its peers are still at the epoch
+ * waits for their step this long at most: a round's end at the latest
+ * (the daemon's ROUND_DEADLINE_MS). */
+#define STEP_WAIT_MS 30000
 #define SPLIT_MS 4000       /* in line: the same, to see a split */
 #define SPLIT_PEERS_STEP 32 /* and SPLIT_MS later per this many peers */
 #define LINES_RING 16       /* own steps remembered for that */
@@ -387,6 +391,10 @@ struct bee_run {
   uint64_t resyncs;
   uint64_t steps_taken;  /* the swarm's steps taken instead of downloads */
   bee_run_result missed; /* a round's end held while its step comes */
+  /* Its peers still at the missed round's epoch: the step is waited for
+   * until they step past it, or until step_wait_until. */
+  bool step_waits;
+  uint64_t step_wait_epoch, step_wait_until;
 };
 
 #endif /* BEE_DAEMON_RUN_INT_H */

@@ -206,42 +206,100 @@ static void fetched(bee_run *r, int rc) {
 
 /* Whether the round that just ended (res) missed the swarm's step, and
  * that step may be taken instead: an update round that averaged nothing
- * for this bee (alone, no group, or its group went on without it), where
- * the swarm has stepped past its epoch, with donors to ask and no
+ * for this bee (alone, no group, or its group went on without it), no
  * download under way, and no state on its way to the worker (it replaces
  * the step). */
-static bool step_instead(bee_run *r, const bee_run_result *res,
-                         const bee_run_worker *w) {
+static bool step_may(bee_run *r, const bee_run_result *res,
+                     const bee_run_worker *w) {
   return !r->stopped && r->fetch.step_bytes && !r->fetch.on &&
          (res->status != 0 || res->left) && res->status != BEE_ECANCELED &&
-         !w->round_state && !w->load && r->view.view.epoch > w->round_epoch &&
-         r->view.ndonors;
+         !w->round_state && !w->load;
+}
+
+/* The swarm's step of epoch is there to take: the swarm has stepped past
+ * it, and there are donors to ask. */
+static bool step_there(const bee_run *r, uint64_t epoch) {
+  return r->view.view.epoch > epoch && r->view.ndonors;
+}
+
+/* Its peers are still at epoch (their round runs, or they compute): the
+ * step is to come. */
+static bool step_coming(const bee_run *r, uint64_t epoch) {
+  return r->view.view.epoch == epoch && r->view.view.peers_at_epoch > 1;
+}
+
+static void take_swarm_step(bee_run *r, uint64_t epoch) {
+  fetched(r, bee__fetch_step(&r->fetch,
+                             (const uint8_t(*)[PROTO_ID_BYTES])r->view.donors,
+                             r->view.ndonors, epoch));
 }
 
 /* The rounds' end (bee__rounds_init's over): to the worker, or first the
  * swarm's step for a round that missed it, so that the bee takes the
  * step its peers took and stays in line, its own samples left out,
- * rather than step alone and download the state after. */
+ * rather than step alone and download the state after.  Where its peers
+ * are still at the epoch (a group that formed without it, whose round
+ * runs on), it waits for their step. */
 static void round_over(void *ctx, const bee_run_result *res) {
   bee_run *r = ctx;
   bee_run_worker w;
   r->io.worker(r->io.ctx, &w);
-  if (!step_instead(r, res, &w)) {
+  uint64_t epoch = w.round_epoch;
+  bool there = step_there(r, epoch);
+  if (!step_may(r, res, &w) || (!there && !step_coming(r, epoch))) {
     r->io.round_over(r->io.ctx, res);
     return;
   }
   r->missed = *res;
   r->missed.summary = NULL; /* borrowed for the call only */
   r->rounds.taking_step = true;
+  const char *why =
+      res->status ? bee_strerror(res->status) : "its group went on without it";
+  if (there) {
+    bee_info(COMP,
+             "epoch %llu: its round missed the swarm's (%s): taking the "
+             "swarm's step instead",
+             (unsigned long long)epoch, why);
+    take_swarm_step(r, epoch);
+    return;
+  }
+  r->step_waits = true;
+  r->step_wait_epoch = epoch;
+  r->step_wait_until = now(r) + STEP_WAIT_MS;
   bee_info(COMP,
-           "epoch %llu: its round missed the swarm's (%s): taking the "
-           "swarm's step instead",
-           (unsigned long long)w.round_epoch,
-           res->status ? bee_strerror(res->status)
-                       : "its group went on without it");
-  fetched(r, bee__fetch_step(&r->fetch,
-                             (const uint8_t(*)[PROTO_ID_BYTES])r->view.donors,
-                             r->view.ndonors, w.round_epoch));
+           "epoch %llu: its round missed the swarm's (%s), whose %zu "
+           "other peers are still at the epoch: waiting for their step",
+           (unsigned long long)epoch, why, r->view.view.peers_at_epoch - 1);
+}
+
+/* A round's end held for its peers' step (step_waits), at each view: the
+ * step is taken once they are past the epoch; the round's own end goes
+ * to the worker if they leave it otherwise, a download starts, or the
+ * wait is over. */
+static void step_wait_check(bee_run *r) {
+  if (!r->step_waits)
+    return;
+  uint64_t epoch = r->step_wait_epoch;
+  if (!r->stopped && !r->fetch.on && step_there(r, epoch)) {
+    r->step_waits = false;
+    bee_info(COMP, "epoch %llu: its peers stepped: taking the swarm's step",
+             (unsigned long long)epoch);
+    take_swarm_step(r, epoch);
+    return;
+  }
+  if (!r->stopped && !r->fetch.on && step_coming(r, epoch) &&
+      now(r) < r->step_wait_until)
+    return;
+  r->step_waits = false;
+  r->rounds.taking_step = false;
+  bee_info(COMP,
+           "epoch %llu: no step of its peers to take (%s): its own stands",
+           (unsigned long long)epoch,
+           r->stopped              ? "stopping"
+           : r->fetch.on           ? "a download runs"
+           : step_coming(r, epoch) ? "they did not step in time"
+                                   : "they left the epoch");
+  r->io.round_over(r->io.ctx, &r->missed);
 }
 
 /* The swarm's step for the round that missed it came (FETCH_STEP) or not
@@ -422,6 +480,7 @@ void bee_run_progress_read(bee_run *r, int status, const proto_progress *v,
     r->rounds.deserted = 0;
   free(all);
   r->view.have = true;
+  step_wait_check(r);
   /* Behind the swarm (at start, or more than one epoch later on): the
    * state from a peer at the swarm's epoch. */
   r->io.worker(r->io.ctx, &w);

@@ -252,8 +252,9 @@ static uint64_t round_time(const swarmsim *s, const sround *r) {
 }
 
 /* Settles who is in: dead members are dropped (their connections closed:
- * avg_round_gone, or a send to them fails), members silent past their
- * timeout too; when nobody is left to wait for, the round runs. */
+ * avg_round_gone), members silent past their timeout too (those that
+ * vanished among them); when nobody is left to wait for, the round
+ * runs. */
 void sim__round_check(swarmsim *s, sround *r) {
   if (r->done || !r->live)
     return;
@@ -268,7 +269,8 @@ void sim__round_check(swarmsim *s, sround *r) {
       waiting = true;
       continue;
     }
-    if (r->bee[i] != SIZE_MAX && !member_alive(s, r, i)) {
+    if (r->bee[i] != SIZE_MAX && !member_alive(s, r, i) &&
+        !s->b[r->bee[i]].vanished) {
       r->st[i] = RS_DROPPED;
       continue;
     }
@@ -382,6 +384,7 @@ void sim__round_begin(swarmsim *s, sbee *b, const avg_group *g) {
   }
   r->st[i] = RS_STARTED;
   r->start_ms[i] = s->now;
+  b->life.begun_ms = s->now;
   if (r->first_ms == UINT64_MAX)
     r->first_ms = s->now;
   sim__round_check(s, r);

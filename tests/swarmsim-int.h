@@ -18,7 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SENDER_TIMEOUT_MS 5000 /* the round's sender timeout */
+#define SENDER_TIMEOUT_MS 5000   /* the round's sender timeout */
+#define REDUCER_TIMEOUT_MS 15000 /* and its reducer timeout */
 #define CALL_TIMEOUT_MS 10000  /* a chunk request's */
 #define SCHEMA_BYTE 0xab
 
@@ -72,7 +73,7 @@ typedef struct sround {
   uint64_t *wait_ms;  /* (n) the last WAIT */
   uint64_t first_ms;  /* the first member began; UINT64_MAX: none yet */
   bool done;
-  uint64_t done_ms;
+  uint64_t done_ms; /* an EV_ROUND_DONE before it is stale */
   uint64_t key; /* the mean's identity: the line step's input */
   bool live;
 } sround;
@@ -118,6 +119,7 @@ typedef struct sbee {
   size_t idx;
   unsigned gen;
   bool alive;
+  bool vanished; /* died without its connections closing */
   uint8_t id[PROTO_ID_BYTES];
   size_t region;
   double rate;

@@ -657,7 +657,7 @@ static void dispatch(swarmsim *s, event *e) {
       return;
     if (e->kind == EV_ROUND_CHECK)
       sim__round_check(s, r);
-    else
+    else if (s->now >= r->done_ms)
       sim__round_done(s, r);
     return;
   }
@@ -735,6 +735,8 @@ static void dispatch(swarmsim *s, event *e) {
     sim__round_begin(s, b, (const avg_group *)e->data);
     break;
   case EV_MATCH_DONE:
+    if (e->status == 0)
+      b->life.formed_ms = s->now;
     bee_run_matched(b->core, e->status,
                     e->status == 0 ? (const avg_group *)e->data : NULL);
     break;
@@ -791,6 +793,27 @@ void swarmsim_kill(swarmsim *s, size_t bee) {
     return;
   s->b[bee].life.killed = true;
   bee_down(&s->b[bee]);
+}
+
+void swarmsim_vanish(swarmsim *s, size_t bee) {
+  if (bee >= s->nb || !s->b[bee].alive)
+    return;
+  s->b[bee].vanished = true;
+  /* A round it runs in waits for its results until the reducer
+   * timeout. */
+  for (size_t i = 0; i < s->nrounds; i++) {
+    sround *r = s->rounds[i];
+    if (!r->live || !r->done)
+      continue;
+    for (size_t k = 0; k < r->n; k++)
+      if (r->bee[k] == bee && r->gen[k] == s->b[bee].gen &&
+          r->st[k] == RS_STARTED && r->done_ms < s->now + REDUCER_TIMEOUT_MS) {
+        r->done_ms = s->now + REDUCER_TIMEOUT_MS;
+        sim__push(
+            s, (event){.at = r->done_ms, .kind = EV_ROUND_DONE, .arg = r->id});
+      }
+  }
+  swarmsim_kill(s, bee);
 }
 
 size_t swarmsim_start(swarmsim *s, size_t of, int behind, size_t region) {

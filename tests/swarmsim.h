@@ -26,7 +26,8 @@
  *     on the link, a stream's rate capped at window / RTT as TCP's is.
  *
  * Links are per pair of regions: round-trip time and Mbit/s.  Bees can be
- * killed (gone at once, no goodbye), restarted from a checkpoint some
+ * killed (gone at once, no goodbye; their connections close) or vanish
+ * (their connections stay silent), restarted from a checkpoint some
  * epochs old, and started late.  Every step is recorded; swarmsim_check
  * says, per epoch, whether every bee that stepped took the same step, and
  * counts the waste: samples computed but not in the epoch's line,
@@ -69,6 +70,8 @@ typedef struct swarmsim_life {
   uint64_t downloads; /* states it loaded */
   double download_s;  /* the last one took this long */
   uint64_t loaded_ms; /* when the last was loaded */
+  uint64_t formed_ms; /* when its last group formed ahead (0: never) */
+  uint64_t begun_ms;  /* when it last began a round (0: never) */
 } swarmsim_life;
 
 /* What swarmsim_check found over the epochs from..to. */
@@ -100,8 +103,14 @@ uint64_t swarmsim_now(const swarmsim *s);
 uint64_t swarmsim_epoch(const swarmsim *s);
 size_t swarmsim_alive(const swarmsim *s);
 bool swarmsim_is_alive(const swarmsim *s, size_t bee);
-/* Kills bee (its records stay in the DHT until they expire). */
+/* Kills bee (its records stay in the DHT until they expire).  Its
+ * connections close (a process killed): a round it was in drops it at
+ * once (avg_round_gone). */
 void swarmsim_kill(swarmsim *s, size_t bee);
+/* The same, but its connections do not close (a VM gone from the
+ * network): a round it was in waits out its sender timeout, or its
+ * reducer timeout if that round runs. */
+void swarmsim_vanish(swarmsim *s, size_t bee);
 /* Starts a bee in a new slot (returns it, SIZE_MAX when none is left):
  * fresh (behind = -1: no state), or as bee `of` restarted from its
  * checkpoint `behind` epochs before the last epoch it reached
