@@ -497,7 +497,13 @@ typedef struct avg_match_config {
 typedef struct avg_match_stats {
   uint64_t msgs_sent, msgs_recv;
   uint64_t joins_sent, joins_accepted, joins_refused;
+  /* Our JOINs refused by a leader whose group had formed without us (it
+   * began, or it was full): a group of the round runs without us. */
+  uint64_t refused_formed;
   uint64_t declarations, fetches, redeclared;
+  /* The most declarations of other peers for our key (run, round, bits,
+   * schema) that one read returned. */
+  uint64_t declared_max;
   uint64_t ms; /* from start to the end */
 } avg_match_stats;
 

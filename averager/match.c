@@ -460,6 +460,8 @@ static void on_reply(avg_match *m, const uint8_t *from,
   }
   bee_debug("match", "%s: %s refused us: %s", m->self_name, short_id(from, who),
             avg_join_code_name((int)r->code));
+  if (r->code == PROTO_JOIN_NOT_LOOKING || r->code == PROTO_JOIN_GROUP_FULL)
+    m->stats.refused_formed++;
   if (r->has_leader && !same_id(r->leader, m->cfg.self_id)) {
     m->has_hint = true;
     memcpy(m->hint, r->leader, PROTO_ID_BYTES);
@@ -630,6 +632,8 @@ void avg_match_declared(avg_match *m, const avg_decl *v, size_t n) {
     d[keep++] = v[i];
   }
   m->ndecls = keep;
+  if (keep > m->stats.declared_max)
+    m->stats.declared_max = keep;
   qsort(d, keep, sizeof *d, decl_cmp);
   m->stats.fetches++;
   enter(m);

@@ -395,6 +395,11 @@ struct bee_run {
    * until they step past it, or until step_wait_until. */
   bool step_waits;
   uint64_t step_wait_epoch, step_wait_until;
+  /* The other peers of its layout at the view's epoch, by the last
+   * read (alike_epoch). */
+  uint64_t alike_epoch;
+  size_t alike_at_epoch;
+  uint8_t self_id[PROTO_ID_BYTES];
 };
 
 #endif /* BEE_DAEMON_RUN_INT_H */

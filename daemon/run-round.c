@@ -104,6 +104,10 @@ static void over(bee_rounds *o, bee_view *v, int status, size_t group,
                         .by_all = by_all,
                         .ahead = o->round_ahead && status == 0,
                         .left = left,
+                        .formed =
+                            status != 0 && r &&
+                            (r->match.refused_formed ||
+                             (r->match.fetches && !r->match.declared_max)),
                         .done_ms = now(o),
                         .summary = r ? r->summary : NULL};
   for (size_t i = 0; r && r->group && i < r->group->nmembers; i++)

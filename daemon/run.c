@@ -27,6 +27,7 @@ int bee_run_new(const bee_run_config *c, const bee_run_io *io, bee_run **out) {
     return -ENOMEM;
   r->cfg = c->cfg;
   r->io = *io;
+  memcpy(r->self_id, c->self_id, PROTO_ID_BYTES);
   bee__view_init(&r->view, c->cfg, c->self_id);
   bee__fetch_init(&r->fetch, c->cfg, &r->io, &r->view, c->state_bytes,
                   c->step_bytes, c->chunk_bytes, c->self_id);
@@ -223,9 +224,40 @@ static bool step_there(const bee_run *r, uint64_t epoch) {
 }
 
 /* Its peers are still at epoch (their round runs, or they compute): the
- * step is to come. */
+ * step is to come.  Peers of another layout, never in its group, do not
+ * count. */
 static bool step_coming(const bee_run *r, uint64_t epoch) {
-  return r->view.view.epoch == epoch && r->view.view.peers_at_epoch > 1;
+  return r->view.view.epoch == epoch && r->alike_epoch == epoch &&
+         r->alike_at_epoch > 0;
+}
+
+/* The other peers of its layout at the view's epoch (step_coming). */
+static void count_alike(bee_run *r, const proto_progress *all,
+                        const uint8_t (*ids)[PROTO_ID_BYTES], size_t n) {
+  const bee_lines *l = &r->lines;
+  uint64_t epoch = r->view.view.epoch;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (all[i].epoch != epoch || all[i].leaving ||
+        strcmp(all[i].run, r->cfg->run) != 0 ||
+        memcmp(ids[i], r->self_id, PROTO_ID_BYTES) == 0)
+      continue;
+    bool other = false;
+    for (size_t j = 0; j < l->nlayout_warned && !other; j++)
+      other = memcmp(l->layout_warned[j], ids[i], PROTO_ID_BYTES) == 0;
+    k += !other;
+  }
+  r->alike_epoch = epoch;
+  r->alike_at_epoch = k;
+}
+
+/* A round of the epoch runs without this bee: its group went on without
+ * it, or a leader whose group had formed refused it.  Without that, peers
+ * still at the epoch may have missed as well (bees of another layout,
+ * matchmakings that all timed out), and waiting for their step would have
+ * each wait for the others. */
+static bool round_without(const bee_run_result *res) {
+  return res->left || res->formed;
 }
 
 static void take_swarm_step(bee_run *r, uint64_t epoch) {
@@ -246,7 +278,8 @@ static void round_over(void *ctx, const bee_run_result *res) {
   r->io.worker(r->io.ctx, &w);
   uint64_t epoch = w.round_epoch;
   bool there = step_there(r, epoch);
-  if (!step_may(r, res, &w) || (!there && !step_coming(r, epoch))) {
+  if (!step_may(r, res, &w) ||
+      (!there && !(step_coming(r, epoch) && round_without(res)))) {
     r->io.round_over(r->io.ctx, res);
     return;
   }
@@ -269,7 +302,7 @@ static void round_over(void *ctx, const bee_run_result *res) {
   bee_info(COMP,
            "epoch %llu: its round missed the swarm's (%s), whose %zu "
            "other peers are still at the epoch: waiting for their step",
-           (unsigned long long)epoch, why, r->view.view.peers_at_epoch - 1);
+           (unsigned long long)epoch, why, r->alike_at_epoch);
 }
 
 /* A round's end held for its peers' step (step_waits), at each view: the
@@ -480,6 +513,7 @@ void bee_run_progress_read(bee_run *r, int status, const proto_progress *v,
     r->rounds.deserted = 0;
   free(all);
   r->view.have = true;
+  count_alike(r, v, ids, n);
   step_wait_check(r);
   /* Behind the swarm (at start, or more than one epoch later on): the
    * state from a peer at the swarm's epoch. */

@@ -76,6 +76,10 @@ typedef struct bee_run_result {
   double by_all;  /* share of the buffer every member with data averaged */
   bool ahead;     /* its group formed ahead */
   bool left;      /* its group went on without this bee */
+  bool formed;    /* no group for it, where one had formed without it: a
+                     leader whose group had formed refused it, or no
+                     other peer was declared for the round when it read
+                     the key (their group had formed before it looked) */
   uint64_t batch; /* the group's samples, its members' weights */
   uint64_t bytes_sent, bytes_recv;
   uint64_t done_ms;

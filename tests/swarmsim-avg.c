@@ -91,6 +91,8 @@ void sim__rearm_match(swarmsim *s, sbee *b) {
 static void on_match(avg_match *m, int status, const avg_group *g, void *arg) {
   sbee *b = arg;
   swarmsim *s = b->s;
+  avg_match_stats st;
+  avg_match_stats_get(m, &st);
   b->m = NULL;
   if (!b->cancelling)
     avg_match_free(m); /* its callback may free it; not while freed */
@@ -109,7 +111,7 @@ static void on_match(avg_match *m, int status, const avg_group *g, void *arg) {
     sim__round_begin(s, b, g);
     return;
   }
-  avg_node_result r = {.status = status};
+  avg_node_result r = {.status = status, .match = st};
   bee_run_round_done(b->core, &r);
 }
 
