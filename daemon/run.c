@@ -252,10 +252,10 @@ static void count_alike(bee_run *r, const proto_progress *all,
 }
 
 /* A round of the epoch runs without this bee: its group went on without
- * it, or a leader whose group had formed refused it.  Without that, peers
- * still at the epoch may have missed as well (bees of another layout,
- * matchmakings that all timed out), and waiting for their step would have
- * each wait for the others. */
+ * it, or a group had formed without it (res->formed, run.h).  Without
+ * that, peers still at the epoch may have missed as well (matchmakings
+ * that all timed out), and waiting for their step would have each wait
+ * for the others. */
 static bool round_without(const bee_run_result *res) {
   return res->left || res->formed;
 }
@@ -305,10 +305,11 @@ static void round_over(void *ctx, const bee_run_result *res) {
            (unsigned long long)epoch, why, r->alike_at_epoch);
 }
 
-/* A round's end held for its peers' step (step_waits), at each view: the
- * step is taken once they are past the epoch; the round's own end goes
- * to the worker if they leave it otherwise, a download starts, or the
- * wait is over. */
+/* A round's end held for its peers' step (step_waits), at each view
+ * read (and at each tick, for the wait's end where reads fail): the step
+ * is taken once they are past the epoch; the round's own end goes to the
+ * worker if they leave it otherwise, a download starts, or the wait is
+ * over. */
 static void step_wait_check(bee_run *r) {
   if (!r->step_waits)
     return;
@@ -513,8 +514,10 @@ void bee_run_progress_read(bee_run *r, int status, const proto_progress *v,
     r->rounds.deserted = 0;
   free(all);
   r->view.have = true;
-  count_alike(r, v, ids, n);
-  step_wait_check(r);
+  if (status == 0) { /* a failed read says nothing of the others */
+    count_alike(r, v, ids, n);
+    step_wait_check(r);
+  }
   /* Behind the swarm (at start, or more than one epoch later on): the
    * state from a peer at the swarm's epoch. */
   r->io.worker(r->io.ctx, &w);
@@ -629,6 +632,8 @@ void bee_run_tick(bee_run *r, uint64_t samples, double compute_s) {
     if (r->io.get_progress(r->io.ctx) != 0)
       bee_run_progress_read(r, -ENOENT, NULL, NULL, 0);
   }
+  if (r->step_waits && t >= r->step_wait_until)
+    step_wait_check(r);
   bee__rounds_start(&r->rounds, &r->view);
   bee__rounds_ahead(&r->rounds, &r->view, bee_rate_get(&r->rate), now(r));
   bee__rounds_tick(&r->rounds, now(r));
