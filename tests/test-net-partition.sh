@@ -19,17 +19,8 @@ wanlab=$root/tools/wanlab/wanlab
 lab=wlpart
 
 if [ "${1:-}" != --inner ]; then
-  skip() {
-    echo "SKIP: $*"
-    exit 77
-  }
-  [ "$(id -u)" = 0 ] || skip "needs root for network namespaces"
-  unshare -n true 2>/dev/null || skip "cannot create network namespaces here"
-  for t in ip tc; do
-    command -v "$t" >/dev/null || skip "$t is not installed (tools/setup)"
-  done
-  command -v iptables-legacy >/dev/null || command -v iptables >/dev/null ||
-    skip "iptables is not installed (tools/setup)"
+  . "$root/tests/lablib.sh"
+  lab_require
   conf=$(mktemp "${TMPDIR:-/tmp}/beed-partition.XXXXXX")
   trap 'rm -f "$conf"' EXIT
   printf '%s\n' 'host a left' 'host b left' 'host c right' 'host d right' \

@@ -24,20 +24,8 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 wanlab=$root/tools/wanlab/wanlab
 lab=rjtest # a fixed name: a crashed earlier run is cleaned by the next
-skip() {
-  echo "SKIP: $*"
-  exit 77
-}
-[ "$(id -u)" = 0 ] || skip "needs root for network namespaces"
-unshare -n true 2>/dev/null || skip "cannot create network namespaces here"
-for t in ip tc; do
-  command -v "$t" >/dev/null || skip "$t is not installed (tools/setup)"
-done
-command -v iptables-legacy >/dev/null || command -v iptables >/dev/null ||
-  skip "iptables is not installed (tools/setup)"
-[ -x "${WANLAB_DELAYER:-}" ] ||
-  skip "wanlab-delayer is not built (needs libnetfilter-queue-dev, tools/setup)"
-export WANLAB_DELAYER
+. "$root/tests/lablib.sh"
+lab_require --delayer
 unset WANLAB_NAME
 wl() { "$wanlab" --name "$lab" "$@"; }
 trap 'cleanup; wl down >/dev/null 2>&1 || true' EXIT

@@ -20,24 +20,8 @@ wanlab=$root/tools/wanlab/wanlab
 lab=wltest     # fixed names: a crashed earlier run is cleaned by the next
 kill_lab=wltkill
 
-skip() {
-  echo "SKIP: $*"
-  exit 77
-}
-[ "$(id -u)" = 0 ] || skip "needs root for network namespaces"
-unshare -n true 2>/dev/null || skip "cannot create network namespaces here"
-for t in ip tc ping; do
-  command -v "$t" >/dev/null || skip "$t is not installed (tools/setup)"
-done
-command -v iptables-legacy >/dev/null || command -v iptables >/dev/null ||
-  skip "iptables is not installed (tools/setup)"
-if [ -z "${WANLAB_DELAYER+set}" ]; then # run by hand: the newest build
-  # shellcheck disable=SC2012 # our own build directories
-  WANLAB_DELAYER=$(ls -t "$root"/build*/tools/wanlab/wanlab-delayer 2>/dev/null | head -n1 || true)
-fi
-[ -x "${WANLAB_DELAYER:-}" ] ||
-  skip "wanlab-delayer is not built (needs libnetfilter-queue-dev, tools/setup)"
-export WANLAB_DELAYER
+. "$root/tests/lablib.sh"
+lab_require --delayer ping
 unset WANLAB_NAME
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/beed-wanlab.XXXXXX")
