@@ -522,6 +522,10 @@ static int step_done(bee_fetch *f) {
   return next_step(f, f->step_epoch + 1);
 }
 
+/* probed()'s answer for a donor that has stepped since the first answer,
+ * before any chunk came: the download starts over (not a refusal). */
+static const char NEWER[] = "newer";
+
 /* A probe's answer from donor d: its snapshot.  The first sets the
  * download's; another's donor leaves. */
 static const char *probed(bee_fetch *f, size_t d, const proto_state_msg *m) {
@@ -569,7 +573,7 @@ static const char *probed(bee_fetch *f, size_t d, const proto_state_msg *m) {
     /* A donor has stepped since the first answer, before any chunk came:
      * the download starts over, every donor asked for its latest, so that
      * the donors at the swarm's epoch serve one snapshot. */
-    return "newer";
+    return NEWER;
   } else if (m->epoch != f->epoch ||
              memcmp(m->checksum, f->sum, sizeof f->sum) != 0) {
     /* Expected where donors' states differ in their own parts: no
@@ -617,7 +621,7 @@ int bee__fetch_chunk(bee_fetch *f, uint64_t tag, int status,
     bad = "a malformed answer (not the chunk asked for)";
   } else if (c == FETCH_PROBE) {
     bad = probed(f, d, m);
-    if (bad && strcmp(bad, "newer") == 0) {
+    if (bad == NEWER) {
       f->restarts++;
       bee_info(COMP,
                "state: a donor serves epoch %llu, newer than the "

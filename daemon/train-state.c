@@ -180,7 +180,25 @@ void bee__log_step(bee_train *t, uint64_t epoch, const float *g, size_t n) {
   if (!t->steps_kept)
     return;
   size_t len = g ? n * sizeof *g : 0;
-  bee_step *s = malloc(sizeof *s + len);
+  /* A full log's oldest step goes; its buffer takes the new one where it
+   * fits: no allocation (and its page faults) at every step.  Only the
+   * worker changes the log, so it stays as it is until we add to it. */
+  bee_step *s = NULL;
+  uv_mutex_lock(&t->mu);
+  train_shared *sh = &t->shared;
+  if (sh->nstep_log == t->steps_kept) {
+    s = sh->step_log[0];
+    memmove(sh->step_log, sh->step_log + 1,
+            (sh->nstep_log - 1) * sizeof *sh->step_log);
+    sh->nstep_log--;
+  }
+  uv_mutex_unlock(&t->mu);
+  if (s && s->len != len) {
+    free(s);
+    s = NULL;
+  }
+  if (!s)
+    s = malloc(sizeof *s + len);
   if (!s) { /* no step kept: a peer that needs it downloads the state */
     bee__forget_steps(t);
     return;
@@ -190,9 +208,7 @@ void bee__log_step(bee_train *t, uint64_t epoch, const float *g, size_t n) {
   if (len)
     memcpy(s->data, g, len);
   crypto_generichash(s->sum, sizeof s->sum, s->data, len, NULL, 0);
-  bee_step *old = NULL;
   uv_mutex_lock(&t->mu);
-  train_shared *sh = &t->shared;
   /* Steps follow each other: one after a gap (a state loaded, forgotten
    * steps) starts the log afresh. */
   if (sh->nstep_log && sh->step_log[sh->nstep_log - 1]->epoch + 1 != epoch) {
@@ -200,15 +216,8 @@ void bee__log_step(bee_train *t, uint64_t epoch, const float *g, size_t n) {
       free(sh->step_log[i]);
     sh->nstep_log = 0;
   }
-  if (sh->nstep_log == t->steps_kept) {
-    old = sh->step_log[0];
-    memmove(sh->step_log, sh->step_log + 1,
-            (sh->nstep_log - 1) * sizeof *sh->step_log);
-    sh->nstep_log--;
-  }
   sh->step_log[sh->nstep_log++] = s;
   uv_mutex_unlock(&t->mu);
-  free(old);
 }
 
 void bee__forget_steps(bee_train *t) {

@@ -172,15 +172,15 @@ enum proto_type {
   PROTO_T_DHT_STORED = 53,
   PROTO_T_DHT_FIND = 54,
   PROTO_T_DHT_FOUND = 55,
-  PROTO_T_AVG_PART = 60,    /* averaging round, see proto_avg_msg */
+  PROTO_T_AVG_PART = 60, /* averaging round, see proto_avg_msg */
   PROTO_T_AVG_RESULT = 61,
   PROTO_T_AVG_ABORT = 62,
-  PROTO_T_AVG_JOIN = 63,    /* matchmaking, see proto_group_msg */
+  PROTO_T_AVG_JOIN = 63, /* matchmaking, see proto_group_msg */
   PROTO_T_AVG_REPLY = 64,
   PROTO_T_AVG_BEGIN = 65,
   PROTO_T_AVG_LEAVE = 66,
-  PROTO_T_AVG_WAIT = 67,    /* averaging round, see proto_avg_msg */
-  PROTO_T_STATE_REQ = 70,   /* state download, see proto_state_msg */
+  PROTO_T_AVG_WAIT = 67,  /* averaging round, see proto_avg_msg */
+  PROTO_T_STATE_REQ = 70, /* state download, see proto_state_msg */
   PROTO_T_STATE_CHUNK = 71,
   PROTO_T_STATE_STEP_REQ = 72, /* an epoch's step, see proto_state_msg */
   PROTO_T_STATE_STEP = 73,
@@ -871,16 +871,15 @@ int proto_group_decode(const uint8_t *buf, size_t len, proto_group_msg *m,
 #define PROTO_STATE_SUM_BYTES 32
 
 typedef struct proto_state_msg {
-  int type;                     /* PROTO_T_STATE_REQ, _CHUNK, _STEP_REQ
-                                   or _STEP */
-  char run[PROTO_RUN_MAX + 1];  /* all */
-  uint64_t offset;              /* all: where the bytes start */
-  uint64_t len;                 /* REQ, STEP_REQ: bytes asked, 1..CHUNK_MAX */
-  uint64_t epoch;               /* CHUNK: the snapshot's epoch; STEP_REQ,
-                                   STEP: the step's (from epoch) */
-  uint64_t total;               /* CHUNK, STEP: the whole's size */
+  int type; /* PROTO_T_STATE_REQ, _CHUNK, _STEP_REQ or _STEP */
+  char run[PROTO_RUN_MAX + 1]; /* all */
+  uint64_t offset;             /* all: where the bytes start */
+  uint64_t len;                /* REQ, STEP_REQ: bytes asked, 1..CHUNK_MAX */
+  /* CHUNK: the snapshot's epoch; STEP_REQ, STEP: the step's (from epoch) */
+  uint64_t epoch;
+  uint64_t total;                          /* CHUNK, STEP: the whole's size */
   uint8_t checksum[PROTO_STATE_SUM_BYTES]; /* CHUNK, STEP */
-  proto_bytes data;             /* CHUNK, STEP: a view, at most CHUNK_MAX */
+  proto_bytes data; /* CHUNK, STEP: a view, at most CHUNK_MAX */
 } proto_state_msg;
 
 /* Encodes m; BEE_EUNKNOWN for another type, BEE_ERANGE or BEE_ETOOBIG for
