@@ -110,6 +110,7 @@ typedef struct bee_config {
   unsigned average_state_every; /* epochs; 0: never */
   double matchmaking_s;         /* the longest a round waits for its peers */
   unsigned min_peers;           /* training waits for this many in the run */
+  unsigned group_size;          /* a group's members at most; 0: all */
   unsigned max_state_uploads;   /* state downloads served at once */
   bool delay_averaging;         /* the round runs behind the next epoch */
   bool no_match_ahead;          /* matchmaking once the target is reached,
@@ -363,6 +364,31 @@ uint64_t bee_progress_published(bee_publisher *p, uint64_t now_ms,
 size_t bee_round_candidates(const proto_progress *v, size_t n,
                             const char *run, uint64_t epoch,
                             uint64_t now_ms);
+/* Whether v is one of them. */
+bool bee_round_candidate(const proto_progress *v, const char *run,
+                         uint64_t epoch, uint64_t now_ms);
+/* --group-size: Moshpit's grid.  The n bees of a run, ranked by id, sit
+ * in a grid of the fewest dimensions whose lines hold cap bees at most,
+ * the dimensions about as long as each other (64 bees in groups of 8:
+ * 8 x 8; 100 bees: 5 x 5 x 4).  Turn t groups the bees whose coordinates
+ * agree in every dimension but t mod dims: after dims turns of averaging
+ * every bee of a full grid holds the mean of all, and of one with holes
+ * (n short of the grid's product) nearly. */
+typedef struct bee_grid_group {
+  size_t dims;    /* the grid's */
+  size_t dim;     /* the turn's */
+  uint64_t index; /* the group's among the turn's (its first rank) */
+  size_t size;    /* its members, the caller too; 1: alone this turn */
+  char bits[PROTO_BITS_MAX + 1]; /* the index as matchmaking group bits */
+} bee_grid_group;
+/* The group of the bee of rank `rank` (0..n-1) in turn `turn` of a grid
+ * of n bees in groups of cap (2 or more), and when ranks is not NULL its
+ * members' ranks, g->size of them, ascending (ranks has cap slots).
+ * -EINVAL for a rank past n, a cap below 2, or n past what the group
+ * bits can name (65536); -ENOMEM. */
+int bee_grid_group_of(size_t n, size_t rank, size_t cap, uint64_t turn,
+                      bee_grid_group *g, size_t *ranks);
+
 /* Whether nobody among v[0..n) (the others' records, not the caller's)
  * may still come to the group of the step that ends epoch: no peer of run
  * that bee_round_candidates expects there, nor, with delayed

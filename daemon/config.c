@@ -64,6 +64,7 @@ enum opt_id {
   O_AVERAGE_STATE_EVERY,
   O_MATCHMAKING_TIME,
   O_MIN_PEERS,
+  O_GROUP_SIZE,
   O_DELAY_AVERAGING,
   O_LABEL,
   O_THREADS,
@@ -143,6 +144,7 @@ static const struct opt {
     {"average-state-every", O_AVERAGE_STATE_EVERY, K_VALUE, true},
     {"matchmaking-time", O_MATCHMAKING_TIME, K_VALUE, true},
     {"min-peers", O_MIN_PEERS, K_VALUE, true},
+    {"group-size", O_GROUP_SIZE, K_VALUE, true},
     {"max-state-uploads", O_MAX_STATE_UPLOADS, K_VALUE, true},
     {"delay-averaging", O_DELAY_AVERAGING, K_BOOL, true},
     {"no-match-ahead", O_NO_MATCH_AHEAD, K_BOOL, true},
@@ -616,6 +618,13 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
                        "bad number '%.80s' (want bees, 1..100000)", v);
     cfg->min_peers = u;
     return 0;
+  case O_GROUP_SIZE:
+    if (parse_uint(v, 2, AVG_GROUP_MAX, &u))
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad number '%.80s' (want members of a group, 2..%d)", v,
+                       AVG_GROUP_MAX);
+    cfg->group_size = u;
+    return 0;
   case O_MAX_STATE_UPLOADS:
     if (parse_uint(v, 1, BEE_STATE_UPLOADS_MAX, &u))
       return bee_failf(msg, cap, BEE_ECONFIG,
@@ -954,6 +963,17 @@ int bee_config_check(const bee_config *cfg, char *err, size_t errlen) {
     return bee_failf(err, errlen, BEE_ECONFIG,
                      "--delay-averaging is for gradient averaging; DiLoCo "
                      "already computes while rounds are rare");
+  if (cfg->group_size && !cfg->average_state_every)
+    return bee_failf(err, errlen, BEE_ECONFIG,
+                     "--group-size needs --average-state-every N: each "
+                     "group takes its own step, and only state rounds in "
+                     "groups that change bring the bees' parameters back "
+                     "together");
+  if (cfg->group_size && cfg->delay_averaging)
+    return bee_failf(err, errlen, BEE_ECONFIG,
+                     "--group-size and --delay-averaging do not go "
+                     "together: a delayed round's mean would come from the "
+                     "group of the turn before, not the parameters' own");
   if (cfg->error_feedback && cfg->compression == AVG_NONE)
     return bee_failf(err, errlen, BEE_ECONFIG,
                      "--error-feedback is for a lossy --compression (fp16, "
@@ -1148,6 +1168,10 @@ void bee_config_usage(FILE *f) {
       "  --min-peers N            start training once N bees (this one too)\n"
       "                           are in the run (default 1: at once, or with\n"
       "                           the peers seen within 3 s)\n"
+      "  --group-size N           average in groups of at most N in a run\n"
+      "                           of more bees: Moshpit's grid, a turn per\n"
+      "                           state round (needs --average-state-every;\n"
+      "                           default: one group of every bee)\n"
       "  --lr-schedule S          constant, cosine or linear: a decay to\n"
       "                           --min-lr (default 0) at --total-epochs,\n"
       "                           after --warmup-epochs of linear warmup\n"

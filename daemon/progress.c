@@ -40,6 +40,7 @@
  */
 #include "bee.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,19 +89,22 @@ uint64_t bee_progress_published(bee_publisher *p, uint64_t now_ms,
   return p->last_exp;
 }
 
+bool bee_round_candidate(const proto_progress *v, const char *run,
+                         uint64_t epoch, uint64_t now_ms) {
+  /* One that just left may be back in seconds (a service restarts it):
+   * expected for BEE_LEAVE_GRACE_MS, lest a group close without it. */
+  if (v->leaving && now_ms >= v->time_ms + BEE_LEAVE_GRACE_MS)
+    return false;
+  return strcmp(v->run, run) == 0 &&
+         (v->epoch == epoch || v->epoch + 1 == epoch);
+}
+
 size_t bee_round_candidates(const proto_progress *v, size_t n,
                             const char *run, uint64_t epoch,
                             uint64_t now_ms) {
   size_t k = 0;
-  for (size_t i = 0; i < n; i++) {
-    /* One that just left may be back in seconds (a service restarts it):
-     * expected for BEE_LEAVE_GRACE_MS, lest a group close without it. */
-    if (v[i].leaving && now_ms >= v[i].time_ms + BEE_LEAVE_GRACE_MS)
-      continue;
-    if (strcmp(v[i].run, run) == 0 &&
-        (v[i].epoch == epoch || v[i].epoch + 1 == epoch))
-      k++;
-  }
+  for (size_t i = 0; i < n; i++)
+    k += bee_round_candidate(&v[i], run, epoch, now_ms);
   return k;
 }
 
@@ -252,3 +256,115 @@ bool bee_epoch_ready(uint64_t epoch, uint64_t samples,
   return samples >= target || others >= target - samples;
 }
 
+
+/* The grid's dimensions: the fewest whose lines hold cap at most, each
+ * the shortest that leaves room for the rest. */
+static size_t grid_dims(size_t n, size_t cap, size_t m[PROTO_BITS_MAX]) {
+  size_t d = 1;
+  for (uint64_t p = cap; p < n; p *= cap)
+    d++;
+  uint64_t rem = n;
+  for (size_t i = 0; i < d; i++) {
+    size_t k = d - i;
+    uint64_t x = 1;
+    for (;; x++) {
+      uint64_t p = 1;
+      for (size_t j = 0; j < k && p < rem; j++)
+        p *= x;
+      if (p >= rem)
+        break;
+    }
+    m[i] = (size_t)x;
+    rem = (rem + x - 1) / x;
+  }
+  return d;
+}
+
+/* Every rank's group in turn `turn` (line[r]: the group's index) and
+ * the groups' sizes (size[index]); *dims, *dim the grid's and the
+ * turn's.  line and size have n slots. */
+static void grid_lines(size_t n, size_t cap, uint64_t turn, size_t *line,
+                       size_t *size, size_t *dims, size_t *dim) {
+  size_t m[PROTO_BITS_MAX];
+  size_t d = grid_dims(n, cap, m), k = (size_t)(turn % d);
+  size_t stride = 1;
+  for (size_t i = 0; i < k; i++)
+    stride *= m[i];
+  /* Every bee's line in dimension k, named by its first rank (the bee
+   * whose coordinate k is 0), and the lines' sizes. */
+  memset(size, 0, n * sizeof *size);
+  for (size_t r = 0; r < n; r++) {
+    line[r] = r - (r / stride % m[k]) * stride;
+    size[line[r]]++;
+  }
+  /* A grid with holes leaves lines of one bee: they pair up, and an odd
+   * one joins the smallest line with room, else takes the last bee of
+   * the largest line of three or more.  Nobody is alone while n >= 2 and
+   * the cap allows (cap 2 and an odd n leave one).  O(n). */
+  size_t odd = SIZE_MAX;
+  for (size_t b = 0; b < n; b++) {
+    if (size[b] != 1)
+      continue;
+    if (odd == SIZE_MAX) {
+      odd = b;
+      continue;
+    }
+    line[b] = odd;
+    size[odd] = 2;
+    size[b] = 0;
+    odd = SIZE_MAX;
+  }
+  if (odd != SIZE_MAX) {
+    size_t best = SIZE_MAX, big = SIZE_MAX;
+    for (size_t c = 0; c < n; c++) {
+      if (c != odd && size[c] >= 2 && size[c] < cap &&
+          (best == SIZE_MAX || size[c] < size[best]))
+        best = c;
+      if (size[c] >= 3 && (big == SIZE_MAX || size[c] > size[big]))
+        big = c;
+    }
+    if (best != SIZE_MAX) {
+      line[odd] = best;
+      size[best]++;
+      size[odd] = 0;
+    } else if (big != SIZE_MAX) {
+      size_t last = 0;
+      for (size_t r = 0; r < n; r++)
+        if (line[r] == big)
+          last = r;
+      line[last] = odd;
+      size[big]--;
+      size[odd] = 2;
+    }
+  }
+  *dims = d;
+  *dim = k;
+}
+
+int bee_grid_group_of(size_t n, size_t rank, size_t cap, uint64_t turn,
+                      bee_grid_group *g, size_t *ranks) {
+  memset(g, 0, sizeof *g);
+  if (cap < 2 || rank >= n || n > (size_t)1 << PROTO_BITS_MAX)
+    return -EINVAL;
+  size_t *line = malloc(n * sizeof *line), *size = malloc(n * sizeof *size);
+  if (!line || !size) {
+    free(line);
+    free(size);
+    return -ENOMEM;
+  }
+  grid_lines(n, cap, turn, line, size, &g->dims, &g->dim);
+  g->index = line[rank];
+  g->size = size[line[rank]];
+  size_t w = 1;
+  while (((size_t)1 << w) < n)
+    w++;
+  for (size_t i = 0; i < w; i++)
+    g->bits[i] = g->index >> (w - 1 - i) & 1 ? '1' : '0';
+  g->bits[w] = 0;
+  for (size_t r = 0, k = 0; ranks && r < n; r++)
+    if (line[r] == g->index)
+      ranks[k++] = r;
+  free(line);
+  free(size);
+  return 0;
+}

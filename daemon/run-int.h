@@ -92,6 +92,12 @@ typedef struct bee_view {
   bool have;           /* a view was made */
   uint64_t cand_epoch; /* the epoch the candidates were counted for */
   size_t candidates;   /* bee_round_candidates, by the last view */
+  /* --group-size: the ids of the peers at cand_epoch, one behind or one
+   * ahead, this bee's too, sorted: the ranks of the run's grid
+   * (bee_grid_group_of).  At one epoch the list only grows, as the
+   * candidates' count does. */
+  uint8_t (*grid_ids)[PROTO_ID_BYTES];
+  size_t ngrid, grid_cap;
   uint8_t self[PROTO_ID_BYTES]; /* this bee's id */
   /* Donors: peers at the swarm's epoch by the last view, the closest to
    * this bee's id first. */
@@ -135,6 +141,19 @@ size_t bee__view_set(bee_view *v, proto_progress *all,
  * none ran); forgets the last one. */
 void bee__view_stepped(bee_view *v, const avg_group *g, uint64_t epoch,
                        uint64_t unix_ms);
+/* --group-size in a run larger than a group, by the view at epoch: true,
+ * with this bee's group *g in the grid's turn `turn` (run-round.c's
+ * grid).  False where the run is one group of all, or no view at epoch
+ * is there yet. */
+bool bee__view_grid(const bee_view *v, uint64_t epoch, uint64_t turn,
+                    bee_grid_group *g);
+/* In such a run, whether another member of this bee's group for the
+ * state round of epoch (at its start, in turn `turn`) may still come to
+ * it, by the last read: one at epoch - 1, or at epoch without samples
+ * yet (the state round comes before them).  Members past it or
+ * computing at it took theirs already, and a bee that came to the epoch
+ * late would wait out a matchmaking for nobody. */
+bool bee__view_state_due(const bee_view *v, uint64_t epoch, uint64_t turn);
 /* The swarm's epoch time by the view (DiLoCo: a round), -1 unknown. */
 double bee__view_epoch_s(const bee_view *v);
 /* Whether id a is closer to self than id b is, by XOR distance. */
@@ -276,7 +295,9 @@ void bee__lines_publish(bee_lines *l, const bee_run_step *s, double rate);
 /* A peer that declared another layout (warned about once). */
 void bee__lines_other_layout(bee_lines *l, const uint8_t id[PROTO_ID_BYTES]);
 /* The split check's read (in line) or the resync's (out of line, from
- * epoch `from`), when due.  peers: the run's, by the view. */
+ * epoch `from`), when due.  peers: the run's, by the view.  A run in
+ * groups of --group-size has a line per group by design: no split
+ * check there. */
 void bee__lines_check(bee_lines *l, bool diverged, uint64_t peers,
                       uint64_t now_ms, uint64_t every_ms);
 /* The split check's answer: true when this bee's line lost (it is to be

@@ -96,6 +96,8 @@ void bee__lines_check(bee_lines *l, bool diverged, uint64_t peers,
     return;
   if (!diverged) {
     l->nsplit = 0; /* back in line: any donor again */
+    if (l->cfg->group_size && peers > l->cfg->group_size)
+      return;
     /* Every peer reads every peer's metrics: in a larger run less often,
      * so that the reads of the key grow with the run's size, not with
      * its square. */

@@ -39,12 +39,24 @@ static bool outer(const bee_rounds *o) {
   return o->cfg->averaging == BEE_AVG_DILOCO;
 }
 
+/* --group-size: the grid's turn of the rounds of epoch.  A state round
+ * (at the epochs --average-state-every divides) begins a turn, and the
+ * update rounds up to the next keep it: the members of a group, alike
+ * after its state round, take their steps together. */
+static uint64_t turn_of(const bee_rounds *o, uint64_t epoch) {
+  unsigned k = o->cfg->average_state_every;
+  return k ? epoch / k : epoch;
+}
+
 /* The matchmaking of the round of `round` (an epoch, or
  * BEE_RUN_STATE_ROUND + epoch with state) expecting `peers` members, this
  * bee's weight w: it begins as soon as every peer expected has joined, at
- * the latest --matchmaking-time from now with whoever has. */
+ * the latest --matchmaking-time from now with whoever has.  grid: this
+ * bee's group in a run of --group-size past a group (NULL: one group of
+ * every peer). */
 static void fill(const bee_rounds *o, bee_run_avg *a, uint64_t round,
-                 bool state, size_t peers, double w) {
+                 bool state, size_t peers, double w,
+                 const bee_grid_group *grid) {
   memset(a, 0, sizeof *a);
   a->round = round;
   a->state = state;
@@ -52,11 +64,15 @@ static void fill(const bee_rounds *o, bee_run_avg *a, uint64_t round,
    * step: a cap below the swarm's size would leave the bees past it to
    * groups of their own, out of line.  The group begins as soon as the
    * peers this bee expects are in; a leader that expects more (its view
-   * saw one more record) is still followed. */
-  a->target_size = peers < 2               ? 2
-                   : peers > AVG_GROUP_MAX ? AVG_GROUP_MAX
-                                           : peers;
-  a->max_size = AVG_GROUP_MAX;
+   * saw one more record) is still followed.  With --group-size past a
+   * group, the group of the grid's turn, under its bits. */
+  size_t cap = o->cfg->group_size ? o->cfg->group_size : AVG_GROUP_MAX;
+  if (grid) {
+    peers = grid->size;
+    memcpy(a->bits, grid->bits, sizeof a->bits);
+  }
+  a->target_size = peers < 2 ? 2 : peers > cap ? cap : peers;
+  a->max_size = cap;
   a->weight = w;
   a->matchmaking_ms = (uint64_t)(o->cfg->matchmaking_s * 1000);
   a->deadline_ms = a->matchmaking_ms + MATCH_GRACE_MS;
@@ -217,8 +233,11 @@ void bee__rounds_ahead(bee_rounds *o, bee_view *v, double rate,
   double others = bee__guide_others_now(g, now_ms);
   if (o->ahead.state != AHEAD_NONE && o->ahead.epoch != epoch)
     bee__rounds_drop(o, "the epoch moved on");
+  bee_grid_group grid;
+  bool grouped = bee__view_grid(v, epoch, turn_of(o, epoch), &grid);
   if (asked || samples == 0 || o->ahead.state != AHEAD_NONE ||
-      v->cand_epoch != epoch || v->candidates < 2 || !(rate > 0))
+      v->cand_epoch != epoch || v->candidates < 2 || !(rate > 0) ||
+      (grouped && grid.size < 2))
     return;
   /* eta: when to look; ready: when the round can run; own: when this
    * bee's inner steps end (the weight). */
@@ -251,7 +270,7 @@ void bee__rounds_ahead(bee_rounds *o, bee_view *v, double rate,
   double got = own < ready ? own : ready;
   double wt = (double)samples + (got > 0 ? rate * got : 0);
   bee_run_avg a;
-  fill(o, &a, epoch, false, v->candidates, wt);
+  fill(o, &a, epoch, false, v->candidates, wt, grouped ? &grid : NULL);
   if (ready > c->matchmaking_s) {
     if (ready > READY_MAX_S)
       ready = READY_MAX_S;
@@ -285,7 +304,7 @@ void bee__rounds_start(bee_rounds *o, bee_view *v) {
     return; /* its answer comes back here */
   if (o->ahead.state == AHEAD_HELD && ours) {
     bee_run_avg a;
-    fill(o, &a, epoch, false, o->ahead.g.nmembers, weight);
+    fill(o, &a, epoch, false, o->ahead.g.nmembers, weight, NULL);
     o->ahead.state = AHEAD_NONE;
     o->averaging = o->round_ahead = true;
     int rc = o->io->round(o->io->ctx, &o->ahead.g, &a);
@@ -303,12 +322,25 @@ void bee__rounds_start(bee_rounds *o, bee_view *v) {
    * stall) would step the same way at every epoch after, never
    * training. */
   bool delayed = o->cfg->delay_averaging;
+  /* The candidates were counted at the worker's epoch: with
+   * --delay-averaging it is already one past the round's (and counts the
+   * peers at both). */
+  uint64_t at = state || !delayed ? epoch : epoch + 1;
+  bee_grid_group grid;
+  bool grouped = bee__view_grid(v, at, turn_of(o, epoch), &grid);
   /* Where the swarm's steps can be taken (take_steps), a bee with samples
    * of an epoch the swarm has left takes its step too (run.c), rather
    * than wait out a matchmaking, or form a group of stragglers that
-   * would split the swarm. */
-  if (!state && !delayed && (weight == 0 || o->take_steps) &&
-      v->view.epoch > epoch) {
+   * would split the swarm.  In groups of --group-size each group's step
+   * is its own: there is no swarm's step to take; and the state round of
+   * an epoch the swarm has left went without this bee (its group took
+   * it at the epoch's start, and its members compute or have stepped):
+   * it goes on at once, and a later turn mixes it in. */
+  bool moot = grouped && state &&
+              (v->view.epoch > epoch ||
+               !bee__view_state_due(v, epoch, turn_of(o, epoch)));
+  if (moot || (!state && !delayed && (weight == 0 || (o->take_steps && !grouped)) &&
+      v->view.epoch > epoch)) {
     if (o->ahead.state != AHEAD_NONE)
       bee__rounds_drop(o, "the swarm left its epoch");
     o->round_ahead = false;
@@ -318,13 +350,9 @@ void bee__rounds_start(bee_rounds *o, bee_view *v) {
   if (o->ahead.state != AHEAD_NONE)
     bee__rounds_drop(o, state ? "a state round comes first"
                               : "the round is for another epoch");
-  /* The candidates were counted at the worker's epoch: with
-   * --delay-averaging it is already one past the round's (and counts the
-   * peers at both). */
-  uint64_t at = state || !delayed ? epoch : epoch + 1;
   if (v->cand_epoch != at)
     return; /* no view at this epoch yet (a state just loaded): next tick */
-  size_t peers = v->candidates;
+  size_t peers = grouped ? grid.size : v->candidates;
   o->round_ahead = false;
   if (peers < 2) {
     over(o, v, -ENOENT, 1, 0, false, NULL);
@@ -332,7 +360,7 @@ void bee__rounds_start(bee_rounds *o, bee_view *v) {
   }
   bee_run_avg a;
   fill(o, &a, state ? BEE_RUN_STATE_ROUND + epoch : epoch, state, peers,
-       weight); /* the worker waits meanwhile */
+       weight, grouped ? &grid : NULL); /* the worker waits meanwhile */
   o->averaging = true;
   int rc = o->io->average(o->io->ctx, &a);
   if (rc) {
@@ -347,13 +375,14 @@ void bee__rounds_deserted(bee_rounds *o, bee_view *v,
                           const proto_progress *others, size_t n,
                           size_t fresh) {
   uint64_t epoch;
-  bool delayed = o->cfg->delay_averaging, round = false;
+  bool delayed = o->cfg->delay_averaging, round = false, state = false;
   if (o->averaging && o->io->matching(o->io->ctx)) {
     bee_run_worker w;
     o->io->worker(o->io->ctx, &w);
     epoch = w.round_epoch;
     delayed &= !w.round_state; /* the state travels at the epoch's start */
     round = true;
+    state = w.round_state;
   } else if (o->ahead.state == AHEAD_MATCHING) {
     epoch = o->ahead.epoch;
   } else {
@@ -364,7 +393,14 @@ void bee__rounds_deserted(bee_rounds *o, bee_view *v,
     o->deserted = 0;
   o->deserted_epoch = epoch;
   uint64_t unix_ms = o->io->unix_ms(o->io->ctx);
-  if (!bee_round_deserted(others, n, o->cfg->run, epoch, delayed, unix_ms)) {
+  /* A state round in groups of --group-size: its own group's members
+   * only. */
+  bee_grid_group grid;
+  bool gone = state && bee__view_grid(v, epoch, turn_of(o, epoch), &grid)
+                  ? !bee__view_state_due(v, epoch, turn_of(o, epoch))
+                  : bee_round_deserted(others, n, o->cfg->run, epoch, delayed,
+                                       unix_ms);
+  if (!gone) {
     o->deserted = 0;
     return;
   }

@@ -52,6 +52,7 @@ void bee__view_close(bee_view *v) {
   free(v->seen);
   free(v->seen_ids);
   free(v->stepped_ids);
+  free(v->grid_ids);
   memset(v, 0, sizeof *v);
 }
 
@@ -127,6 +128,83 @@ static void outer_times(bee_view *v, const proto_progress *all, size_t n,
               (double)(want - samples) / own_rate);
 }
 
+static int id_cmp(const void *a, const void *b) {
+  return memcmp(a, b, PROTO_ID_BYTES);
+}
+
+/* The grid's ranks (bee_view's grid_ids) from the others' records all[]
+ * (owners ids[]) at the worker's epoch; the list of an earlier view at
+ * the same epoch stays in.  Without the memory, the list stays as it
+ * was. */
+static void grid_set(bee_view *v, const proto_progress *all,
+                     const uint8_t (*ids)[PROTO_ID_BYTES], size_t n,
+                     uint64_t epoch, uint64_t now) {
+  if (!v->have || v->cand_epoch != epoch)
+    v->ngrid = 0;
+  if (v->ngrid + n + 1 > v->grid_cap) {
+    size_t cap = v->ngrid + n + 1;
+    uint8_t(*g)[PROTO_ID_BYTES] = realloc(v->grid_ids, cap * sizeof *g);
+    if (!g)
+      return;
+    v->grid_ids = g;
+    v->grid_cap = cap;
+  }
+  memcpy(v->grid_ids[v->ngrid++], v->self, PROTO_ID_BYTES);
+  /* The round's candidates (at epoch or one behind), and those one ahead:
+   * a group that stepped first is still on the grid of the others, who
+   * would otherwise rank the bees apart from it. */
+  for (size_t i = 0; i < n; i++)
+    if (bee_round_candidate(&all[i], v->cfg->run, epoch, now) ||
+        bee_round_candidate(&all[i], v->cfg->run, epoch + 1, now))
+      memcpy(v->grid_ids[v->ngrid++], ids[i], PROTO_ID_BYTES);
+  qsort(v->grid_ids, v->ngrid, sizeof *v->grid_ids, id_cmp);
+  size_t k = 0;
+  for (size_t i = 0; i < v->ngrid; i++)
+    if (k == 0 || id_cmp(v->grid_ids[k - 1], v->grid_ids[i]) != 0)
+      memmove(v->grid_ids[k++], v->grid_ids[i], PROTO_ID_BYTES);
+  v->ngrid = k;
+}
+
+bool bee__view_grid(const bee_view *v, uint64_t epoch, uint64_t turn,
+                    bee_grid_group *g) {
+  if (!v->cfg->group_size || v->cand_epoch != epoch ||
+      v->ngrid <= v->cfg->group_size)
+    return false;
+  uint8_t(*self)[PROTO_ID_BYTES] =
+      bsearch(v->self, v->grid_ids, v->ngrid, PROTO_ID_BYTES, id_cmp);
+  return self && bee_grid_group_of(v->ngrid, (size_t)(self - v->grid_ids),
+                                   v->cfg->group_size, turn, g, NULL) == 0;
+}
+
+bool bee__view_state_due(const bee_view *v, uint64_t epoch, uint64_t turn) {
+  uint8_t(*self)[PROTO_ID_BYTES] =
+      v->ngrid ? bsearch(v->self, v->grid_ids, v->ngrid, PROTO_ID_BYTES, id_cmp)
+               : NULL;
+  size_t *ranks = malloc(v->cfg->group_size * sizeof *ranks);
+  bee_grid_group g;
+  if (!self || !ranks ||
+      bee_grid_group_of(v->ngrid, (size_t)(self - v->grid_ids),
+                        v->cfg->group_size, turn, &g, ranks) != 0) {
+    free(ranks);
+    return true; /* not known: the matchmaking finds out */
+  }
+  bool due = false;
+  for (size_t k = 0; k < g.size && !due; k++) {
+    const uint8_t *id = v->grid_ids[ranks[k]];
+    if (id == *self)
+      continue;
+    const proto_progress *p = NULL;
+    for (size_t i = 0; i < v->nseen && !p; i++)
+      if (memcmp(v->seen_ids[i], id, PROTO_ID_BYTES) == 0)
+        p = &v->seen[i];
+    /* Not in the last read (one may miss a record): it may come. */
+    due = !p || (!p->leaving && (p->epoch + 1 == epoch ||
+                                 (p->epoch == epoch && p->samples == 0)));
+  }
+  free(ranks);
+  return due;
+}
+
 size_t bee__view_set(bee_view *v, proto_progress *all,
                      const uint8_t (*ids)[PROTO_ID_BYTES], size_t n,
                      const proto_progress *own, const bee_run_worker *w,
@@ -143,6 +221,8 @@ size_t bee__view_set(bee_view *v, proto_progress *all,
   /* A read of the DHT may miss a record now and then; at the same epoch
    * the count only grows, lest a round close without a peer that is
    * there (one that is gone costs the round --matchmaking-time). */
+  if (c->group_size)
+    grid_set(v, all, ids, n, epoch, now);
   size_t fresh = bee_round_candidates(all, n + 1, c->run, epoch, now);
   size_t cand = fresh;
   if (v->have && v->cand_epoch == epoch && cand < v->candidates)
@@ -166,6 +246,7 @@ size_t bee__view_set(bee_view *v, proto_progress *all,
   g->view = v->view;
   double es = bee__view_epoch_s(v);
   g->join_fits = es > join_s;
+  g->grouped = c->group_size && v->ngrid > c->group_size;
   g->own_rate = own->samples_per_second;
   if (c->averaging == BEE_AVG_DILOCO)
     outer_times(v, all, n, own, epoch, samples, now_ms, g);
@@ -178,9 +259,6 @@ size_t bee__view_set(bee_view *v, proto_progress *all,
   return fresh;
 }
 
-static int id_cmp(const void *a, const void *b) {
-  return memcmp(a, b, PROTO_ID_BYTES);
-}
 
 void bee__view_stepped(bee_view *v, const avg_group *g, uint64_t epoch,
                        uint64_t unix_ms) {

@@ -209,10 +209,11 @@ static void fetched(bee_run *r, int rc) {
  * that step may be taken instead: an update round that averaged nothing
  * for this bee (alone, no group, or its group went on without it), no
  * download under way, and no state on its way to the worker (it replaces
- * the step). */
+ * the step).  In groups of --group-size no step is the swarm's. */
 static bool step_may(bee_run *r, const bee_run_result *res,
                      const bee_run_worker *w) {
   return !r->stopped && r->fetch.step_bytes && !r->fetch.on &&
+         !r->view.guide.grouped &&
          (res->status != 0 || res->left) && res->status != BEE_ECANCELED &&
          !w->round_state && !w->load;
 }
@@ -713,6 +714,8 @@ bool bee_run_step_diverges(const bee_run_guide *g, uint64_t epoch,
    * are shorter than that, marking it would load, fall one behind and
    * load again forever, so there the next round's split check (or a
    * state round) catches it. */
+  if (g->grouped)
+    return false; /* no line to leave: the next state round mixes */
   bool empty_behind =
       samples == 0 && status != 0 && g->view.epoch > epoch && g->join_fits;
   return (status != 0 && (samples > 0 || empty_behind) && g->view.peers > 1) ||

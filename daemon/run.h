@@ -59,6 +59,9 @@ typedef struct bee_run_guide {
   /* A download and its records' travel (and the matchmaking ahead) fit
    * in one of the swarm's epochs. */
   bool join_fits;
+  /* --group-size in a run larger than a group: each group takes a step
+   * of its own, and the state rounds bring them together (bee_grid). */
+  bool grouped;
   uint64_t others;    /* the other peers' samples at view.epoch */
   double others_rate; /* their samples/s, to extrapolate */
   uint64_t view_ms;   /* when the view was made */

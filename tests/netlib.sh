@@ -99,6 +99,17 @@ done_line() {
 }
 hash_of() { local l; l=$(done_line "$1" "$2"); echo "${l##*parameters }"; }
 
+# epoch_lines E: the step at epoch E of every bee b0..b$((N - 1)) (N: the
+# test's count of bees) and the first warnings of all, for a failure's
+# report (the logs' tails show only the shutdown).
+epoch_lines() {
+  local i
+  for ((i = 0; i < N; i++)); do
+    echo "b$i: $(done_line "b$i" "$1" | cut -c1-110)"
+  done
+  grep -h ' WARN ' "$work"/b*.log | cut -c1-160 | head -n 10
+}
+
 # in_step A B FROM TO [ERE]: every epoch FROM..TO, both A's and B's step
 # lines match ERE (default: averaged in a group of 2) and both hold the
 # same parameters after it; fails naming the first that does not.

@@ -362,9 +362,15 @@ static void answer_round(swarmsim *s, sbee *b, sround *r, size_t i, bool late) {
 void sim__round_done(swarmsim *s, sround *r) {
   r->live = false;
   /* The mean's identity: which members' parts made it. */
+  size_t in = 0;
+  r->x = 0;
   for (size_t i = 0; i < r->n; i++)
-    if (r->st[i] == RS_STARTED && member_alive(s, r, i))
+    if (r->st[i] == RS_STARTED && member_alive(s, r, i)) {
       r->key = sim__mix(r->key, r->bee[i]);
+      r->x += s->b[r->bee[i]].x;
+      in++;
+    }
+  r->x = in ? r->x / (double)in : 0;
   for (size_t i = 0; i < r->n; i++) {
     if (r->st[i] != RS_STARTED || !member_alive(s, r, i))
       continue;

@@ -75,6 +75,7 @@ typedef struct sround {
   bool done;
   uint64_t done_ms; /* an EV_ROUND_DONE before it is stale */
   uint64_t key; /* the mean's identity: the line step's input */
+  double x;     /* the mean of its members' x */
   bool live;
 } sround;
 
@@ -126,6 +127,11 @@ typedef struct sbee {
   bee_run *core;
   bee_run_io io;
   swarmsim_life life;
+  /* A coordinate of its parameters beside the line, one the gradient
+   * steps move alike for every bee: a state round sets it to the round's
+   * mean, so the spread over the bees says how far groups of
+   * --group-size have mixed.  Loads leave it. */
+  double x;
   /* the worker */
   struct {
     uint64_t epoch, samples;
@@ -140,6 +146,8 @@ typedef struct sbee {
     bee_run_result res;
     uint64_t n_at_step; /* the step's own samples */
     uint64_t mean_key;  /* what the step adds: the round's mean or ours */
+    double mean_x;      /* and x after a state round */
+    bool mean_round;    /* the round's mean (not ours, nor the swarm's) */
     bee_run_guide guide;
     uint64_t line;
     bool snap;

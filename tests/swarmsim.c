@@ -240,10 +240,44 @@ static void request_round(swarmsim *s, sbee *b) {
   sim__at(s, s->now, EV_ASYNC, b, 0);
 }
 
+/* --average-state-every: the state round after the step into epoch (as
+ * train.c's state_round; the worker waits for it). */
+static void request_state_round(swarmsim *s, sbee *b, uint64_t epoch) {
+  b->w.avg_req = true;
+  b->w.avg_done = false;
+  b->w.avg_state = true;
+  b->w.avg_epoch = epoch;
+  b->w.avg_weight = 1;
+  b->w.n_at_step = 0;
+  b->w.waiting = true;
+  sim__at(s, s->now, EV_ASYNC, b, 0);
+}
+
+/* Its end: the members' mean state, the same for all of them (their
+ * line the round's, x its members' mean); none without a round. */
+static void state_done(swarmsim *s, sbee *b) {
+  const bee_run_result *a = &b->w.res;
+  b->w.waiting = false;
+  b->w.avg_state = false;
+  if (b->w.mean_round) {
+    b->w.line = sim__mix(b->w.mean_key, b->w.avg_epoch);
+    b->x = b->w.mean_x;
+    if (a->by_all >= 1.0)
+      b->w.diverged = false;
+  }
+  b->w.nsteps = 0; /* a state round's mean is no step to take */
+  make_snapshot(b, b->w.epoch);
+  worker_next(s, b);
+}
+
 /* The second half of the step (train.c's epoch_step after the round). */
 static void step_done(swarmsim *s, sbee *b) {
   const bee_run_result *a = &b->w.res;
   uint64_t epoch = b->w.avg_epoch, n = b->w.n_at_step;
+  if (b->w.avg_state) {
+    state_done(s, b);
+    return;
+  }
   b->w.waiting = false;
   /* A state that replaces the step. */
   if (a->status != 0 && b->w.load && b->w.load_epoch >= epoch) {
@@ -285,6 +319,11 @@ static void step_done(swarmsim *s, sbee *b) {
   bee_run_stepped(b->core, &st, 1);
   if (!b->alive)
     return;
+  unsigned every = s->c.cfg->average_state_every;
+  if (every && (epoch + 1) % every == 0) {
+    request_state_round(s, b, epoch + 1);
+    return;
+  }
   worker_next(s, b);
 }
 
@@ -399,10 +438,12 @@ static void io_round_over(void *ctx, const bee_run_result *r) {
   uint64_t key;
   if (r->swarm && r->step_len >= 8)
     memcpy(&key, r->step, 8);
+  bool mean = !r->swarm && r->status == 0 && b->round && !r->left;
   b->w.mean_key = r->swarm && r->step_len >= 8 ? key
-                  : r->status == 0 && b->round && !r->left
-                      ? b->round->key
-                      : sim__mix(sim__mix(b->idx, b->gen), b->w.avg_epoch);
+                  : mean ? b->round->key
+                         : sim__mix(sim__mix(b->idx, b->gen), b->w.avg_epoch);
+  b->w.mean_x = mean ? b->round->x : b->x;
+  b->w.mean_round = mean;
   sim__at(b->s, b->s->now, EV_WORKER, b, 1);
 }
 
@@ -515,6 +556,7 @@ static void bee_init(swarmsim *s, sbee *b, size_t idx, size_t region) {
   b->idx = idx;
   b->alive = true;
   b->region = region;
+  b->x = (double)idx;
   for (size_t k = 0; k < PROTO_ID_BYTES; k++)
     b->id[k] = (uint8_t)test_rng_next(&s->rng);
   uint8_t *t = b->id + PROTO_ID_BYTES - 4;
@@ -775,6 +817,16 @@ uint64_t swarmsim_epoch(const swarmsim *s) {
     if (s->b[i].alive && s->b[i].w.epoch > e)
       e = s->b[i].w.epoch;
   return e;
+}
+
+double swarmsim_spread(const swarmsim *s) {
+  double lo = INFINITY, hi = -INFINITY;
+  for (size_t i = 0; i < s->nb; i++)
+    if (s->b[i].alive) {
+      lo = s->b[i].x < lo ? s->b[i].x : lo;
+      hi = s->b[i].x > hi ? s->b[i].x : hi;
+    }
+  return hi > lo ? hi - lo : 0;
 }
 
 size_t swarmsim_alive(const swarmsim *s) {

@@ -102,6 +102,11 @@ uint64_t swarmsim_now(const swarmsim *s);
 /* The highest epoch a live bee has stepped to. */
 uint64_t swarmsim_epoch(const swarmsim *s);
 size_t swarmsim_alive(const swarmsim *s);
+/* The live bees' x, a coordinate of their parameters that starts at each
+ * bee's slot number and that a state round (--average-state-every) sets
+ * to its round's mean: its largest less its smallest (0 when they
+ * agree). */
+double swarmsim_spread(const swarmsim *s);
 bool swarmsim_is_alive(const swarmsim *s, size_t bee);
 /* Kills bee (its records stay in the DHT until they expire).  Its
  * connections close (a process killed): a round it was in drops it at

@@ -230,6 +230,21 @@ static void test_training_flags(void) {
   ASSERT_EQ(c.min_peers, 8);
   expect_flag_error("--min-peers", "0");
   expect_flag_error("--min-peers", "x");
+  ASSERT_EQ(c.group_size, 0);
+  ASSERT_OK(parse(&c, "--open", "--group-size", "8", "--average-state-every",
+                  "1", NULL));
+  ASSERT_EQ(c.group_size, 8);
+  ASSERT_OK(parse(&c, "--open", "--group-size", "8", "--average-state-every",
+                  "4", "--averaging", "diloco", NULL));
+  expect_flag_error("--group-size", "1");
+  expect_flag_error("--group-size", "1025");
+  expect_flag_error("--group-size", "eight");
+  ASSERT_RC(parse(&c, "--open", "--group-size", "8", NULL), BEE_ECONFIG);
+  ASSERT_ERR("--group-size needs --average-state-every N");
+  ASSERT_RC(parse(&c, "--open", "--group-size", "8", "--average-state-every",
+                  "1", "--delay-averaging", NULL),
+            BEE_ECONFIG);
+  ASSERT_ERR("--group-size and --delay-averaging");
   ASSERT_EQ(c.max_state_uploads, BEE_DEFAULT_STATE_UPLOADS);
   ASSERT_OK(parse(&c, "--open", "--max-state-uploads", "1", NULL));
   ASSERT_EQ(c.max_state_uploads, 1);

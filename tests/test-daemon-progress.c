@@ -6,7 +6,9 @@
 #include "bee.h"
 #include "test.h"
 
+#include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static bool near(double a, double b, double tol) { return fabs(a - b) <= tol; }
@@ -509,6 +511,122 @@ static void test_outer_round(void) {
   ASSERT(bee_outer_round(p, 3, "r", 6, 10000, now, -1, 1.0) == -1);
 }
 
+/* Averages x[] over the groups of turn `turn` of a grid of n in groups of
+ * cap, checking each group's members and size; returns the dims. */
+static size_t grid_turn(double *x, size_t n, size_t cap, uint64_t turn,
+                        size_t *singles) {
+  bee_grid_group *g = calloc(n, sizeof *g);
+  double *sum = calloc(n, sizeof *sum);
+  size_t *cnt = calloc(n, sizeof *cnt);
+  ASSERT(g && sum && cnt);
+  for (size_t r = 0; r < n; r++) {
+    ASSERT_EQ(bee_grid_group_of(n, r, cap, turn, &g[r], NULL), 0);
+    /* The members' ranks: this one among them, ascending. */
+    size_t ranks[16];
+    bee_grid_group h;
+    ASSERT(cap <= 16);
+    ASSERT_EQ(bee_grid_group_of(n, r, cap, turn, &h, ranks), 0);
+    ASSERT_UEQ(h.index, g[r].index);
+    bool self = false;
+    for (size_t i = 0; i < h.size; i++) {
+      self |= ranks[i] == r;
+      ASSERT(i == 0 || ranks[i] > ranks[i - 1]);
+    }
+    ASSERT(self);
+    ASSERT(g[r].index < n);
+    ASSERT(g[r].size >= 1 && g[r].size <= cap);
+    ASSERT_UEQ(g[r].dim, turn % g[r].dims);
+    sum[g[r].index] += x[r];
+    cnt[g[r].index]++;
+  }
+  for (size_t r = 0; r < n; r++) {
+    /* The size each member is told is the group's own, and its members
+     * are those told its index. */
+    ASSERT_UEQ(cnt[g[r].index], g[r].size);
+    size_t ranks[16];
+    bee_grid_group h;
+    ASSERT_EQ(bee_grid_group_of(n, r, cap, turn, &h, ranks), 0);
+    for (size_t i = 0; i < h.size; i++)
+      ASSERT_UEQ(g[ranks[i]].index, g[r].index);
+    *singles += g[r].size == 1;
+    /* Groups apart have bits apart. */
+    for (size_t q = 0; q < r; q++)
+      ASSERT((g[q].index == g[r].index) ==
+             (strcmp(g[q].bits, g[r].bits) == 0));
+  }
+  for (size_t r = 0; r < n; r++)
+    x[r] = sum[g[r].index] / (double)cnt[g[r].index];
+  size_t dims = g[0].dims;
+  free(g);
+  free(sum);
+  free(cnt);
+  return dims;
+}
+
+static double spread(const double *x, size_t n) {
+  double lo = x[0], hi = x[0];
+  for (size_t i = 1; i < n; i++) {
+    lo = x[i] < lo ? x[i] : lo;
+    hi = x[i] > hi ? x[i] : hi;
+  }
+  return hi - lo;
+}
+
+/* --group-size's grid: groups within the cap, nobody alone (but cap 2
+ * with an odd run), and the turns' averages mix every bee's value into
+ * every other's: exactly (to rounding) after dims turns where the grid is
+ * full, within a fifth of the spread where it has holes. */
+static void test_grid(void) {
+  static const size_t caps[] = {2, 3, 4, 8, 16};
+  for (size_t c = 0; c < sizeof caps / sizeof *caps; c++)
+    for (size_t n = 2; n <= 300; n += caps[c] == 2 ? 7 : 1) {
+      double *x = malloc(n * sizeof *x);
+      ASSERT(x);
+      for (size_t r = 0; r < n; r++)
+        x[r] = (double)r;
+      size_t singles = 0, dims = 0;
+      for (uint64_t t = 0; t == 0 || t < dims; t++)
+        dims = grid_turn(x, n, caps[c], t, &singles);
+      size_t cells = 1;
+      for (size_t i = 0; i < dims; i++)
+        cells *= caps[c];
+      ASSERT(cells >= n && cells / caps[c] < n); /* the fewest dims */
+      if (caps[c] > 2 || n % 2 == 0)
+        ASSERT_UEQ(singles, 0);
+      ASSERT(spread(x, n) <= 0.4 * (double)(n - 1));
+      free(x);
+    }
+  /* Full grids: 64 in groups of 8 (8 x 8), 100 (5 x 5 x 4), 1000 (10^3 in
+   * groups of 10): one mean after dims turns. */
+  static const size_t full[][3] = {{64, 8, 2}, {100, 8, 3}, {1000, 10, 3}};
+  for (size_t f = 0; f < 3; f++) {
+    size_t n = full[f][0];
+    double *x = malloc(n * sizeof *x);
+    ASSERT(x);
+    for (size_t r = 0; r < n; r++)
+      x[r] = (double)r;
+    size_t singles = 0;
+    for (uint64_t t = 0; t < full[f][2]; t++)
+      ASSERT_UEQ(grid_turn(x, n, full[f][1], t + 7 * full[f][2], &singles),
+                 full[f][2]);
+    ASSERT(spread(x, n) < 1e-9 * (double)n);
+    ASSERT_UEQ(singles, 0);
+    free(x);
+  }
+  /* One group of all where the run fits the cap. */
+  bee_grid_group g;
+  ASSERT_EQ(bee_grid_group_of(5, 3, 8, 9, &g, NULL), 0);
+  ASSERT_UEQ(g.dims, 1);
+  ASSERT_UEQ(g.size, 5);
+  ASSERT_UEQ(g.index, 0);
+  /* Bad arguments. */
+  ASSERT_EQ(bee_grid_group_of(5, 5, 8, 0, &g, NULL), -EINVAL);
+  ASSERT_EQ(bee_grid_group_of(5, 0, 1, 0, &g, NULL), -EINVAL);
+  ASSERT_EQ(bee_grid_group_of((size_t)1 << 17, 0, 8, 0, &g, NULL), -EINVAL);
+  ASSERT_EQ(bee_grid_group_of((size_t)1 << 16, 65535, 2, 3, &g, NULL), 0);
+  ASSERT_UEQ(strlen(g.bits), 16);
+}
+
 int main(void) {
   test_rate();
   test_uploads();
@@ -521,5 +639,6 @@ int main(void) {
   test_outer_due();
   test_outer_round();
   test_split();
+  test_grid();
   return 0;
 }

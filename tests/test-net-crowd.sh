@@ -19,16 +19,6 @@ start_swarm "$N" --open --run-id crowd --target-batch-size "$target" \
 for ((i = 0; i < N; i++)); do wait_epoch "b$i" "$EPOCHS" 150; done
 stop_all
 
-# epoch_lines E: every bee's step at epoch E and the warnings before it,
-# for a failure's report (the logs' tails show only the shutdown).
-epoch_lines() {
-  local i
-  for ((i = 0; i < N; i++)); do
-    echo "b$i: $(done_line "b$i" "$1" | cut -c1-110)"
-  done
-  grep -h ' WARN ' "$work"/b*.log | cut -c1-160 | head -n 10
-}
-
 for ((e = 0; e <= EPOCHS; e++)); do
   ref=$(hash_of b0 "$e")
   [ -n "$ref" ] || fail "b0 logged no step for epoch $e"

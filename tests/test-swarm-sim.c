@@ -65,22 +65,28 @@ static void finish(swarmsim *s) {
 }
 
 /* bees on one fast link (1 ms, 10 Gbit/s), each 1,500 to 2,500
- * samples/s, target 8,000 per bee: epochs of about 4 s. */
+ * samples/s, in `slots` places (room for bees started later). */
+static swarmsim_config fast_link(const bee_config *cfg, size_t bees,
+                                 size_t slots, uint64_t seed) {
+  return (swarmsim_config){.cfg = cfg,
+                           .bees = bees,
+                           .slots = slots,
+                           .seed = seed,
+                           .nregions = 1,
+                           .rtt_ms = {{1}},
+                           .mbit = {{10000}},
+                           .rate_lo = 1500,
+                           .rate_hi = 2500,
+                           .model_bytes = 400e3,
+                           .state_chunks = 1,
+                           .dht_ms = 50};
+}
+
+/* bees on one fast link, target 8,000 per bee: epochs of about 4 s. */
 static void one_group(size_t bees, uint64_t seed, uint64_t run_ms) {
   bee_config cfg;
   base_cfg(&cfg, (unsigned)(bees * 2000 * 4), (unsigned)bees);
-  swarmsim_config c = {.cfg = &cfg,
-                       .bees = bees,
-                       .slots = bees,
-                       .seed = seed,
-                       .nregions = 1,
-                       .rtt_ms = {{1}},
-                       .mbit = {{10000}},
-                       .rate_lo = 1500,
-                       .rate_hi = 2500,
-                       .model_bytes = 400e3,
-                       .state_chunks = 1,
-                       .dht_ms = 50};
+  swarmsim_config c = fast_link(&cfg, bees, bees, seed);
   swarmsim *s = swarmsim_new(&c);
   ASSERT(s);
   swarmsim_run(s, run_ms);
@@ -98,6 +104,134 @@ static void one_group(size_t bees, uint64_t seed, uint64_t run_ms) {
   ASSERT_UEQ(r.split_epochs, 0);
   ASSERT_UEQ(r.downloads, 0);
   ASSERT_UEQ(r.wasted, 0);
+  finish(s);
+}
+
+/* --group-size g in a run of `bees` (one region, as one_group), with a
+ * state round every epoch, gradient averaging or DiLoCo (inner steps of
+ * about a second): groups of at most g form at every epoch, nobody steps
+ * alone or downloads, and the turns of the grid mix the groups: the
+ * spread of the bees' x (their slot numbers at first; the state rounds
+ * average it) is 0 (to rounding) after `turns` epochs, where groups that
+ * stayed the same would keep it. */
+static void grouped(size_t bees, unsigned g, uint64_t seed, unsigned turns,
+                    bool diloco) {
+  bee_config cfg;
+  base_cfg(&cfg, (unsigned)(bees * 2000 * 4), (unsigned)bees);
+  cfg.group_size = g;
+  cfg.average_state_every = 1;
+  if (diloco) {
+    cfg.averaging = BEE_AVG_DILOCO;
+    cfg.inner_steps = 64;
+  }
+  swarmsim_config c = fast_link(&cfg, bees, bees, seed);
+  swarmsim *s = swarmsim_new(&c);
+  ASSERT(s);
+  double first = swarmsim_spread(s);
+  char spreads[256] = "";
+  size_t used = 0;
+  double at[10];
+  /* After the steps of epoch e - 1 (all bees at e). */
+  for (uint64_t e = 1; e <= 10; e++) {
+    uint64_t until = swarmsim_now(s) + 60000;
+    while (swarmsim_epoch(s) < e + 1 && swarmsim_now(s) < until)
+      swarmsim_run(s, swarmsim_now(s) + 100);
+    double sp = at[e - 1] = swarmsim_spread(s) / first;
+    if (used < sizeof spreads)
+      used += (size_t)snprintf(spreads + used, sizeof spreads - used, "%s%.2g",
+                               e > 1 ? ", " : "", sp);
+  }
+  uint64_t last = swarmsim_epoch(s);
+  swarmsim_report r;
+  swarmsim_check(s, 0, last - 2, &r);
+  char what[48];
+  snprintf(what, sizeof what, "%zu bees, groups of %u%s", bees, g,
+           diloco ? ", DiLoCo" : "");
+  /* Each group's step is its own: lines part by design, so the lines'
+   * figures say nothing here. */
+  printf("%s: %llu epochs, %llu steps, groups %llu..%llu, %llu alone, %llu "
+         "the swarm's step, %llu downloads, %llu splits\n",
+         what, (unsigned long long)r.epochs, (unsigned long long)r.steps,
+         (unsigned long long)r.min_group, (unsigned long long)r.max_group,
+         (unsigned long long)r.alone, (unsigned long long)r.swarm_steps,
+         (unsigned long long)r.downloads, (unsigned long long)r.splits);
+  printf("%s: the spread of x after each of the first 10 epochs, of the "
+         "first: %s\n",
+         what, spreads);
+  if (getenv("GDEBUG"))
+    swarmsim_dump(s, stdout);
+  ASSERT_GE(r.epochs, 8);
+  ASSERT_UEQ(r.steps, r.epochs * bees);
+  ASSERT_GE(r.min_group, 2);
+  ASSERT_LE(r.max_group, g);
+  ASSERT_UEQ(r.alone, 0);
+  ASSERT_UEQ(r.swarm_steps, 0);
+  ASSERT_UEQ(r.downloads, 0);
+  ASSERT_UEQ(r.splits, 0);
+  ASSERT(at[turns - 1] < 1e-12);
+  finish(s);
+}
+
+/* --group-size 8 in a run of 64 (gradient averaging, a state round
+ * every epoch) with churn: at epoch 4, 4 bees are killed, 2 of them
+ * restart from checkpoints 2 epochs old, and 4 new bees join; the grid
+ * changes under the bees (a new rank for most).  Groups stay within the
+ * cap, each new or restarted bee downloads once, hardly any step goes
+ * without a group, and the turns mix the newcomers' x in: 66 bees make
+ * a 5 x 4 x 4 grid with holes, whose turns bring the spread down by
+ * more than a thousand in 12 epochs (a full grid: to 0 in its dims). */
+static void grouped_churn(uint64_t seed) {
+  const size_t bees = 64;
+  bee_config cfg;
+  base_cfg(&cfg, (unsigned)(bees * 2000 * 4), (unsigned)bees);
+  cfg.group_size = 8;
+  cfg.average_state_every = 1;
+  swarmsim_config c = fast_link(&cfg, bees, bees + 8, seed);
+  swarmsim *s = swarmsim_new(&c);
+  ASSERT(s);
+  double first = swarmsim_spread(s);
+  uint64_t until = swarmsim_now(s) + 120000;
+  while (swarmsim_epoch(s) < 4 && swarmsim_now(s) < until)
+    swarmsim_run(s, swarmsim_now(s) + 100);
+  ASSERT_GE(swarmsim_epoch(s), 4);
+  uint64_t churned = swarmsim_epoch(s);
+  for (size_t b = 0; b < 4; b++)
+    swarmsim_kill(s, b * 16);
+  size_t started = 0;
+  for (size_t b = 0; b < 2; b++)
+    started += swarmsim_start(s, b * 16, 2, SIZE_MAX) != SIZE_MAX;
+  for (size_t b = 0; b < 4; b++)
+    started += swarmsim_start(s, SIZE_MAX, -1, SIZE_MAX) != SIZE_MAX;
+  ASSERT_UEQ(started, 6);
+  /* Still from here: every bee in, the records of the dead expired. */
+  until = swarmsim_now(s) + 240000;
+  while (swarmsim_epoch(s) < churned + 12 && swarmsim_now(s) < until)
+    swarmsim_run(s, swarmsim_now(s) + 100);
+  uint64_t last = swarmsim_epoch(s);
+  ASSERT_GE(last, churned + 12);
+  double sp = swarmsim_spread(s) / first;
+  swarmsim_report r;
+  swarmsim_check(s, 0, last - 1, &r);
+  uint64_t downloads = 0;
+  for (size_t b = bees; b < bees + 6; b++)
+    downloads += swarmsim_life_of(s, b)->downloads;
+  printf("64 bees, groups of 8, churn at epoch %llu: %llu epochs, %llu "
+         "steps, groups %llu..%llu, %llu alone, %llu downloads (%llu by "
+         "the 6 started), %llu splits, spread of x at the end %.2g of the "
+         "first\n",
+         (unsigned long long)churned, (unsigned long long)r.epochs,
+         (unsigned long long)r.steps, (unsigned long long)r.min_group,
+         (unsigned long long)r.max_group, (unsigned long long)r.alone,
+         (unsigned long long)r.downloads, (unsigned long long)downloads,
+         (unsigned long long)r.splits, sp);
+  if (getenv("GDEBUG"))
+    swarmsim_dump(s, stdout);
+  ASSERT_LE(r.max_group, 8);
+  ASSERT_UEQ(r.downloads, 6);
+  ASSERT_UEQ(downloads, 6);
+  ASSERT_UEQ(r.splits, 0);
+  ASSERT_LE(r.alone, r.steps / 50);
+  ASSERT(sp < 1e-3);
   finish(s);
 }
 
@@ -293,22 +427,41 @@ static void churn(uint64_t seed, bool slow) {
   finish(s);
 }
 
-int main(void) {
+/* argv[1], when given, runs only the cases whose name it is: one_group,
+ * grouped, rejoin or churn. */
+static bool wanted(int argc, char **argv, const char *name) {
+  return argc < 2 || strcmp(argv[1], name) == 0;
+}
+
+int main(int argc, char **argv) {
   bee_log_set_level(BEE_LOG_ERROR);
   bool sanitized = getenv("BEE_TEST_SANITIZED") &&
                    strcmp(getenv("BEE_TEST_SANITIZED"), "1") == 0;
-  one_group(10, 1, 60000);
-  one_group(17, 2, 60000);
-  one_group(64, 3, 60000);
-  one_group(256, 4, 60000);
-  if (sanitized)
-    printf("1000 bees: left to the plain build (minutes here)\n");
-  else
-    one_group(1000, 5, 25000);
-  rejoin(6, 3, 5, KILL);
-  rejoin(7, 3, 5, KILL_IN_GROUP);
-  rejoin(7, 3, 5, VANISH_IN_ROUND);
-  churn(7, false);
-  churn(8, true);
+  if (wanted(argc, argv, "one_group")) {
+    one_group(10, 1, 60000);
+    one_group(17, 2, 60000);
+    one_group(64, 3, 60000);
+    one_group(256, 4, 60000);
+    if (sanitized)
+      printf("1000 bees: left to the plain build (minutes here)\n");
+    else
+      one_group(1000, 5, 25000);
+  }
+  if (wanted(argc, argv, "grouped")) {
+    /* 8 x 8 and 5 x 5 x 4: one mean after 2 and 3 turns. */
+    grouped(64, 8, 11, 2, false);
+    grouped(100, 8, 12, 3, false);
+    grouped(64, 8, 13, 2, true);
+    grouped_churn(14);
+  }
+  if (wanted(argc, argv, "rejoin")) {
+    rejoin(6, 3, 5, KILL);
+    rejoin(7, 3, 5, KILL_IN_GROUP);
+    rejoin(7, 3, 5, VANISH_IN_ROUND);
+  }
+  if (wanted(argc, argv, "churn")) {
+    churn(7, false);
+    churn(8, true);
+  }
   return 0;
 }
