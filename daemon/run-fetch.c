@@ -99,8 +99,8 @@ static int ask(bee_fetch *f, size_t d, uint32_t c) {
   int rc =
       f->io->chunk(f->io->ctx, f->d[d].id, step ? f->step_epoch : BEE_RUN_STATE,
                    offset, len, tag_of(f, d, c));
-  if (rc == 0 && c != FETCH_RELEASE)
-    f->d[d].inflight++;
+  if (rc == 0 && c != FETCH_RELEASE && f->d[d].inflight++ == 0)
+    f->d[d].heard_ms = now(f);
   return rc;
 }
 
@@ -600,6 +600,7 @@ int bee__fetch_chunk(bee_fetch *f, uint64_t tag, int status,
     return FETCH_GOING; /* a late answer, or a release's */
   if (f->d[d].inflight)
     f->d[d].inflight--;
+  f->d[d].heard_ms = now(f);
   if (c == FETCH_PROBE && status == 0)
     f->d[d].admitted = true;
   if (!f->d[d].active)
@@ -665,6 +666,26 @@ int bee__fetch_chunk(bee_fetch *f, uint64_t tag, int status,
     if (f->got == f->nchunks)
       return f->stepping ? step_done(f) : assembled(f);
   }
+  return pump(f) ? FETCH_GOING : pass_over(f);
+}
+
+int bee__fetch_tick(bee_fetch *f) {
+  if (!f->on)
+    return FETCH_GOING;
+  bool dropped = false;
+  uint64_t t = now(f);
+  for (size_t d = 0; d < f->nd; d++)
+    if (f->d[d].active && f->d[d].inflight &&
+        t - f->d[d].heard_ms >= FETCH_STALL_MS) {
+      char why[64];
+      snprintf(why, sizeof why, "no answer for %.0f s",
+               (double)(t - f->d[d].heard_ms) / 1000);
+      drop(f, d, why);
+      dropped = true;
+    }
+  if (!dropped)
+    return FETCH_GOING;
+  refill(f);
   return pump(f) ? FETCH_GOING : pass_over(f);
 }
 

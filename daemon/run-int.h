@@ -67,6 +67,11 @@
 #define DONORS_MAX 16
 #define FETCH_DONORS 4      /* donors one download asks at once */
 #define FETCH_WINDOW 4      /* chunk requests on their way to each */
+/* A donor with requests on their way that answered none for this long
+ * leaves the download (bee__fetch_tick).  Counted from its last answer,
+ * not from each request: on a slow link the last of a window's requests
+ * is answered a window's transfer time after it was asked. */
+#define FETCH_STALL_MS 10000
 #define FETCH_RESTARTS 2    /* starts over on a newer snapshot, at most */
 #define START_WAIT_MS 3000  /* a first view before training, at most */
 #define METRICS_TTL_S 300   /* a metrics record lives this long */
@@ -200,6 +205,8 @@ typedef struct bee_fetch {
     bool ready;        /* its probe named the download's snapshot */
     bool admitted;     /* it answered the probe: it holds a slot for us */
     unsigned inflight; /* requests on their way */
+    uint64_t heard_ms; /* its last answer, or the request that found none
+                          on their way (monotonic ms) */
     size_t chunks;     /* chunks it served */
   } d[DONORS_MAX];
   size_t nd, next_cand; /* entries; the next to bring in */
@@ -266,6 +273,9 @@ int bee__fetch_chunk(bee_fetch *f, uint64_t tag, int status,
  * in an epoch's group: the last download's time, the matchmaking ahead
  * and the records' travel. */
 double bee__fetch_join_s(const bee_fetch *f);
+/* At each tick: donors silent for FETCH_STALL_MS leave the download, and
+ * their chunks go to the others.  Returns as bee__fetch_chunk. */
+int bee__fetch_tick(bee_fetch *f);
 
 /* ---- the lines and the split check (run-line.c) ---------------------- */
 

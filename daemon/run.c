@@ -635,6 +635,8 @@ void bee_run_tick(bee_run *r, uint64_t samples, double compute_s) {
   }
   if (r->step_waits && t >= r->step_wait_until)
     step_wait_check(r);
+  if (r->fetch.on)
+    fetched(r, bee__fetch_tick(&r->fetch));
   bee__rounds_start(&r->rounds, &r->view);
   bee__rounds_ahead(&r->rounds, &r->view, bee_rate_get(&r->rate), now(r));
   bee__rounds_tick(&r->rounds, now(r));

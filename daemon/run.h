@@ -194,7 +194,9 @@ typedef struct bee_run_io {
    * BEE_RUN_STATE, a request) or of the step the peer took from epoch
    * `step` (a step request), from the peer id (-> bee_run_chunk with
    * tag), over a connection we have; -ENOTCONN when there is none.
-   * Several may be on their way at once, to one peer and to several. */
+   * Several may be on their way at once, to one peer and to several.
+   * Each is answered within BEE_RUN_CHUNK_MS, by the peer or a timeout;
+   * the core itself drops a peer that answered none for less. */
   int (*chunk)(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t step,
                uint64_t offset, uint32_t len, uint64_t tag);
   /* Downloads of our state we would start now (--max-state-uploads less
@@ -207,6 +209,9 @@ typedef struct bee_run_io {
 
 #define BEE_RUN_STATE_HDR 64
 #define BEE_RUN_STATE UINT64_MAX /* io.chunk: the state, not a step */
+/* io.chunk's answer at the latest: long enough for the last of a
+ * window of requests on a link as slow as 1 Mbit/s. */
+#define BEE_RUN_CHUNK_MS 60000
 
 /* What the core needs besides the flags (this bee's address, which the
  * matchmaking and the donor record declare, is the glue's). */

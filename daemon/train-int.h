@@ -34,7 +34,7 @@
 #define STATE_ROUND BEE_RUN_STATE_ROUND /* + epoch: a state round */
 #define ROUND_DEADLINE_MS 30000 /* a round's end, at the latest */
 #define STATE_METHOD "state.get"
-#define STATE_CALL_MS 10000 /* one chunk's answer */
+#define STATE_CALL_MS BEE_RUN_CHUNK_MS /* one chunk's answer */
 #define STATE_HDR BEE_RUN_STATE_HDR /* four u64 (params, state, buffers,
                                        steps), schema */
 #define LEAVE_MS 2000      /* leaving: the last record's store, at most */

@@ -517,6 +517,15 @@ static void step_answer(swarmsim *s, sbee *b, sbee *d, uint64_t epoch,
   e->at = answer_at(s, b, d, n, s->step_bytes, s->c.model_bytes);
 }
 
+/* An answer later than the IO's call allows: the call's timeout comes
+ * instead (train-swarm.c's io_chunk). */
+static void call_bound(const swarmsim *s, event *e) {
+  if (e->at > s->now + BEE_RUN_CHUNK_MS) {
+    e->at = s->now + BEE_RUN_CHUNK_MS;
+    e->status = BEE_ETIMEOUT;
+  }
+}
+
 int sim__io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t step,
                   uint64_t offset, uint32_t len, uint64_t tag) {
   sbee *b = ctx;
@@ -547,6 +556,7 @@ int sim__io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t step,
   }
   if (step != BEE_RUN_STATE) {
     step_answer(s, b, d, step, offset, len, &e);
+    call_bound(s, &e);
     sim__push(s, e);
     return 0;
   }
@@ -575,6 +585,7 @@ int sim__io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t step,
   free(all);
   double state = s->c.state_bytes > 0 ? s->c.state_bytes : s->c.model_bytes;
   e.at = answer_at(s, b, d, n, s->state_bytes, state);
+  call_bound(s, &e);
   if (offset + n >= s->state_bytes && (n == 0 || !up->until_release)) {
     free(up->pin);
     up->pin = NULL;

@@ -784,6 +784,8 @@ static void dispatch(swarmsim *s, event *e) {
     break;
   case EV_CHUNK: {
     sbee *d = &s->b[e->from];
+    if (d->vanished && d->gen == (unsigned)e->arg)
+      break; /* a host gone silent: no answer, and no close */
     if (!d->alive || d->gen != (unsigned)e->arg) {
       bee_run_chunk(b->core, e->tag, BEE_ECLOSED, 0, NULL);
       break;

@@ -114,7 +114,8 @@ bool swarmsim_is_alive(const swarmsim *s, size_t bee);
 void swarmsim_kill(swarmsim *s, size_t bee);
 /* The same, but its connections do not close (a VM gone from the
  * network): a round it was in waits out its sender timeout, or its
- * reducer timeout if that round runs. */
+ * reducer timeout if that round runs, and a download it served gets no
+ * answer to the chunks asked of it. */
 void swarmsim_vanish(swarmsim *s, size_t bee);
 /* Starts a bee in a new slot (returns it, SIZE_MAX when none is left):
  * fresh (behind = -1: no state), or as bee `of` restarted from its

@@ -246,6 +246,20 @@ static void lab(swarmsim_config *c) {
   c->dht_ms = 150;
 }
 
+/* The lab's four bees, one per continent, 460 to 560 samples/s each, in
+ * `slots` places (room for restarts). */
+static swarmsim_config lab_swarm(const bee_config *cfg, size_t slots,
+                                 uint64_t seed) {
+  swarmsim_config c = {.cfg = cfg,
+                       .bees = 4,
+                       .slots = slots,
+                       .seed = seed,
+                       .rate_lo = 460,
+                       .rate_hi = 560};
+  lab(&c);
+  return c;
+}
+
 /* Four bees, one per continent, target 8,192 in epochs of about 6 s (4
  * s of computing, 2 of round); the
  * bee in the fourth region killed and restarted (5 s later, as systemd's
@@ -267,13 +281,7 @@ static void rejoin(uint64_t seed, int behind, int times, enum kill_mode how) {
   const char *what = names[how];
   bee_config cfg;
   base_cfg(&cfg, 8192, 4);
-  swarmsim_config c = {.cfg = &cfg,
-                       .bees = 4,
-                       .slots = 4 + (size_t)times,
-                       .seed = seed,
-                       .rate_lo = 460,
-                       .rate_hi = 560};
-  lab(&c);
+  swarmsim_config c = lab_swarm(&cfg, 4 + (size_t)times, seed);
   swarmsim *s = swarmsim_new(&c);
   ASSERT(s);
   swarmsim_run(s, 40000);
@@ -346,6 +354,91 @@ static void rejoin(uint64_t seed, int behind, int times, enum kill_mode how) {
   swarmsim_report tail;
   swarmsim_check(s, last - 3, last - 1, &tail);
   ASSERT_UEQ(tail.split_epochs, 0);
+  finish(s);
+}
+
+/* Kills bee and starts it again from its checkpoint `behind` epochs old
+ * 5 s later (systemd's RestartSec): the new slot, and when it started. */
+static size_t restart(swarmsim *s, size_t bee, int behind,
+                      uint64_t *start_ms) {
+  swarmsim_kill(s, bee);
+  swarmsim_run(s, swarmsim_now(s) + 5000);
+  size_t nb = swarmsim_start(s, bee, behind, SIZE_MAX);
+  ASSERT(nb != SIZE_MAX);
+  *start_ms = swarmsim_now(s);
+  return nb;
+}
+
+/* A donor that vanishes during a download (the lab; the last host's bee
+ * restarted from a checkpoint 3 epochs old, the first host gone silent
+ * 0.8 s later, while the chunks it was asked for are on their way): the
+ * others serve the rest and then ask its chunks again, and the bee loads
+ * the state once and is in line with the swarm that is left. */
+static void donor_vanishes(uint64_t seed) {
+  bee_config cfg;
+  base_cfg(&cfg, 8192, 3);
+  swarmsim_config c = lab_swarm(&cfg, 5, seed);
+  swarmsim *s = swarmsim_new(&c);
+  ASSERT(s);
+  swarmsim_run(s, 40000);
+  uint64_t start_ms;
+  size_t nb = restart(s, 3, 3, &start_ms);
+  swarmsim_run(s, start_ms + 800);
+  ASSERT_UEQ(swarmsim_life_of(s, nb)->downloads, 0); /* still under way */
+  swarmsim_vanish(s, 0);
+  swarmsim_run(s, start_ms + 60000);
+  const swarmsim_life *l = swarmsim_life_of(s, nb);
+  uint64_t e, ms;
+  bool in = swarmsim_in_line(s, nb, &e, &ms);
+  double loaded = (double)(l->loaded_ms - start_ms) / 1000;
+  printf("a donor vanished in a download: %llu downloads, the state loaded "
+         "%.1f s after the restart, on the swarm's line %.1f s after it\n",
+         (unsigned long long)l->downloads, loaded,
+         in ? (double)(ms - start_ms) / 1000 : -1.0);
+  ASSERT_UEQ(l->downloads, 1);
+  ASSERT(loaded <= 10);
+  ASSERT(in);
+  finish(s);
+}
+
+/* A download over a slow link: two bees, the second behind a 1 Mbit/s,
+ * 100 ms link, restarted from a checkpoint 2 epochs old; 5 MB of state
+ * in 8 chunks of 0.6 MB, 5 s each on that link, 4 asked at once, so the
+ * last of a window is answered 20 s after it was asked while a chunk
+ * comes every 5 s.  The bee loads the state once, in about 40 s.  (A
+ * timeout per request shorter than a window's transfer, as the 10 s of
+ * before, failed every pass on such a link.) */
+static void slow_link(uint64_t seed) {
+  bee_config cfg;
+  base_cfg(&cfg, 200000, 2);
+  swarmsim_config c = {.cfg = &cfg,
+                       .bees = 2,
+                       .slots = 3,
+                       .seed = seed,
+                       .nregions = 2,
+                       .rtt_ms = {{1, 100}, {100, 1}},
+                       .mbit = {{10000, 1}, {1, 10000}},
+                       .rate_lo = 1500,
+                       .rate_hi = 2500,
+                       .model_bytes = 0.1e6,
+                       .state_bytes = 5e6,
+                       .state_chunks = 8,
+                       .dht_ms = 50};
+  swarmsim *s = swarmsim_new(&c);
+  ASSERT(s);
+  swarmsim_run(s, 150000);
+  ASSERT_GE(swarmsim_epoch(s), 2);
+  uint64_t start_ms;
+  size_t nb = restart(s, 1, 2, &start_ms);
+  swarmsim_run(s, start_ms + 120000);
+  const swarmsim_life *l = swarmsim_life_of(s, nb);
+  double loaded = (double)(l->loaded_ms - start_ms) / 1000;
+  printf("a download over 1 Mbit/s: %llu downloads, %.1f s, the state "
+         "loaded %.1f s after the restart\n",
+         (unsigned long long)l->downloads, l->download_s,
+         l->downloads ? loaded : -1.0);
+  ASSERT_UEQ(l->downloads, 1);
+  ASSERT(l->download_s >= 35 && l->download_s <= 60);
   finish(s);
 }
 
@@ -458,6 +551,8 @@ int main(int argc, char **argv) {
     rejoin(6, 3, 5, KILL);
     rejoin(7, 3, 5, KILL_IN_GROUP);
     rejoin(7, 3, 5, VANISH_IN_ROUND);
+    donor_vanishes(9);
+    slow_link(10);
   }
   if (wanted(argc, argv, "churn")) {
     churn(7, false);
