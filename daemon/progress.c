@@ -256,7 +256,6 @@ bool bee_epoch_ready(uint64_t epoch, uint64_t samples,
   return samples >= target || others >= target - samples;
 }
 
-
 /* The grid's dimensions: the fewest whose lines hold cap at most, each
  * the shortest that leaves room for the rest. */
 static size_t grid_dims(size_t n, size_t cap, size_t m[PROTO_BITS_MAX]) {

@@ -259,7 +259,6 @@ size_t bee__view_set(bee_view *v, proto_progress *all,
   return fresh;
 }
 
-
 void bee__view_stepped(bee_view *v, const avg_group *g, uint64_t epoch,
                        uint64_t unix_ms) {
   v->nstepped = 0;
