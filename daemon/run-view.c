@@ -134,8 +134,9 @@ static int id_cmp(const void *a, const void *b) {
 
 /* The grid's ranks (bee_view's grid_ids) from the others' records all[]
  * (owners ids[]) at the worker's epoch; the list of an earlier view at
- * the same epoch stays in.  Without the memory, the list stays as it
- * was. */
+ * the same epoch stays in.  Without the memory no ids are added (at a
+ * new epoch the list is empty: no grid, and the round is one group of
+ * at most --group-size). */
 static void grid_set(bee_view *v, const proto_progress *all,
                      const uint8_t (*ids)[PROTO_ID_BYTES], size_t n,
                      uint64_t epoch, uint64_t now) {
