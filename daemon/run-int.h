@@ -103,6 +103,13 @@ typedef struct bee_view {
    * candidates' count does. */
   uint8_t (*grid_ids)[PROTO_ID_BYTES];
   size_t ngrid, grid_cap;
+  /* This bee's group on that grid in turn grid_turn and its members'
+   * ranks (grid_size of them), made by bee__view_grid once per list and
+   * turn rather than at every tick. */
+  bool grid_made;
+  uint64_t grid_turn;
+  bee_grid_group grid;
+  size_t *grid_ranks;           /* (--group-size) */
   uint8_t self[PROTO_ID_BYTES]; /* this bee's id */
   /* Donors: peers at the swarm's epoch by the last view, the closest to
    * this bee's id first. */
@@ -150,7 +157,7 @@ void bee__view_stepped(bee_view *v, const avg_group *g, uint64_t epoch,
  * with this bee's group *g in the grid's turn `turn` (run-round.c's
  * grid).  False where the run is one group of all, or no view at epoch
  * is there yet. */
-bool bee__view_grid(const bee_view *v, uint64_t epoch, uint64_t turn,
+bool bee__view_grid(bee_view *v, uint64_t epoch, uint64_t turn,
                     bee_grid_group *g);
 /* In such a run, whether another member of this bee's group for the
  * state round of epoch (at its start, in turn `turn`) may still come to
@@ -158,7 +165,7 @@ bool bee__view_grid(const bee_view *v, uint64_t epoch, uint64_t turn,
  * yet (the state round comes before them).  Members past it or
  * computing at it took theirs already, and a bee that came to the epoch
  * late would wait out a matchmaking for nobody. */
-bool bee__view_state_due(const bee_view *v, uint64_t epoch, uint64_t turn);
+bool bee__view_state_due(bee_view *v, uint64_t epoch, uint64_t turn);
 /* The swarm's epoch time by the view (DiLoCo: a round), -1 unknown. */
 double bee__view_epoch_s(const bee_view *v);
 /* Whether id a is closer to self than id b is, by XOR distance. */
@@ -306,9 +313,9 @@ void bee__lines_publish(bee_lines *l, const bee_run_step *s, double rate);
 void bee__lines_other_layout(bee_lines *l, const uint8_t id[PROTO_ID_BYTES]);
 /* The split check's read (in line) or the resync's (out of line, from
  * epoch `from`), when due.  peers: the run's, by the view.  A run in
- * groups of --group-size has a line per group by design: no split
- * check there. */
-void bee__lines_check(bee_lines *l, bool diverged, uint64_t peers,
+ * groups of --group-size (grouped: the guide's) has a line per group by
+ * design: no split check there. */
+void bee__lines_check(bee_lines *l, bool diverged, bool grouped, uint64_t peers,
                       uint64_t now_ms, uint64_t every_ms);
 /* The split check's answer: true when this bee's line lost (it is to be
  * marked out of line at *epoch). */
@@ -430,7 +437,6 @@ struct bee_run {
    * read (alike_epoch). */
   uint64_t alike_epoch;
   size_t alike_at_epoch;
-  uint8_t self_id[PROTO_ID_BYTES];
 };
 
 #endif /* BEE_DAEMON_RUN_INT_H */

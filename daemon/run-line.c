@@ -90,13 +90,13 @@ void bee__lines_other_layout(bee_lines *l, const uint8_t id[PROTO_ID_BYTES]) {
            id8, l->cfg->run);
 }
 
-void bee__lines_check(bee_lines *l, bool diverged, uint64_t peers,
+void bee__lines_check(bee_lines *l, bool diverged, bool grouped, uint64_t peers,
                       uint64_t now_ms, uint64_t every_ms) {
   if (l->resync_busy || now_ms - l->resync_ms < every_ms)
     return;
   if (!diverged) {
     l->nsplit = 0; /* back in line: any donor again */
-    if (l->cfg->group_size && peers > l->cfg->group_size)
+    if (grouped)
       return;
     /* Every peer reads every peer's metrics: in a larger run less often,
      * so that the reads of the key grow with the run's size, not with

@@ -233,11 +233,12 @@ void bee__rounds_ahead(bee_rounds *o, bee_view *v, double rate,
   double others = bee__guide_others_now(g, now_ms);
   if (o->ahead.state != AHEAD_NONE && o->ahead.epoch != epoch)
     bee__rounds_drop(o, "the epoch moved on");
+  if (asked || samples == 0 || o->ahead.state != AHEAD_NONE ||
+      v->cand_epoch != epoch || v->candidates < 2 || !(rate > 0))
+    return;
   bee_grid_group grid;
   bool grouped = bee__view_grid(v, epoch, turn_of(o, epoch), &grid);
-  if (asked || samples == 0 || o->ahead.state != AHEAD_NONE ||
-      v->cand_epoch != epoch || v->candidates < 2 || !(rate > 0) ||
-      (grouped && grid.size < 2))
+  if (grouped && grid.size < 2)
     return;
   /* eta: when to look; ready: when the round can run; own: when this
    * bee's inner steps end (the weight). */
@@ -339,8 +340,9 @@ void bee__rounds_start(bee_rounds *o, bee_view *v) {
   bool moot = grouped && state &&
               (v->view.epoch > epoch ||
                !bee__view_state_due(v, epoch, turn_of(o, epoch)));
-  if (moot || (!state && !delayed && (weight == 0 || (o->take_steps && !grouped)) &&
-      v->view.epoch > epoch)) {
+  if (moot ||
+      (!state && !delayed && (weight == 0 || (o->take_steps && !grouped)) &&
+       v->view.epoch > epoch)) {
     if (o->ahead.state != AHEAD_NONE)
       bee__rounds_drop(o, "the swarm left its epoch");
     o->round_ahead = false;
@@ -359,8 +361,8 @@ void bee__rounds_start(bee_rounds *o, bee_view *v) {
     return;
   }
   bee_run_avg a;
-  fill(o, &a, state ? BEE_RUN_STATE_ROUND + epoch : epoch, state, peers,
-       weight, grouped ? &grid : NULL); /* the worker waits meanwhile */
+  fill(o, &a, state ? BEE_RUN_STATE_ROUND + epoch : epoch, state, peers, weight,
+       grouped ? &grid : NULL); /* the worker waits meanwhile */
   o->averaging = true;
   int rc = o->io->average(o->io->ctx, &a);
   if (rc) {
@@ -396,10 +398,10 @@ void bee__rounds_deserted(bee_rounds *o, bee_view *v,
   /* A state round in groups of --group-size: its own group's members
    * only. */
   bee_grid_group grid;
-  bool gone = state && bee__view_grid(v, epoch, turn_of(o, epoch), &grid)
-                  ? !bee__view_state_due(v, epoch, turn_of(o, epoch))
-                  : bee_round_deserted(others, n, o->cfg->run, epoch, delayed,
-                                       unix_ms);
+  bool gone =
+      state && bee__view_grid(v, epoch, turn_of(o, epoch), &grid)
+          ? !bee__view_state_due(v, epoch, turn_of(o, epoch))
+          : bee_round_deserted(others, n, o->cfg->run, epoch, delayed, unix_ms);
   if (!gone) {
     o->deserted = 0;
     return;

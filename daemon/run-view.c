@@ -53,6 +53,7 @@ void bee__view_close(bee_view *v) {
   free(v->seen_ids);
   free(v->stepped_ids);
   free(v->grid_ids);
+  free(v->grid_ranks);
   memset(v, 0, sizeof *v);
 }
 
@@ -140,6 +141,7 @@ static int id_cmp(const void *a, const void *b) {
 static void grid_set(bee_view *v, const proto_progress *all,
                      const uint8_t (*ids)[PROTO_ID_BYTES], size_t n,
                      uint64_t epoch, uint64_t now) {
+  v->grid_made = false;
   if (!v->have || v->cand_epoch != epoch)
     v->ngrid = 0;
   if (v->ngrid + n + 1 > v->grid_cap) {
@@ -166,33 +168,35 @@ static void grid_set(bee_view *v, const proto_progress *all,
   v->ngrid = k;
 }
 
-bool bee__view_grid(const bee_view *v, uint64_t epoch, uint64_t turn,
+bool bee__view_grid(bee_view *v, uint64_t epoch, uint64_t turn,
                     bee_grid_group *g) {
-  if (!v->cfg->group_size || v->cand_epoch != epoch ||
-      v->ngrid <= v->cfg->group_size)
+  size_t cap = v->cfg->group_size;
+  if (!cap || v->cand_epoch != epoch || v->ngrid <= cap)
     return false;
-  uint8_t(*self)[PROTO_ID_BYTES] =
-      bsearch(v->self, v->grid_ids, v->ngrid, PROTO_ID_BYTES, id_cmp);
-  return self && bee_grid_group_of(v->ngrid, (size_t)(self - v->grid_ids),
-                                   v->cfg->group_size, turn, g, NULL) == 0;
+  if (!v->grid_made || v->grid_turn != turn) {
+    uint8_t(*self)[PROTO_ID_BYTES] =
+        bsearch(v->self, v->grid_ids, v->ngrid, PROTO_ID_BYTES, id_cmp);
+    if (!self || (!v->grid_ranks &&
+                  !(v->grid_ranks = malloc(cap * sizeof *v->grid_ranks))))
+      return false;
+    if (bee_grid_group_of(v->ngrid, (size_t)(self - v->grid_ids), cap, turn,
+                          &v->grid, v->grid_ranks) != 0)
+      return false;
+    v->grid_made = true;
+    v->grid_turn = turn;
+  }
+  *g = v->grid;
+  return true;
 }
 
-bool bee__view_state_due(const bee_view *v, uint64_t epoch, uint64_t turn) {
-  uint8_t(*self)[PROTO_ID_BYTES] =
-      v->ngrid ? bsearch(v->self, v->grid_ids, v->ngrid, PROTO_ID_BYTES, id_cmp)
-               : NULL;
-  size_t *ranks = malloc(v->cfg->group_size * sizeof *ranks);
+bool bee__view_state_due(bee_view *v, uint64_t epoch, uint64_t turn) {
   bee_grid_group g;
-  if (!self || !ranks ||
-      bee_grid_group_of(v->ngrid, (size_t)(self - v->grid_ids),
-                        v->cfg->group_size, turn, &g, ranks) != 0) {
-    free(ranks);
+  if (!bee__view_grid(v, epoch, turn, &g))
     return true; /* not known: the matchmaking finds out */
-  }
   bool due = false;
   for (size_t k = 0; k < g.size && !due; k++) {
-    const uint8_t *id = v->grid_ids[ranks[k]];
-    if (id == *self)
+    const uint8_t *id = v->grid_ids[v->grid_ranks[k]];
+    if (memcmp(id, v->self, PROTO_ID_BYTES) == 0)
       continue;
     const proto_progress *p = NULL;
     for (size_t i = 0; i < v->nseen && !p; i++)
@@ -202,7 +206,6 @@ bool bee__view_state_due(const bee_view *v, uint64_t epoch, uint64_t turn) {
     due = !p || (!p->leaving && (p->epoch + 1 == epoch ||
                                  (p->epoch == epoch && p->samples == 0)));
   }
-  free(ranks);
   return due;
 }
 

@@ -27,7 +27,6 @@ int bee_run_new(const bee_run_config *c, const bee_run_io *io, bee_run **out) {
     return -ENOMEM;
   r->cfg = c->cfg;
   r->io = *io;
-  memcpy(r->self_id, c->self_id, PROTO_ID_BYTES);
   bee__view_init(&r->view, c->cfg, c->self_id);
   bee__fetch_init(&r->fetch, c->cfg, &r->io, &r->view, c->state_bytes,
                   c->step_bytes, c->chunk_bytes, c->self_id);
@@ -213,9 +212,8 @@ static void fetched(bee_run *r, int rc) {
 static bool step_may(bee_run *r, const bee_run_result *res,
                      const bee_run_worker *w) {
   return !r->stopped && r->fetch.step_bytes && !r->fetch.on &&
-         !r->view.guide.grouped &&
-         (res->status != 0 || res->left) && res->status != BEE_ECANCELED &&
-         !w->round_state && !w->load;
+         !r->view.guide.grouped && (res->status != 0 || res->left) &&
+         res->status != BEE_ECANCELED && !w->round_state && !w->load;
 }
 
 /* The swarm's step of epoch is there to take: the swarm has stepped past
@@ -241,7 +239,7 @@ static void count_alike(bee_run *r, const proto_progress *all,
   for (size_t i = 0; i < n; i++) {
     if (all[i].epoch != epoch || all[i].leaving ||
         strcmp(all[i].run, r->cfg->run) != 0 ||
-        memcmp(ids[i], r->self_id, PROTO_ID_BYTES) == 0)
+        memcmp(ids[i], r->view.self, PROTO_ID_BYTES) == 0)
       continue;
     bool other = false;
     for (size_t j = 0; j < l->nlayout_warned && !other; j++)
@@ -645,7 +643,7 @@ void bee_run_tick(bee_run *r, uint64_t samples, double compute_s) {
   if (!r->fetch.on && t >= r->fetch.retry_ms) {
     r->io.worker(r->io.ctx, &w);
     bee__lines_check(&r->lines, w.diverged && w.go && !w.load,
-                     r->view.view.peers, t, RESYNC_MS);
+                     r->view.guide.grouped, r->view.view.peers, t, RESYNC_MS);
   }
   unsigned every = r->cfg->status_interval_s;
   if (every && r->view.have && t - r->status_ms >= every * 1000ull) {

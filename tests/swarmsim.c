@@ -229,26 +229,16 @@ static void take_state(swarmsim *s, sbee *b) {
   b->w.nreplay = 0;
 }
 
-static void request_round(swarmsim *s, sbee *b) {
+/* The worker asks for a round and waits: the update round of its epoch
+ * (its samples the weight), or with state the state round after the
+ * step into epoch (train.c's state_round, equal weights). */
+static void request_round(swarmsim *s, sbee *b, bool state, uint64_t epoch) {
   b->w.avg_req = true;
   b->w.avg_done = false;
-  b->w.avg_state = false;
-  b->w.avg_epoch = b->w.epoch;
-  b->w.avg_weight = (double)b->w.samples;
-  b->w.n_at_step = b->w.samples;
-  b->w.waiting = true;
-  sim__at(s, s->now, EV_ASYNC, b, 0);
-}
-
-/* --average-state-every: the state round after the step into epoch (as
- * train.c's state_round; the worker waits for it). */
-static void request_state_round(swarmsim *s, sbee *b, uint64_t epoch) {
-  b->w.avg_req = true;
-  b->w.avg_done = false;
-  b->w.avg_state = true;
+  b->w.avg_state = state;
   b->w.avg_epoch = epoch;
-  b->w.avg_weight = 1;
-  b->w.n_at_step = 0;
+  b->w.avg_weight = state ? 1 : (double)b->w.samples;
+  b->w.n_at_step = state ? 0 : b->w.samples;
   b->w.waiting = true;
   sim__at(s, s->now, EV_ASYNC, b, 0);
 }
@@ -321,7 +311,7 @@ static void step_done(swarmsim *s, sbee *b) {
     return;
   unsigned every = s->c.cfg->average_state_every;
   if (every && (epoch + 1) % every == 0) {
-    request_state_round(s, b, epoch + 1);
+    request_round(s, b, true, epoch + 1);
     return;
   }
   worker_next(s, b);
@@ -339,7 +329,7 @@ static void worker_next(swarmsim *s, sbee *b) {
     take_state(s, b);
   if (bee_run_step_due(s->c.cfg, &b->w.guide, b->w.epoch, b->w.samples,
                        s->now)) {
-    request_round(s, b);
+    request_round(s, b, false, b->w.epoch);
     return;
   }
   b->w.computing = true;
@@ -440,7 +430,7 @@ static void io_round_over(void *ctx, const bee_run_result *r) {
     memcpy(&key, r->step, 8);
   bool mean = !r->swarm && r->status == 0 && b->round && !r->left;
   b->w.mean_key = r->swarm && r->step_len >= 8 ? key
-                  : mean ? b->round->key
+                  : mean                       ? b->round->key
                          : sim__mix(sim__mix(b->idx, b->gen), b->w.avg_epoch);
   b->w.mean_x = mean ? b->round->x : b->x;
   b->w.mean_round = mean;

@@ -551,8 +551,7 @@ static size_t grid_turn(double *x, size_t n, size_t cap, uint64_t turn,
     *singles += g[r].size == 1;
     /* Groups apart have bits apart. */
     for (size_t q = 0; q < r; q++)
-      ASSERT((g[q].index == g[r].index) ==
-             (strcmp(g[q].bits, g[r].bits) == 0));
+      ASSERT((g[q].index == g[r].index) == (strcmp(g[q].bits, g[r].bits) == 0));
   }
   for (size_t r = 0; r < n; r++)
     x[r] = sum[g[r].index] / (double)cnt[g[r].index];

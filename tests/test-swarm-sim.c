@@ -359,8 +359,7 @@ static void rejoin(uint64_t seed, int behind, int times, enum kill_mode how) {
 
 /* Kills bee and starts it again from its checkpoint `behind` epochs old
  * 5 s later (systemd's RestartSec): the new slot, and when it started. */
-static size_t restart(swarmsim *s, size_t bee, int behind,
-                      uint64_t *start_ms) {
+static size_t restart(swarmsim *s, size_t bee, int behind, uint64_t *start_ms) {
   swarmsim_kill(s, bee);
   swarmsim_run(s, swarmsim_now(s) + 5000);
   size_t nb = swarmsim_start(s, bee, behind, SIZE_MAX);
