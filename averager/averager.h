@@ -492,6 +492,12 @@ typedef struct avg_match_config {
   uint64_t request_timeout_ms; /* a JOIN's answer, default 3000 */
   uint64_t fetch_interval_ms;  /* re-reading the key, default 1000 */
   uint64_t deadline_ms;        /* no group by then: give up, 30000 */
+  /* End the search (BEE_EMISSED) as soon as a group of the key is known
+   * to have formed without us and no peer that could take us still looks
+   * (default false: wait for the deadline, as a peer that may average in
+   * a later group of the same key should).  A peer that expects one group
+   * of every peer, as beed's rounds do, has missed its round then. */
+  bool end_when_formed;
 } avg_match_config;
 
 typedef struct avg_match_stats {
@@ -500,6 +506,7 @@ typedef struct avg_match_stats {
   /* Our JOINs refused by a leader whose group had formed without us (it
    * began, or it was full): a group of the round runs without us. */
   uint64_t refused_formed;
+  uint64_t probes; /* end_when_formed: JOINs to later declared peers */
   uint64_t declarations, fetches, redeclared;
   /* The most declarations of other peers for our key (run, round, bits,
    * schema) that one read returned. */
@@ -509,7 +516,8 @@ typedef struct avg_match_stats {
 
 /* status 0 and g: a group formed (g borrowed for the call).  Otherwise g
  * is NULL and status BEE_ETIMEOUT (no group by the deadline),
- * BEE_ECANCELED (freed before the end) or -ENOMEM.  Runs once; the
+ * BEE_EMISSED (end_when_formed: a group formed without us), BEE_ECANCELED
+ * (freed before the end) or -ENOMEM.  Runs once; the
  * callback may free m. */
 typedef void (*avg_match_cb)(avg_match *m, int status, const avg_group *g,
                              void *arg);

@@ -22,6 +22,13 @@
  * answer request_timeout_ms, a follower's BEGIN the leader's start plus
  * twice that, the whole search deadline_ms.  docs/AVERAGING.md, section 8.
  *
+ * With end_when_formed a peer also learns early that its round went on
+ * without it.  A peer with nobody left to ask asks the later declared
+ * peers too (a probe: a JOIN that a looking peer answers "you lead"),
+ * and the search ends (BEE_EMISSED) once every live declaration of the
+ * key has refused it, one of them at least because its group had formed
+ * (it began, or it was full), none because it looks and will come.
+ *
  * The core sends, declares and reads the DHT only through avg_match_io,
  * and keeps time with its clocks, so tests run hundreds of peers in one
  * process on a fake clock.
@@ -42,6 +49,7 @@
  * no peer plans a round an hour ahead, and the order must not be gamed by
  * a start far in the future. */
 #define FUTURE_MAX_S 3600
+#define PROBES_MAX 8 /* probes out at once */
 
 enum { ST_IDLE, ST_LOOKING, ST_FOLLOWING, ST_DONE };
 
@@ -54,6 +62,14 @@ typedef struct tried {
   uint8_t id[PROTO_ID_BYTES];
   uint64_t expiration; /* the declaration refused: a new one may be asked */
 } tried;
+
+/* A JOIN to a later declared peer, to learn whether it looks. */
+typedef struct probe {
+  uint8_t id[PROTO_ID_BYTES];
+  uint64_t expiration; /* its declaration */
+  uint64_t nonce;
+  uint64_t until; /* monotonic ms: its answer */
+} probe;
 
 struct avg_match {
   avg_match_config cfg;
@@ -88,6 +104,9 @@ struct avg_match {
   size_t ndecls;
   tried tried[TRIED_MAX];
   size_t ntried, tried_next;
+  probe probes[PROBES_MAX]; /* end_when_formed: out now */
+  size_t nprobes;
+  bool coming; /* a peer answered "you lead": it looks, and comes */
   avg_match_stats stats;
   char self_name[16];
 };
@@ -319,6 +338,82 @@ static bool pick_leader(avg_match *m, uint8_t *id, char *addr, uint64_t *exp) {
   return false;
 }
 
+/* The probe out to id (with nonce, when by_nonce); SIZE_MAX: none. */
+static size_t probe_find(const avg_match *m, const uint8_t *id, uint64_t nonce,
+                         bool by_nonce) {
+  for (size_t i = 0; i < m->nprobes; i++)
+    if (same_id(m->probes[i].id, id) &&
+        (!by_nonce || m->probes[i].nonce == nonce))
+      return i;
+  return SIZE_MAX;
+}
+
+static void probe_drop(avg_match *m, size_t k) {
+  m->probes[k] = m->probes[--m->nprobes];
+}
+
+/* end_when_formed, with nobody left to ask and nobody following us: a
+ * JOIN to each later declared peer that has not answered yet.  A peer
+ * that looks answers "you lead" (and comes: its JOIN goes to the
+ * earliest); one whose group formed, "not looking". */
+static void probe_later(avg_match *m) {
+  if (!m->cfg.end_when_formed || m->coming || m->nfol ||
+      m->expiration == UINT64_MAX)
+    return;
+  uint64_t t = unix_s(m);
+  for (size_t i = 0; i < m->ndecls && m->nprobes < PROBES_MAX; i++) {
+    const avg_decl *d = &m->decls[i];
+    if (order_cmp(d->expiration, d->id, m->expiration, m->cfg.self_id) < 0 ||
+        d->expiration <= t || was_tried(m, d->id, d->expiration) ||
+        probe_find(m, d->id, 0, false) != SIZE_MAX)
+      continue;
+    proto_group_msg j = {.type = PROTO_T_AVG_JOIN,
+                         .nonce = ++m->nonce,
+                         .expiration = m->expiration,
+                         .info = m->cfg.info};
+    m->stats.probes++;
+    if (send_msg(m, d->id, d->info.addr, &j) != 0) {
+      mark_tried(m, d->id, d->expiration);
+      continue;
+    }
+    probe *p = &m->probes[m->nprobes++];
+    memcpy(p->id, d->id, PROTO_ID_BYTES);
+    p->expiration = d->expiration;
+    p->nonce = j.nonce;
+    p->until = now(m) + m->cfg.request_timeout_ms;
+  }
+}
+
+/* end_when_formed: the search ends when every live declaration of the key
+ * has refused us, one at least as formed, none as looking, and the peers
+ * declared are as many as we expect (one that has not declared yet may
+ * still lead us).  A declaration whose start has passed counts as a
+ * refusal: that peer began, or declares again and is read anew. */
+static void end_if_missed(avg_match *m) {
+  if (!m->cfg.end_when_formed || m->state != ST_LOOKING || m->asking ||
+      m->nfol || m->nprobes || m->coming || m->stats.refused_formed == 0)
+    return;
+  uint64_t t = unix_s(m);
+  size_t peers = 0;
+  for (size_t i = 0; i < m->ndecls; i++) {
+    const avg_decl *d = &m->decls[i];
+    /* Untried and live: it may still lead us, or follow us. */
+    if (d->expiration > t && !was_tried(m, d->id, d->expiration))
+      return;
+    bool again = false; /* another declaration of the same peer */
+    for (size_t j = 0; j < i && !again; j++)
+      again = same_id(m->decls[j].id, d->id);
+    peers += !again;
+  }
+  if (peers + 1 < m->cfg.target_size)
+    return;
+  bee_info("match",
+           "%s: a group of the round formed without it, and no peer looks "
+           "(%" PRIu64 " ms)",
+           m->self_name, now(m) - m->t0);
+  finish(m, BEE_EMISSED, NULL);
+}
+
 static void ask_next(avg_match *m) {
   if (m->state != ST_LOOKING || m->asking)
     return;
@@ -327,8 +422,11 @@ static void ask_next(avg_match *m) {
     return;
   }
   uint64_t exp;
-  if (!pick_leader(m, m->leader, m->leader_addr, &exp))
+  if (!pick_leader(m, m->leader, m->leader_addr, &exp)) {
+    probe_later(m);
+    end_if_missed(m);
     return;
+  }
   m->leader_exp = exp;
   m->nonce++;
   proto_group_msg j = {.type = PROTO_T_AVG_JOIN,
@@ -358,6 +456,7 @@ static void follow(avg_match *m) {
   char who[16];
   m->asking = false;
   m->state = ST_FOLLOWING;
+  m->nprobes = 0; /* their answers come as late ones */
   if (m->nfol)
     release_followers(m, PROTO_LEAVE_MOVED);
   /* The leader begins at its start, or sooner when full; it may have
@@ -378,6 +477,20 @@ static void unfollow(avg_match *m) {
   if (m->expiration != UINT64_MAX && m->expiration <= unix_s(m))
     declare(m);
   ask_next(m);
+}
+
+/* Our start has come while we look and ask nobody: we begin with the
+ * followers we have, or let them go and declare again.  True when we
+ * began. */
+static bool start_came(avg_match *m) {
+  if (m->nfol > 0 && m->nfol + 1 >= m->cfg.min_size) {
+    begin(m);
+    return true;
+  }
+  release_followers(m, PROTO_LEAVE_DISBANDED);
+  m->stats.redeclared++;
+  declare(m);
+  return false;
 }
 
 /* ---- handling ---------------------------------------------------------- */
@@ -422,6 +535,12 @@ static uint32_t join_verdict(avg_match *m, const uint8_t *from,
 static void on_join(avg_match *m, const uint8_t *from,
                     const proto_group_msg *j) {
   char who[16];
+  /* Our start came before our timer ran: act on it first, so that "not
+   * looking" is said only by a peer that began or ended its search, never
+   * by one about to declare again (a prober counts it as formed). */
+  if (m->state == ST_LOOKING && !m->asking && m->expiration != UINT64_MAX &&
+      m->expiration <= unix_s(m))
+    start_came(m);
   uint32_t code = join_verdict(m, from, j);
   send_reply(m, from, j->info.addr, j->nonce, code);
   if (code != PROTO_JOIN_ACCEPTED) {
@@ -444,9 +563,52 @@ static void on_join(avg_match *m, const uint8_t *from,
     begin(m);
 }
 
+/* Whether a refusal r says that the refuser looks and will come to us:
+ * we are earlier than it, or it follows us already. */
+static bool says_coming(const avg_match *m, const proto_group_msg *r) {
+  return r->code == PROTO_JOIN_YOU_LEAD ||
+         (r->code == PROTO_JOIN_NOT_A_LEADER && r->has_leader &&
+          same_id(r->leader, m->cfg.self_id));
+}
+
+static bool refused_formed(const proto_group_msg *r) {
+  return r->code == PROTO_JOIN_NOT_LOOKING || r->code == PROTO_JOIN_GROUP_FULL;
+}
+
+/* A hint to ask next: a refuser's leader, or a leader's new one. */
+static void set_hint(avg_match *m, const proto_group_msg *r) {
+  if (r->has_leader && !same_id(r->leader, m->cfg.self_id)) {
+    m->has_hint = true;
+    memcpy(m->hint, r->leader, PROTO_ID_BYTES);
+    memcpy(m->hint_addr, r->leader_addr, sizeof m->hint_addr);
+  }
+}
+
+/* A probe's answer.  A follower names its leader, asked next: that one
+ * looks (and comes), or its group formed. */
+static void on_probe_reply(avg_match *m, size_t k, const proto_group_msg *r) {
+  probe p = m->probes[k];
+  probe_drop(m, k);
+  if (r->code == PROTO_JOIN_ACCEPTED) /* it cannot, being later: a race */
+    send_leave(m, p.id, NULL, PROTO_LEAVE_GONE);
+  mark_tried(m, p.id, p.expiration);
+  if (says_coming(m, r))
+    m->coming = true;
+  else if (refused_formed(r))
+    m->stats.refused_formed++;
+  else if (r->code == PROTO_JOIN_NOT_A_LEADER && !m->has_hint)
+    set_hint(m, r);
+  ask_next(m);
+}
+
 static void on_reply(avg_match *m, const uint8_t *from,
                      const proto_group_msg *r) {
   char who[16];
+  size_t k = probe_find(m, from, r->nonce, true);
+  if (k != SIZE_MAX) {
+    on_probe_reply(m, k, r);
+    return;
+  }
   if (!m->asking || r->nonce != m->nonce || !same_id(from, m->leader)) {
     /* A late answer: a JOIN we gave up on.  If it took us, say we left. */
     if (r->code == PROTO_JOIN_ACCEPTED && m->state != ST_IDLE &&
@@ -460,13 +622,11 @@ static void on_reply(avg_match *m, const uint8_t *from,
   }
   bee_debug("match", "%s: %s refused us: %s", m->self_name, short_id(from, who),
             avg_join_code_name((int)r->code));
-  if (r->code == PROTO_JOIN_NOT_LOOKING || r->code == PROTO_JOIN_GROUP_FULL)
+  if (refused_formed(r))
     m->stats.refused_formed++;
-  if (r->has_leader && !same_id(r->leader, m->cfg.self_id)) {
-    m->has_hint = true;
-    memcpy(m->hint, r->leader, PROTO_ID_BYTES);
-    memcpy(m->hint_addr, r->leader_addr, sizeof m->hint_addr);
-  }
+  if (says_coming(m, r))
+    m->coming = true;
+  set_hint(m, r);
   ask_failed(m);
 }
 
@@ -519,11 +679,7 @@ static int on_begin(avg_match *m, const uint8_t *from,
 static void on_leave(avg_match *m, const uint8_t *from,
                      const proto_group_msg *l) {
   if (m->state == ST_FOLLOWING && same_id(from, m->leader)) {
-    if (l->has_leader && !same_id(l->leader, m->cfg.self_id)) {
-      m->has_hint = true;
-      memcpy(m->hint, l->leader, PROTO_ID_BYTES);
-      memcpy(m->hint_addr, l->leader_addr, sizeof m->hint_addr);
-    }
+    set_hint(m, l);
     unfollow(m);
     return;
   }
@@ -703,16 +859,21 @@ static bool run_timers(avg_match *m, uint64_t t) {
     if (!active(m))
       return false;
   }
-  if (m->state == ST_LOOKING && !m->asking && m->expiration != UINT64_MAX &&
-      m->expiration <= unix_s(m)) {
-    if (m->nfol > 0 && m->nfol + 1 >= m->cfg.min_size) {
-      begin(m);
-      return false;
+  for (size_t k = 0; k < m->nprobes && m->state == ST_LOOKING;) {
+    if (t < m->probes[k].until) {
+      k++;
+      continue;
     }
-    release_followers(m, PROTO_LEAVE_DISBANDED);
-    m->stats.redeclared++;
-    declare(m);
+    /* No answer: gone, or too slow to matter. */
+    mark_tried(m, m->probes[k].id, m->probes[k].expiration);
+    probe_drop(m, k);
+    ask_next(m);
   }
+  if (!active(m))
+    return false;
+  if (m->state == ST_LOOKING && !m->asking && m->expiration != UINT64_MAX &&
+      m->expiration <= unix_s(m) && start_came(m))
+    return false;
   if (m->state == ST_LOOKING && t >= m->next_fetch) {
     m->io.fetch(m->io.ctx);
     m->next_fetch = t + m->cfg.fetch_interval_ms;
@@ -756,6 +917,9 @@ uint64_t avg_match_tick(avg_match *m) {
   if (on && m->state == ST_LOOKING) {
     if (m->next_fetch < at)
       at = m->next_fetch;
+    for (size_t k = 0; k < m->nprobes; k++)
+      if (m->probes[k].until < at)
+        at = m->probes[k].until;
     /* Our start; once it has passed, only an unanswered JOIN holds us
      * (its timeout is counted above). */
     uint64_t ums = m->io.unix_ms(m->io.ctx);

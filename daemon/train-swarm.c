@@ -440,6 +440,9 @@ static void fill_request(bee_train *t, avg_node_request *req,
   mc->first_start_ms = a->first_start_ms;
   mc->fetch_interval_ms = 100;
   mc->deadline_ms = a->deadline_ms;
+  /* One group of every peer expected (or of the grid's line): one that
+   * formed without it is the round missed; the bee learns it at once. */
+  mc->end_when_formed = true;
   uv_mutex_lock(&t->mu);
   req->round.x = t->shared.avg_req ? t->shared.avg_buf : NULL;
   req->round.n = t->shared.avg_req ? t->shared.avg_n : 0;

@@ -53,6 +53,7 @@ static const struct {
     E(BEE_EREMOTE, "peer reported an error"),
     E(BEE_EEXPIRED, "record expired"),
     E(BEE_ESTALE, "record older than the one held"),
+    E(BEE_EMISSED, "the round's group formed without us"),
 #undef E
 };
 

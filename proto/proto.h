@@ -57,6 +57,7 @@ enum {
   BEE_EREMOTE,       /* the peer answered with an error */
   BEE_EEXPIRED,      /* a record's expiration has passed */
   BEE_ESTALE,        /* a record older than the one held */
+  BEE_EMISSED,       /* the round's group formed without us */
   BEE_ELAST
 };
 

@@ -138,6 +138,8 @@ static int match_start(sbee *b, const bee_run_avg *a, bool ahead) {
   c.first_start_ms = a->first_start_ms;
   c.fetch_interval_ms = 100;
   c.deadline_ms = a->deadline_ms;
+  /* As beed's (daemon/train-swarm.c). */
+  c.end_when_formed = true;
   avg_match_io io = {.ctx = b,
                      .now_ms = m_now,
                      .unix_ms = m_unix,

@@ -18,6 +18,11 @@
  *     starts the two begin without it;
  *   - max_size: followers that expect fewer peers than their leader
  *     still take its larger group (and do not, at max_size = target);
+ *   - end_when_formed: a peer that looks after the others' group formed
+ *     learns it within a few round trips (BEE_EMISSED), whether its start
+ *     is earlier than theirs (it probes them) or later (it asks them);
+ *     without it, it waits out its deadline; where the others still
+ *     look, its probes end nothing and the four form one group;
  *   - Moshpit: 16 peers in a 4 x 4 grid (group 4, 2 bits) run match and
  *     a real avg_round each round; the spread between peers falls below
  *     1e-6 of the mean within 4 rounds.
@@ -1001,6 +1006,74 @@ static void test_sizes(void) {
          "averaged together\n", worst);
 }
 
+/* ---- a peer that looks late: end_when_formed ---------------------------- */
+
+enum { LATE_EARLIER, LATE_LATER, LATE_IN_TIME };
+
+/* Three peers look at 0 ms; a fourth (a bee back from a download) at
+ * 300 ms, expecting all four.  LATE_EARLIER and LATE_LATER: the three
+ * expect only three and have formed their group by then; the fourth's
+ * declared start is earlier than theirs (their first start is late) or
+ * later.  LATE_IN_TIME: the three expect four and wait for their late
+ * first start; the fourth, earliest, leads them. */
+static void late_case(int kind, bool end, uint64_t seed) {
+  static sim s;
+  sim_init(&s, 4, seed);
+  avg_match_config c[4];
+  for (int i = 0; i < 4; i++) {
+    match_cfg(&s, i, &c[i], 5, i == 3 || kind == LATE_IN_TIME ? 4 : 3);
+    c[i].matchmaking_ms = 2000;
+    c[i].fetch_interval_ms = 100;
+    c[i].deadline_ms = i == 3 ? 6000 : 12000;
+    c[i].end_when_formed = end;
+    if (i < 3 && kind != LATE_LATER)
+      c[i].first_start_ms = kind == LATE_IN_TIME ? 4000 : 8000;
+  }
+  for (int i = 0; i < 3; i++)
+    match_start(&s, i, &c[i]);
+  run(&s, 300, false);
+  for (int i = 0; i < 3; i++)
+    ASSERT_EQ(s.p[i].done, kind != LATE_IN_TIME);
+  match_start(&s, 3, &c[3]);
+  run(&s, 20000, false);
+  peer *l = &s.p[3];
+  avg_match_stats st;
+  avg_match_stats_get(l->m, &st);
+  ASSERT(l->done);
+  size_t want = kind == LATE_IN_TIME ? 4 : 3;
+  for (int i = 0; i < (int)want; i++) {
+    ASSERT_EQ(s.p[i].status, 0);
+    ASSERT_UEQ(s.p[i].nmembers, want);
+    ASSERT(memcmp(s.p[i].gid, s.p[0].gid, sizeof s.p[0].gid) == 0);
+  }
+  if (kind == LATE_IN_TIME) {
+    ASSERT_UEQ(l->self, 0); /* the earliest start leads */
+    ASSERT_LT(l->done_ms, 1500);
+    ASSERT_UEQ(st.refused_formed, 0);
+  } else if (end) {
+    ASSERT_EQ(l->status, BEE_EMISSED);
+    ASSERT_LT(l->done_ms, 300 + 1000);
+    ASSERT_UEQ(st.refused_formed, 3);
+    /* Earlier than theirs: it asks nobody and probes all three. */
+    ASSERT_UEQ(st.probes, kind == LATE_EARLIER ? 3 : 0);
+  } else {
+    ASSERT_EQ(l->status, BEE_ETIMEOUT);
+    ASSERT_GE(l->done_ms, 300 + 6000);
+  }
+  sim_free(&s);
+}
+
+static void test_late(void) {
+  for (uint64_t seed = 1; seed <= 5; seed++)
+    for (int kind = LATE_EARLIER; kind <= LATE_IN_TIME; kind++) {
+      late_case(kind, true, seed);
+      late_case(kind, false, seed);
+    }
+  printf("late: a peer that looks after its round's group formed ends with "
+         "it missed within 1 s (start earlier or later than theirs; 6 s "
+         "without end_when_formed); in time, it leads the others\n");
+}
+
 /* The bits function on its own: distinct cells in a group, the length
  * kept, the old bits shifted out. */
 static void test_bits(void) {
@@ -1042,6 +1115,7 @@ int main(void) {
   test_bits();
   test_first_start();
   test_sizes();
+  test_late();
   static const scenario sc[] = {
       {"32 at once", 32, 8, 2, 10, 0, 0, false, 0, false},
       {"32 at once, groups of 16", 32, 16, 2, 10, 0, 0, false, 0, false},
