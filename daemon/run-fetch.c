@@ -319,7 +319,7 @@ static bool chunks_ready(bee_fetch *f) {
 int bee__fetch_start(bee_fetch *f, const uint8_t (*donors)[PROTO_ID_BYTES],
                      size_t n) {
   f->restarts = 0;
-  f->stepping = f->for_round = false;
+  f->stepping = f->for_round = f->poll = false;
   f->nchunks = (f->state_bytes + f->chunk - 1) / f->chunk;
   free(f->state);
   f->state = NULL;
@@ -355,11 +355,12 @@ static int step_pass(bee_fetch *f, uint64_t epoch) {
 }
 
 int bee__fetch_step(bee_fetch *f, const uint8_t (*donors)[PROTO_ID_BYTES],
-                    size_t n, uint64_t epoch) {
+                    size_t n, uint64_t epoch, bool poll) {
   if (f->on || !f->step_bytes || n == 0 || !chunks_ready(f))
-    return FETCH_NO_STEP;
+    return poll ? FETCH_NOT_YET : FETCH_NO_STEP;
   f->on = true;
   f->for_round = true;
+  f->poll = poll;
   f->single = false;
   free_steps(f);
   f->ncand = n < DONORS_MAX ? n : DONORS_MAX;
@@ -480,7 +481,7 @@ static int next_step(bee_fetch *f, uint64_t epoch) {
  * the donors released, the fetch over; returns rc. */
 static int round_step_over(bee_fetch *f, int rc) {
   release_all(f);
-  f->on = f->stepping = f->for_round = false;
+  f->on = f->stepping = f->for_round = f->poll = false;
   f->gen++;
   return rc;
 }
@@ -492,7 +493,7 @@ static int steps_over(bee_fetch *f) {
   free(f->buf);
   f->buf = NULL;
   if (f->for_round)
-    return round_step_over(f, FETCH_NO_STEP);
+    return round_step_over(f, f->poll ? FETCH_NOT_YET : FETCH_NO_STEP);
   bee_info(COMP,
            "state: no donor has the swarm's step of epoch %llu: this bee "
            "trains on from epoch %llu",
@@ -609,6 +610,8 @@ int bee__fetch_chunk(bee_fetch *f, uint64_t tag, int status,
   if (status == BEE_EREMOTE && remote_code == BEE_ELIMIT) {
     f->busy++;
     bad = "busy serving other downloads";
+  } else if (f->poll && status == BEE_EREMOTE && remote_code == BEE_ERANGE) {
+    bad = ""; /* no such step there yet: asked again, not logged */
   } else if (status) {
     snprintf(why, sizeof why, "%s",
              bee_strerror(status == BEE_EREMOTE ? (int)remote_code : status));

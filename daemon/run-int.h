@@ -80,6 +80,9 @@
  * waits for their step this long at most: a round's end at the latest
  * (the daemon's ROUND_DEADLINE_MS). */
 #define STEP_WAIT_MS 30000
+/* Meanwhile the donors are asked for that step this often: their records
+ * say they stepped a second or two after they did. */
+#define STEP_POLL_MS 250
 #define SPLIT_MS 4000       /* in line: the same, to see a split */
 #define SPLIT_PEERS_STEP 32 /* and SPLIT_MS later per this many peers */
 #define LINES_RING 16       /* own steps remembered for that */
@@ -189,6 +192,8 @@ typedef struct bee_fetch {
   bool stepping;
   uint64_t step_epoch;
   bool for_round; /* one step, for the worker's round that missed */
+  bool poll;      /* for_round, asked before its peers are known to have
+                     stepped: a donor without it yet is no failure */
   uint8_t *state; /* the state, whole, while the steps come */
   uint64_t state_epoch;
   struct fetch_step {
@@ -253,7 +258,8 @@ enum {
   FETCH_WAITING,   /* no donor could serve it now: asked again later */
   FETCH_GAVE_UP,   /* no donor could serve it, FETCH_PASSES times */
   FETCH_STEP,      /* for_round: the step is steps[0] (the caller's) */
-  FETCH_NO_STEP    /* for_round: no donor had it */
+  FETCH_NO_STEP,   /* for_round: no donor had it */
+  FETCH_NOT_YET    /* for_round, poll: no donor had it yet */
 };
 
 void bee__fetch_init(bee_fetch *f, const bee_config *cfg, const bee_run_io *io,
@@ -266,9 +272,11 @@ void bee__fetch_close(bee_fetch *f);
 int bee__fetch_start(bee_fetch *f, const uint8_t (*donors)[PROTO_ID_BYTES],
                      size_t n);
 /* Fetches the swarm's step from epoch (for the worker's round that
- * missed it) from donors[0..n).  Returns as bee__fetch_chunk. */
+ * missed it) from donors[0..n).  With poll, while the donors may still be
+ * at the epoch: FETCH_NOT_YET where none has it, and their "no such step"
+ * is not logged.  Returns as bee__fetch_chunk. */
 int bee__fetch_step(bee_fetch *f, const uint8_t (*donors)[PROTO_ID_BYTES],
-                    size_t n, uint64_t epoch);
+                    size_t n, uint64_t epoch, bool poll);
 /* The donor records read (status 0): the donors with free slots first.
  * Returns as bee__fetch_chunk. */
 int bee__fetch_donors(bee_fetch *f, int status, const proto_donor *v,
@@ -331,7 +339,9 @@ size_t bee__lines_resync(bee_lines *l, const proto_metrics *v,
 
 /* ---- the rounds (run-round.c) ------------------------------------------ */
 
-enum { AHEAD_NONE, AHEAD_MATCHING, AHEAD_HELD, AHEAD_FAILED };
+/* AHEAD_MISSED: the matchmaking ahead learnt that the epoch's group had
+ * formed without this bee (BEE_EMISSED). */
+enum { AHEAD_NONE, AHEAD_MATCHING, AHEAD_HELD, AHEAD_FAILED, AHEAD_MISSED };
 
 typedef struct bee_rounds {
   const bee_config *cfg;
@@ -428,11 +438,13 @@ struct bee_run {
   uint64_t donor_epoch, donor_slots, donor_ms, donor_exp;
   uint64_t resyncs;
   uint64_t steps_taken;  /* the swarm's steps taken instead of downloads */
+  uint64_t steps_polled; /* of them, by step_poll */
   bee_run_result missed; /* a round's end held while its step comes */
   /* Its peers still at the missed round's epoch: the step is waited for
-   * until they step past it, or until step_wait_until. */
+   * until they step past it, or until step_wait_until; the donors are
+   * asked for it from step_poll_ms, every STEP_POLL_MS. */
   bool step_waits;
-  uint64_t step_wait_epoch, step_wait_until;
+  uint64_t step_wait_epoch, step_wait_until, step_poll_ms;
   /* The other peers of its layout at the view's epoch, by the last
    * read (alike_epoch). */
   uint64_t alike_epoch;

@@ -121,9 +121,10 @@ static void over(bee_rounds *o, bee_view *v, int status, size_t group,
                         .ahead = o->round_ahead && status == 0,
                         .left = left,
                         .formed =
-                            status != 0 && r &&
-                            (r->match.refused_formed ||
-                             (r->match.fetches && !r->match.declared_max)),
+                            status == BEE_EMISSED ||
+                            (status != 0 && r &&
+                             (r->match.refused_formed ||
+                              (r->match.fetches && !r->match.declared_max))),
                         .done_ms = now(o),
                         .summary = r ? r->summary : NULL};
   for (size_t i = 0; r && r->group && i < r->group->nmembers; i++)
@@ -208,6 +209,12 @@ void bee__rounds_matched(bee_rounds *o, bee_view *v, int status,
     bee_debug(COMP, "epoch %llu: a group of %zu formed ahead in %.2f s",
               (unsigned long long)o->ahead.epoch, g->nmembers,
               (double)(now(o) - o->ahead.t0_ms) / 1000);
+  } else if (status == BEE_EMISSED) {
+    o->ahead.state = AHEAD_MISSED; /* the round ends so at once */
+    bee_info(COMP,
+             "epoch %llu: its matchmaking ahead found the epoch's group "
+             "formed without it",
+             (unsigned long long)o->ahead.epoch);
   } else {
     o->ahead.state = AHEAD_FAILED; /* matched again once the target is in */
     bee_debug(COMP, "epoch %llu: no group formed ahead: %s",
@@ -303,6 +310,14 @@ void bee__rounds_start(bee_rounds *o, bee_view *v) {
   bool ours = !state && o->ahead.epoch == epoch;
   if (o->ahead.state == AHEAD_MATCHING && ours)
     return; /* its answer comes back here */
+  if (o->ahead.state == AHEAD_MISSED && ours) {
+    /* Another matchmaking would find nobody (that group's declarations
+     * may have expired) and wait out its time. */
+    o->ahead.state = AHEAD_NONE;
+    o->round_ahead = false;
+    over(o, v, BEE_EMISSED, 1, 0, false, NULL);
+    return;
+  }
   if (o->ahead.state == AHEAD_HELD && ours) {
     bee_run_avg a;
     fill(o, &a, epoch, false, o->ahead.g.nmembers, weight, NULL);
@@ -373,6 +388,14 @@ void bee__rounds_start(bee_rounds *o, bee_view *v) {
   }
 }
 
+/* Ends the round's matchmaking under way: its answer comes inside, as a
+ * round without a group (-ENOENT). */
+static void end_matching(bee_rounds *o) {
+  o->deserted_cancel = true;
+  o->io->cancel(o->io->ctx);
+  o->deserted_cancel = false;
+}
+
 void bee__rounds_deserted(bee_rounds *o, bee_view *v,
                           const proto_progress *others, size_t n,
                           size_t fresh) {
@@ -394,6 +417,22 @@ void bee__rounds_deserted(bee_rounds *o, bee_view *v,
   if (epoch != o->deserted_epoch)
     o->deserted = 0;
   o->deserted_epoch = epoch;
+  /* An update round still matching while the swarm has stepped past its
+   * epoch, where the swarm's step can be taken (as bee__rounds_start's
+   * moot round): the group of the epoch went without this bee.  A record
+   * at a later epoch says so itself, where the deserted check below rests
+   * on records that are absent and waits for a second view; the bee
+   * takes the swarm's step (run.c) a second sooner. */
+  if (round && !state && !delayed && o->take_steps && !v->guide.grouped &&
+      v->view.epoch > epoch) {
+    o->deserted = 0;
+    bee_info(COMP,
+             "epoch %llu: the swarm stepped past it (to epoch %llu) while "
+             "this bee looked for its group: its matchmaking ends",
+             (unsigned long long)epoch, (unsigned long long)v->view.epoch);
+    end_matching(o);
+    return;
+  }
   uint64_t unix_ms = o->io->unix_ms(o->io->ctx);
   /* A state round in groups of --group-size: its own group's members
    * only. */
@@ -416,9 +455,7 @@ void bee__rounds_deserted(bee_rounds *o, bee_view *v,
            (unsigned long long)epoch, (unsigned long long)v->view.epoch);
   v->candidates = fresh;
   if (round) {
-    o->deserted_cancel = true; /* its answer comes inside: alone */
-    o->io->cancel(o->io->ctx);
-    o->deserted_cancel = false;
+    end_matching(o);
   } else {
     bee__rounds_drop(o, "the swarm left its epoch");
   }
@@ -436,9 +473,7 @@ void bee__rounds_moot(bee_rounds *o, uint64_t load_epoch) {
            "epoch %llu: its matchmaking ends: the state of epoch %llu was "
            "loaded",
            (unsigned long long)epoch, (unsigned long long)load_epoch);
-  o->deserted_cancel = true; /* its answer comes inside: alone */
-  o->io->cancel(o->io->ctx);
-  o->deserted_cancel = false;
+  end_matching(o);
 }
 
 void bee__rounds_tick(bee_rounds *o, uint64_t now_ms) {

@@ -180,12 +180,17 @@ static void set_go(bee_run *r) {
 }
 
 static void step_fetched(bee_run *r, int rc);
+static void step_wait_check(bee_run *r);
 
 /* What a download's step came to: the state and the swarm's steps since
  * go to the worker, which trains on from the last; a matchmaking for an
  * epoch before that ends (moot). */
 static void fetched(bee_run *r, int rc) {
   bee_fetch *f = &r->fetch;
+  if (rc == FETCH_NOT_YET) { /* a poll's: asked again at a tick */
+    step_wait_check(r);
+    return;
+  }
   if (rc == FETCH_STEP || rc == FETCH_NO_STEP) {
     step_fetched(r, rc);
   } else if (rc == FETCH_LOADED) {
@@ -259,10 +264,10 @@ static bool round_without(const bee_run_result *res) {
   return res->left || res->formed;
 }
 
-static void take_swarm_step(bee_run *r, uint64_t epoch) {
+static void take_swarm_step(bee_run *r, uint64_t epoch, bool poll) {
   fetched(r, bee__fetch_step(&r->fetch,
                              (const uint8_t(*)[PROTO_ID_BYTES])r->view.donors,
-                             r->view.ndonors, epoch));
+                             r->view.ndonors, epoch, poll));
 }
 
 /* The rounds' end (bee__rounds_init's over): to the worker, or first the
@@ -292,16 +297,29 @@ static void round_over(void *ctx, const bee_run_result *res) {
              "epoch %llu: its round missed the swarm's (%s): taking the "
              "swarm's step instead",
              (unsigned long long)epoch, why);
-    take_swarm_step(r, epoch);
+    take_swarm_step(r, epoch, false);
     return;
   }
   r->step_waits = true;
   r->step_wait_epoch = epoch;
   r->step_wait_until = now(r) + STEP_WAIT_MS;
+  r->step_poll_ms = now(r) + STEP_POLL_MS;
   bee_info(COMP,
            "epoch %llu: its round missed the swarm's (%s), whose %zu "
            "other peers are still at the epoch: waiting for their step",
            (unsigned long long)epoch, why, r->alike_at_epoch);
+}
+
+/* While a round's end waits for its peers' step (step_waits), the donors
+ * are asked for it every STEP_POLL_MS: each answers at once whether it
+ * has stepped, where their records say so a second or two later
+ * (records go out about once a second, and are read once a second). */
+static void step_poll(bee_run *r, uint64_t t) {
+  if (!r->step_waits || r->stopped || r->fetch.on || t < r->step_poll_ms ||
+      !step_coming(r, r->step_wait_epoch))
+    return;
+  r->step_poll_ms = t + STEP_POLL_MS;
+  take_swarm_step(r, r->step_wait_epoch, true);
 }
 
 /* A round's end held for its peers' step (step_waits), at each view
@@ -310,14 +328,14 @@ static void round_over(void *ctx, const bee_run_result *res) {
  * worker if they leave it otherwise, a download starts, or the wait is
  * over. */
 static void step_wait_check(bee_run *r) {
-  if (!r->step_waits)
-    return;
+  if (!r->step_waits || (!r->stopped && r->fetch.on && r->fetch.poll))
+    return; /* a poll's answer decides first */
   uint64_t epoch = r->step_wait_epoch;
   if (!r->stopped && !r->fetch.on && step_there(r, epoch)) {
     r->step_waits = false;
     bee_info(COMP, "epoch %llu: its peers stepped: taking the swarm's step",
              (unsigned long long)epoch);
-    take_swarm_step(r, epoch);
+    take_swarm_step(r, epoch, false);
     return;
   }
   if (!r->stopped && !r->fetch.on && step_coming(r, epoch) &&
@@ -340,6 +358,14 @@ static void step_wait_check(bee_run *r) {
  * own end. */
 static void step_fetched(bee_run *r, int rc) {
   bee_fetch *f = &r->fetch;
+  if (r->step_waits) { /* a poll's */
+    r->step_waits = false;
+    r->steps_polled += rc == FETCH_STEP;
+    bee_info(COMP,
+             "epoch %llu: its peers stepped: their step came from the "
+             "donors it asked",
+             (unsigned long long)r->step_wait_epoch);
+  }
   r->rounds.taking_step = false;
   bee_run_result res = r->missed;
   if (rc == FETCH_STEP && f->steps[0].buf) {
@@ -633,6 +659,7 @@ void bee_run_tick(bee_run *r, uint64_t samples, double compute_s) {
   }
   if (r->step_waits && t >= r->step_wait_until)
     step_wait_check(r);
+  step_poll(r, t);
   if (r->fetch.on)
     fetched(r, bee__fetch_tick(&r->fetch));
   bee__rounds_start(&r->rounds, &r->view);
@@ -665,6 +692,7 @@ void bee_run_stats_get(const bee_run *r, bee_run_stats *st) {
   st->resyncs = r->resyncs;
   st->last_download_s = r->fetch.last_s;
   st->steps_taken = r->steps_taken;
+  st->steps_polled = r->steps_polled;
 }
 
 double bee_run_others_now(const bee_run_guide *g, uint64_t now_ms) {

@@ -293,6 +293,8 @@ typedef struct bee_run_stats {
   double last_download_s;  /* the last one took this long (0: none) */
   uint64_t steps_taken;    /* the swarm's steps taken (after downloads, and
                               for rounds that missed them) */
+  uint64_t steps_polled;   /* of them, asked of the donors before the
+                              records said the peers had stepped */
 } bee_run_stats;
 void bee_run_stats_get(const bee_run *r, bee_run_stats *st);
 

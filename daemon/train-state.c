@@ -370,6 +370,13 @@ static void serve_step(bee_train *t, proto_conn *c, uint64_t id,
     uv_mutex_unlock(&t->mu);
     proto_conn_reply_error(c, id, BEE_ERANGE,
                            s ? "offset past the step" : "no such step here");
+    /* An upload that has served nothing ends: a peer that asks for a step
+     * we have not taken yet (it polls while we average) holds no slot. */
+    if (up->bytes == 0) {
+      if (up->pin)
+        upload_unpin(up->pin, t);
+      bee_uploads_end(&t->uploads, up);
+    }
     return;
   }
   int rc;

@@ -94,6 +94,7 @@ static void on_match(avg_match *m, int status, const avg_group *g, void *arg) {
   avg_match_stats st;
   avg_match_stats_get(m, &st);
   b->m = NULL;
+  b->life.match_timeouts += status == BEE_ETIMEOUT;
   if (!b->cancelling)
     avg_match_free(m); /* its callback may free it; not while freed */
   if (b->m_ahead && b->cancelling) {
@@ -488,9 +489,11 @@ static uint64_t answer_at(swarmsim *s, sbee *b, const sbee *d, size_t n,
 }
 
 /* A donor's answer to a step request: the step it took from epoch, while
- * it keeps it and is in line (train-state.c's serve_step). */
-static void step_answer(swarmsim *s, sbee *b, sbee *d, uint64_t epoch,
-                        uint64_t offset, uint32_t len, event *e) {
+ * it keeps it and is in line; without it, an upload that has served
+ * nothing ends (train-state.c's serve_step). */
+static void step_answer(swarmsim *s, sbee *b, sbee *d, bee_upload *up,
+                        uint64_t epoch, uint64_t offset, uint32_t len,
+                        event *e) {
   const ssnap *st = NULL;
   for (size_t i = 0; i < d->w.nsteps && !d->w.diverged; i++)
     if (d->w.steps[i].epoch == epoch)
@@ -500,6 +503,11 @@ static void step_answer(swarmsim *s, sbee *b, sbee *d, uint64_t epoch,
     e->at = s->now + (uint64_t)sim__rtt(s, b, d);
     e->status = BEE_EREMOTE;
     e->code = BEE_ERANGE;
+    if (up->bytes == 0) {
+      free(up->pin);
+      up->pin = NULL;
+      bee_uploads_end(&d->uploads, up);
+    }
     return;
   }
   uint8_t *all = sim__xcalloc(s->step_bytes, 1);
@@ -508,6 +516,7 @@ static void step_answer(swarmsim *s, sbee *b, sbee *d, uint64_t epoch,
   e->data = sim__xcalloc(n ? n : 1, 1);
   memcpy(e->data, all + offset, n);
   e->len = n;
+  up->bytes += n;
   e->chunk = (proto_state_msg){.type = PROTO_T_STATE_STEP,
                                .epoch = epoch,
                                .total = total,
@@ -557,7 +566,7 @@ int sim__io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t step,
     return 0;
   }
   if (step != BEE_RUN_STATE) {
-    step_answer(s, b, d, step, offset, len, &e);
+    step_answer(s, b, d, up, step, offset, len, &e);
     call_bound(s, &e);
     sim__push(s, e);
     return 0;
@@ -577,6 +586,7 @@ int sim__io_chunk(void *ctx, const uint8_t id[PROTO_ID_BYTES], uint64_t step,
   e.data = sim__xcalloc(n ? n : 1, 1);
   memcpy(e.data, all + (offset < s->state_bytes ? offset : 0), n);
   e.len = n;
+  up->bytes += n;
   e.chunk = (proto_state_msg){.type = PROTO_T_STATE_CHUNK,
                               .epoch = sn->epoch,
                               .total = s->state_bytes,

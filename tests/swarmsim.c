@@ -615,6 +615,11 @@ static void bee_down(sbee *b) {
     avg_match_free(m);
     b->cancelling = false;
   }
+  if (b->core) {
+    bee_run_stats st;
+    bee_run_stats_get(b->core, &st);
+    b->life.steps_polled = st.steps_polled;
+  }
   bee_run_free(b->core);
   b->core = NULL;
   for (size_t i = 0; i < b->uploads.n; i++)
@@ -964,6 +969,9 @@ void swarmsim_check(const swarmsim *s, uint64_t from, uint64_t to,
       bee_run_stats st;
       bee_run_stats_get(s->b[i].core, &st);
       r->splits += st.splits;
+      r->steps_polled += st.steps_polled;
+    } else {
+      r->steps_polled += s->b[i].life.steps_polled;
     }
   }
   if (r->min_group == UINT64_MAX)

@@ -72,6 +72,8 @@ typedef struct swarmsim_life {
   uint64_t loaded_ms; /* when the last was loaded */
   uint64_t formed_ms; /* when its last group formed ahead (0: never) */
   uint64_t begun_ms;  /* when it last began a round (0: never) */
+  uint64_t steps_polled;   /* its core's, kept when it died */
+  uint64_t match_timeouts; /* matchmakings that ran to their deadline */
 } swarmsim_life;
 
 /* What swarmsim_check found over the epochs from..to. */
@@ -90,6 +92,9 @@ typedef struct swarmsim_report {
   uint64_t splits;       /* split verdicts, all bees */
   uint64_t max_group;    /* largest group */
   uint64_t min_group;    /* smallest group of an averaged step */
+  uint64_t steps_polled; /* of the swarm's steps taken, those asked of the
+                            donors while their records said they were
+                            still at the epoch (all bees) */
 } swarmsim_report;
 
 /* Makes the swarm and starts c->bees bees at time 0 (the first one alone,
