@@ -331,6 +331,7 @@ static void stripe_dialled(proto_host *h, proto_conn *c, int status,
       proto_conn_close(c, 0, "stripe not wanted");
     } else {
       st->c[st->up++] = c;
+      bee_debug("avg", "stripe %u to %s up", st->up, proto_conn_addr(c));
       size_t k = n->r ? member_index(n, sd->id) : SIZE_MAX;
       if (k != SIZE_MAX) { /* more room to send on */
         avg_round_drain(n->r, k);
@@ -342,6 +343,37 @@ static void stripe_dialled(proto_host *h, proto_conn *c, int status,
   unref(n);
 }
 
+static bool nowhere_host(const char *h) {
+  return strncmp(h, "127.", 4) == 0 || strcmp(h, "::1") == 0 ||
+         strcmp(h, "localhost") == 0 || strcmp(h, "0.0.0.0") == 0 ||
+         strcmp(h, "::") == 0;
+}
+
+/* Where to dial member g's stripes: the address it declared, unless that
+ * one reaches no other host (loopback, unspecified, or the very address
+ * this node declared) while g's control connection comes from another
+ * host: then that connection's address, with the declared port.  (A bee
+ * listening on every address declares loopback until its peers have
+ * said where they see it, and a stripe dialled there reaches this node
+ * itself.) */
+static void stripe_addr(avg_node *n, const proto_group_member *g, char *out,
+                        size_t cap) {
+  char host[PROTO_ADDR_MAX], ip[PROTO_ADDR_MAX];
+  const char *port, *cport;
+  proto_conn *c = proto_host_find(n->cfg.host, g->id);
+  snprintf(out, cap, "%s", g->addr);
+  if (!c || proto_addr_host(g->addr, host, sizeof host, &port) ||
+      !(nowhere_host(host) || strcmp(g->addr, n->req.match.info.addr) == 0) ||
+      proto_addr_host(proto_conn_addr(c), ip, sizeof ip, &cport) ||
+      nowhere_host(ip))
+    return;
+  snprintf(out, cap, strchr(ip, ':') ? "[%s]:%s" : "%s:%s", ip, port);
+  bee_debug("avg",
+            "stripes: a member declared %s, dialled at %s (its "
+            "connection's host)",
+            g->addr, out);
+}
+
 /* Opens the stripes n->want asks for to every member we can dial. */
 static void stripes_open(avg_node *n) {
   for (size_t k = 0; k < n->group.nmembers; k++) {
@@ -350,13 +382,15 @@ static void stripes_open(avg_node *n) {
     if (k == n->group.self || g->mode == PROTO_MODE_CLIENT || want < 2)
       continue;
     stripes *st = stripes_find(n, g->id, true);
+    char addr[PROTO_ADDR_MAX];
+    stripe_addr(n, g, addr, sizeof addr);
     while (st && st->up + st->dialing < want) {
       sdial *sd = malloc(sizeof *sd);
       if (!sd)
         return;
       sd->n = n;
       memcpy(sd->id, g->id, PROTO_ID_BYTES);
-      if (proto_host_connect(n->cfg.host, g->addr, PROTO_PURPOSE_BULK,
+      if (proto_host_connect(n->cfg.host, addr, PROTO_PURPOSE_BULK,
                              stripe_dialled, sd) != 0) {
         free(sd);
         break;

@@ -24,6 +24,9 @@
 #ifndef BEE_JOIN_MAX
 #define BEE_JOIN_MAX 64 /* --join targets */
 #endif
+#ifndef BEE_ANNOUNCE_MAX
+#define BEE_ANNOUNCE_MAX 4 /* --announce addresses */
+#endif
 #ifndef BEE_LINE_MAX
 #define BEE_LINE_MAX 4096 /* config file line, bytes without the newline */
 #endif
@@ -70,6 +73,10 @@ typedef struct bee_config {
   char listen[BEE_ADDR_MAX];
   char join[BEE_JOIN_MAX][BEE_ADDR_MAX];
   size_t njoin;
+  /* Where peers reach this node, first the one to give them (the
+   * matchmaking and donor records carry one address). */
+  char announce[BEE_ANNOUNCE_MAX][BEE_ADDR_MAX];
+  size_t nannounce;
   char identity[BEE_PATH_MAX];
   bool moderated; /* moderator_pk is set */
   uint8_t moderator_pk[PROTO_PK_BYTES];
@@ -204,6 +211,7 @@ typedef struct bee_member {
   uint8_t id[PROTO_ID_BYTES];
   int role;
   char addr[BEE_ADDR_MAX]; /* its listen address from swarm.hello, or "" */
+  char sees_us[PROTO_IP_MAX]; /* the IP it sees us at (its hello), or "" */
   proto_conn *conns[BEE_PEER_CONNS_MAX];
   size_t nconns;
 } bee_member;
@@ -221,9 +229,15 @@ typedef struct bee_members {
   size_t n, cap;
   bee_dial *dials; /* outgoing connections to learned addresses */
   size_t ndials;
+  char seen_at[PROTO_IP_MAX]; /* bee_members_seen_at's last answer */
 } bee_members;
 
 void bee_members_init(bee_members *m, const uint8_t self_id[PROTO_ID_BYTES]);
+/* The IP address this node's peers reach it at, by their swarm.hello:
+ * the one most of them name, where two name it (or the only peer that
+ * names one); one that is not loopback before loopback ones (a peer on
+ * this host sees 127.0.0.1).  False, with out "", when none is. */
+bool bee_members_seen_at(const bee_members *m, char out[PROTO_IP_MAX]);
 /* Starts using host (borrowed): registers the swarm.peers handler and
  * dials learned peers from now on.  listen_port goes into our
  * swarm.hello.  Returns 0 or the error of proto_host_on. */
@@ -530,6 +544,16 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
 int bee_train_start(bee_train *t, proto_host *host, unsigned port,
                     struct dht_node *dht, void (*on_fatal)(void *arg),
                     void *arg);
+/* The peers the node is connected to (borrowed; before bee_train_start):
+ * the address they see it at is the one its records give, where no
+ * --announce is. */
+void bee_train_set_members(bee_train *t, const bee_members *members);
+/* The address this bee's matchmaking declarations and donor record give
+ * peers to dial: the first --announce; else the IP its peers see it at
+ * (bee_members_seen_at) with its listen port; else a specific --listen
+ * address; else loopback (a swarm on one host).  Returns where it came
+ * from, in words. */
+const char *bee_train_self_addr(const bee_train *t, char out[PROTO_ADDR_MAX]);
 /* The host's on_drain and on_down, for the averager's round. */
 /* The node joined the DHT through a --join target, or found that every
  * target is itself.  Until then a bee with --join targets does not start

@@ -23,6 +23,7 @@
 enum opt_id {
   O_LISTEN,
   O_JOIN,
+  O_ANNOUNCE,
   O_IDENTITY,
   O_MODERATOR,
   O_TOKEN,
@@ -102,6 +103,7 @@ static const struct opt {
 } opts[] = {
     {"listen", O_LISTEN, K_VALUE, true},
     {"join", O_JOIN, K_VALUE, true},
+    {"announce", O_ANNOUNCE, K_VALUE, true},
     {"identity", O_IDENTITY, K_VALUE, true},
     {"moderator", O_MODERATOR, K_VALUE, true},
     {"token", O_TOKEN, K_VALUE, true},
@@ -425,6 +427,23 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
     snprintf(cfg->join[cfg->njoin++], BEE_ADDR_MAX, "%s", v);
     return 0;
   }
+  case O_ANNOUNCE:
+    if (strlen(v) >= BEE_ADDR_MAX ||
+        bee_addr_parse(v, false, host, sizeof host, &u) || u == 0)
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad address '%.80s' (want HOST:PORT or "
+                       "[V6ADDR]:PORT)",
+                       v);
+    if (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0)
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "'%.80s' is no address a peer can dial (it means "
+                       "every address of this host)",
+                       v);
+    if (cfg->nannounce >= BEE_ANNOUNCE_MAX)
+      return bee_failf(msg, cap, BEE_ECONFIG, "more than %d --announce",
+                       BEE_ANNOUNCE_MAX);
+    snprintf(cfg->announce[cfg->nannounce++], BEE_ADDR_MAX, "%s", v);
+    return 0;
   case O_IDENTITY: return set_path(cfg->identity, v, msg, cap);
   case O_TOKEN: return set_path(cfg->token, v, msg, cap);
   case O_REVOCATIONS: return set_path(cfg->revocations, v, msg, cap);
@@ -1052,7 +1071,7 @@ int bee_config_parse(bee_config *cfg, int argc, char *const argv[], char *err,
     return rc;
 
   /* Pass 2: the flags, over the file. */
-  bool joins_given = false;
+  bool joins_given = false, announce_given = false;
   for (int i = 1; i < argc; i++) {
     if ((rc = next_flag(argc, argv, &i, &o, &val, err, errlen)))
       return rc;
@@ -1063,6 +1082,9 @@ int bee_config_parse(bee_config *cfg, int argc, char *const argv[], char *err,
     } else if (o->id == O_JOIN && !joins_given) {
       joins_given = true;
       cfg->njoin = 0;
+    } else if (o->id == O_ANNOUNCE && !announce_given) {
+      announce_given = true; /* the flags' list replaces the file's */
+      cfg->nannounce = 0;
     }
     if ((rc = apply(cfg, o, val, msg, sizeof msg)))
       return bee_failf(err, errlen, rc, "--%s: %s", o->name, msg);
@@ -1086,6 +1108,10 @@ void bee_config_usage(FILE *f) {
       "                           other nodes' routing tables (behind NAT)\n"
       "  --join HOST:PORT         a peer to join through (repeatable, up to "
       "%d)\n"
+      "  --announce HOST:PORT     where peers reach this node (repeatable, up\n"
+      "                           to %d; the first goes in its records);\n"
+      "                           default: the address its peers see it at,\n"
+      "                           else the --listen address\n"
       "  --peers-file FILE        keep the DHT contacts' addresses there and\n"
       "                           join through them too at the next start,\n"
       "                           when the --join targets may be gone\n"
@@ -1114,8 +1140,8 @@ void bee_config_usage(FILE *f) {
       "                           no socket and creates nothing\n"
       "  --help, --version\n"
       "\n",
-      BEE_DEFAULT_LISTEN, BEE_JOIN_MAX, BEE_DEFAULT_IDENTITY, BEE_DEFAULT_SWARM,
-      BEE_DEFAULT_MAX_CONNS, BEE_DEFAULT_STATUS_S);
+      BEE_DEFAULT_LISTEN, BEE_JOIN_MAX, BEE_ANNOUNCE_MAX, BEE_DEFAULT_IDENTITY,
+      BEE_DEFAULT_SWARM, BEE_DEFAULT_MAX_CONNS, BEE_DEFAULT_STATUS_S);
   fprintf(
       f,
       "Training (on with --run-id; every bee of a run uses the same run id):\n"

@@ -747,6 +747,7 @@ static int daemon_start(bee_daemon *d) {
     bee_train_expect_join(d->train);
     uv_timer_start(&d->known_wait, known_wait_cb, KNOWN_WAIT_MS, 0);
   }
+  bee_train_set_members(d->train, &d->members);
   if (d->train &&
       (rc = bee_train_start(d->train, d->host, (unsigned)port,
                             dht_glue_node(d->dht), train_fatal, d)))

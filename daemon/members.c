@@ -12,6 +12,7 @@
  */
 #include "bee.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,10 +87,69 @@ static bool has_conn(const bee_member *e, const proto_conn *c) {
   return false;
 }
 
+/* The IP of remote ("ip:port", the ip maybe in brackets) into ip, an
+ * IPv4 peer on a dual-stack socket as IPv4. */
+static int remote_ip(const char *remote, char ip[PROTO_IP_MAX]) {
+  int rc = proto_addr_host(remote, ip, PROTO_IP_MAX, NULL);
+  return rc ? rc : proto_ip_literal(ip) ? 0 : BEE_ERANGE;
+}
+
+static bool loopback_ip(const char *ip) {
+  return strncmp(ip, "127.", 4) == 0 || strcmp(ip, "::1") == 0;
+}
+
+/* Why the IP a peer says it sees us at (over connection c) cannot be
+ * one: unspecified, multicast or broadcast, or loopback on a connection
+ * from another host (or the reverse: a connection on loopback comes from
+ * this host's loopback).  NULL when it can be. */
+static const char *absurd_seen(const proto_conn *c, const char *ip) {
+  uint8_t a[16];
+  char from[PROTO_IP_MAX];
+  if (inet_pton(AF_INET, ip, a) == 1) {
+    if (a[0] == 0 || (a[0] >= 224 && a[0] <= 239) ||
+        memcmp(a, "\xff\xff\xff\xff", 4) == 0)
+      return "no address a peer can dial";
+  } else if (inet_pton(AF_INET6, ip, a) != 1 || a[0] == 0xff ||
+             strcmp(ip, "::") == 0) {
+    return "no address a peer can dial";
+  }
+  if (remote_ip(proto_conn_addr(c), from) == 0 &&
+      loopback_ip(from) != loopback_ip(ip))
+    return loopback_ip(ip) ? "loopback, on a connection from another host"
+                           : "another host, on a loopback connection";
+  return NULL;
+}
+
+bool bee_members_seen_at(const bee_members *m, char out[PROTO_IP_MAX]) {
+  out[0] = '\0';
+  for (int loop = 0; loop < 2 && !out[0]; loop++) {
+    size_t best = 0, naming = 0;
+    for (size_t i = 0; i < m->n; i++) {
+      const char *ip = m->v[i].sees_us;
+      if (!ip[0] || loopback_ip(ip) != (loop == 1))
+        continue;
+      naming++;
+      size_t votes = 0;
+      for (size_t j = 0; j < m->n; j++)
+        votes += strcmp(m->v[j].sees_us, ip) == 0;
+      if (votes > best) {
+        best = votes;
+        memcpy(out, ip, PROTO_IP_MAX);
+      }
+    }
+    if (best < 2 && naming != 1)
+      out[0] = '\0';
+  }
+  return out[0] != '\0';
+}
+
 static void send_hello(bee_members *m, proto_conn *c) {
-  uint8_t buf[32];
+  uint8_t buf[16 + PROTO_IP_MAX];
   size_t len;
-  int rc = proto_swarm_hello_encode(m->listen_port, buf, sizeof buf, &len);
+  char ip[PROTO_IP_MAX];
+  if (remote_ip(proto_conn_addr(c), ip))
+    ip[0] = '\0';
+  int rc = proto_swarm_hello_encode(m->listen_port, ip, buf, sizeof buf, &len);
   if (rc == 0)
     rc = proto_conn_oneway(c, HELLO, buf, len);
   if (rc) {
@@ -174,23 +234,11 @@ int bee_members_down(bee_members *m, proto_conn *c, int status,
  * brackets) and the port the peer listens on. */
 static int advertised_addr(const char *remote, unsigned port, char *out,
                            size_t cap) {
-  char ip[BEE_HOST_MAX];
-  const char *colon = strrchr(remote, ':');
-  if (!colon)
+  char ip[PROTO_IP_MAX];
+  if (remote_ip(remote, ip))
     return BEE_ERANGE;
-  const char *s = remote;
-  size_t n = (size_t)(colon - remote);
-  if (n >= 2 && s[0] == '[' && s[n - 1] == ']')
-    s++, n -= 2;
-  if (n == 0 || n >= sizeof ip)
-    return BEE_ERANGE;
-  memcpy(ip, s, n);
-  ip[n] = '\0';
-  const char *v4 = ip;
-  if (strncmp(ip, "::ffff:", 7) == 0 && strchr(ip + 7, '.'))
-    v4 = ip + 7; /* an IPv4 peer on a dual-stack socket */
-  int w = strchr(v4, ':') ? snprintf(out, cap, "[%s]:%u", v4, port)
-                          : snprintf(out, cap, "%s:%u", v4, port);
+  int w = strchr(ip, ':') ? snprintf(out, cap, "[%s]:%u", ip, port)
+                          : snprintf(out, cap, "%s:%u", ip, port);
   return w > 0 && (size_t)w < cap ? 0 : BEE_ERANGE;
 }
 
@@ -200,7 +248,8 @@ static void on_hello(bee_members *m, proto_conn *c, proto_bytes payload) {
   unsigned port;
   bee_id8(p->id, id8);
   bee_member *e = find_id(m, p->id);
-  int rc = proto_swarm_hello_decode(payload.p, payload.n, &port);
+  char sees[PROTO_IP_MAX];
+  int rc = proto_swarm_hello_decode(payload.p, payload.n, &port, sees);
   if (rc) {
     bee_warn(COMP, "swarm: ignoring a bad %s from %s: %s", HELLO, id8,
              bee_strerror(rc));
@@ -208,6 +257,20 @@ static void on_hello(bee_members *m, proto_conn *c, proto_bytes payload) {
   }
   if (!e)
     return;
+  const char *absurd = sees[0] ? absurd_seen(c, sees) : NULL;
+  if (absurd)
+    bee_warn(COMP, "swarm: peer %s says it sees this node at %s: %s; ignored",
+             id8, sees, absurd);
+  else if (sees[0] && strcmp(sees, e->sees_us) != 0) {
+    memcpy(e->sees_us, sees, sizeof sees);
+    char at[PROTO_IP_MAX];
+    bee_members_seen_at(m, at);
+    if (strcmp(at, m->seen_at) != 0) {
+      memcpy(m->seen_at, at, sizeof at);
+      if (at[0])
+        bee_info(COMP, "swarm: peers reach this node at %s", at);
+    }
+  }
   if (port == 0) {
     bee_debug(COMP, "swarm: peer %s does not listen", id8);
     return;

@@ -221,8 +221,12 @@ struct bee_train {
                    built the model */
   bee_run_io io;
   proto_host *host;
+  const bee_members *members; /* for the address peers see us at */
   avg_node *avg;
-  char addr[PROTO_ADDR_MAX];
+  char listen_host[BEE_HOST_MAX]; /* a specific --listen address, or "" */
+  unsigned port;                  /* the one we listen on (0: none) */
+  char addr_said[PROTO_ADDR_MAX]; /* the last self address logged */
+  bool announce_warned; /* a loopback --announce, remote peers: said */
   uint8_t schema[PROTO_SCHEMA_HASH_BYTES];       /* gradient rounds */
   uint8_t state_schema[PROTO_SCHEMA_HASH_BYTES]; /* state rounds */
   /* DHT keys: progress, metrics, donors; our owned subkey */
@@ -273,6 +277,9 @@ size_t bee__state_parts(bee_train *t, size_t k, float *part[STATE_PARTS],
                         size_t len[STATE_PARTS]);
 /* Copies the first k parts to dst, or from src back (and with DiLoCo the
  * parameters to the anchor too). */
+/* bee_train_self_addr into out (PROTO_ADDR_MAX bytes), with a line when
+ * it changes. */
+void bee__self_addr(bee_train *t, char *out);
 void bee__state_pack(bee_train *t, size_t k, uint8_t *dst);
 void bee__state_unpack(bee_train *t, size_t k, const uint8_t *src);
 /* The snapshot's size for this model, bytes. */

@@ -263,7 +263,7 @@ static void donor_put_cb(dht_node *n, int status, unsigned stored,
 static int io_put_donor(void *ctx, const proto_donor *d, uint64_t exp_s) {
   bee_train *t = ctx;
   proto_donor rec = *d;
-  snprintf(rec.addr, sizeof rec.addr, "%s", t->addr);
+  bee__self_addr(t, rec.addr);
   uint8_t buf[PROTO_RECORD_MAX];
   size_t len;
   int rc = proto_donor_encode(&rec, buf, sizeof buf, &len);
@@ -427,7 +427,7 @@ static void fill_request(bee_train *t, avg_node_request *req,
   snprintf(mc->info.run, sizeof mc->info.run, "%s", t->cfg->run);
   mc->info.round = a->round;
   snprintf(mc->info.bits, sizeof mc->info.bits, "%s", a->bits);
-  snprintf(mc->info.addr, sizeof mc->info.addr, "%s", t->addr);
+  bee__self_addr(t, mc->info.addr);
   memcpy(mc->info.schema_hash, a->state ? t->state_schema : t->schema,
          sizeof t->schema);
   mc->info.mode = t->cfg->client ? PROTO_MODE_CLIENT : PROTO_MODE_NODE;

@@ -1050,6 +1050,54 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   return 0;
 }
 
+static bool loopback_host(const char *h) {
+  return strncmp(h, "127.", 4) == 0 || strcmp(h, "::1") == 0 ||
+         strcmp(h, "localhost") == 0;
+}
+
+/* The --announce addresses at the start: each names the port this bee
+ * listens on (another one is right only behind a port forward).  A
+ * warning: the bee runs, its peers may not reach it. */
+static void announce_check(const bee_train *t) {
+  for (size_t i = 0; i < t->cfg->nannounce; i++) {
+    const char *a = t->cfg->announce[i];
+    char host[BEE_HOST_MAX];
+    unsigned port;
+    if (bee_addr_parse(a, false, host, sizeof host, &port))
+      continue; /* refused by the config already */
+    if (port != t->port)
+      bee_warn(COMP,
+               "--announce %s: this bee listens on port %u, not %u: right "
+               "only behind a port forward",
+               a, t->port, port);
+  }
+}
+
+/* A loopback --announce while a peer is on another host: that peer can
+ * never dial it.  Once. */
+static void announce_loopback_check(bee_train *t) {
+  char host[BEE_HOST_MAX];
+  unsigned port;
+  if (t->announce_warned || !t->cfg->nannounce || !t->members ||
+      bee_addr_parse(t->cfg->announce[0], false, host, sizeof host, &port) ||
+      !loopback_host(host))
+    return;
+  for (size_t i = 0; i < t->members->n; i++) {
+    char ph[BEE_HOST_MAX];
+    unsigned pp;
+    const char *pa = t->members->v[i].addr;
+    if (pa[0] && bee_addr_parse(pa, false, ph, sizeof ph, &pp) == 0 &&
+        !loopback_host(ph)) {
+      t->announce_warned = true;
+      bee_warn(COMP,
+               "--announce %s is a loopback address, and peer %s is on "
+               "another host: it cannot dial this bee there",
+               t->cfg->announce[0], pa);
+      return;
+    }
+  }
+}
+
 int bee_train_start(bee_train *t, proto_host *host, unsigned port,
                     struct dht_node *dht, void (*on_fatal)(void *arg),
                     void *arg) {
@@ -1058,17 +1106,16 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
   t->on_fatal = on_fatal;
   t->fatal_arg = arg;
   dht_owned_subkey(dht, t->sub);
-  /* The address the matchmaking declares: the listen address, or the
-   * loopback one when listening on every address (the group's members
-   * use the connections the swarm already has; an address to announce is
-   * still to come). */
+  /* The listen address, where it is a specific one: the address peers
+   * dial when neither --announce nor their view of us gives one. */
   char lh[BEE_HOST_MAX] = "";
   unsigned lp;
   if (bee_addr_parse(t->cfg->listen, true, lh, sizeof lh, &lp) ||
-      !lh[0] || strcmp(lh, "0.0.0.0") == 0 || strcmp(lh, "::") == 0)
-    snprintf(lh, sizeof lh, "127.0.0.1");
-  snprintf(t->addr, sizeof t->addr, strchr(lh, ':') ? "[%s]:%u" : "%s:%u",
-           lh, port ? port : 1);
+      strcmp(lh, "0.0.0.0") == 0 || strcmp(lh, "::") == 0)
+    lh[0] = '\0';
+  memcpy(t->listen_host, lh, sizeof lh);
+  t->port = port ? port : 1;
+  announce_check(t);
   /* Only bees whose gradients have the same layout and encoding average
    * together, and that step them with the same optimizer (an AdamW bee
    * and a LAMB bee averaging would each take another step from the same
@@ -1133,6 +1180,44 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
 void bee_train_expect_join(bee_train *t) {
   if (t && t->run)
     bee_run_expect_join(t->run);
+}
+
+void bee_train_set_members(bee_train *t, const bee_members *members) {
+  if (t)
+    t->members = members;
+}
+
+static void host_port(const char *host, unsigned port,
+                      char out[PROTO_ADDR_MAX]) {
+  snprintf(out, PROTO_ADDR_MAX, strchr(host, ':') ? "[%s]:%u" : "%s:%u", host,
+           port);
+}
+
+const char *bee_train_self_addr(const bee_train *t, char out[PROTO_ADDR_MAX]) {
+  char ip[PROTO_IP_MAX];
+  if (t->cfg->nannounce) {
+    snprintf(out, PROTO_ADDR_MAX, "%s", t->cfg->announce[0]);
+    return "--announce";
+  }
+  if (t->members && bee_members_seen_at(t->members, ip)) {
+    host_port(ip, t->port, out);
+    return "where its peers see it";
+  }
+  if (t->listen_host[0]) {
+    host_port(t->listen_host, t->port, out);
+    return "its --listen address";
+  }
+  host_port("127.0.0.1", t->port, out);
+  return "loopback: no peer has said where it sees this bee yet";
+}
+
+void bee__self_addr(bee_train *t, char *out) {
+  announce_loopback_check(t);
+  const char *why = bee_train_self_addr(t, out);
+  if (strcmp(out, t->addr_said) != 0) {
+    memcpy(t->addr_said, out, PROTO_ADDR_MAX);
+    bee_info(COMP, "peers are given the address %s (%s)", out, why);
+  }
 }
 
 void bee_train_joined(bee_train *t) {

@@ -20,12 +20,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   data++, size--;
   if (!peers) {
     unsigned port, port2;
-    uint8_t buf[32];
+    char ip[PROTO_IP_MAX], ip2[PROTO_IP_MAX];
+    uint8_t buf[16 + PROTO_IP_MAX];
     size_t len;
-    if (proto_swarm_hello_decode(data, size, &port) != 0)
+    if (proto_swarm_hello_decode(data, size, &port, ip) != 0)
       return 0;
-    if (proto_swarm_hello_encode(port, buf, sizeof buf, &len) != 0 ||
-        proto_swarm_hello_decode(buf, len, &port2) != 0 || port != port2)
+    if (proto_swarm_hello_encode(port, ip, buf, sizeof buf, &len) != 0 ||
+        proto_swarm_hello_decode(buf, len, &port2, ip2) != 0 || port != port2 ||
+        strcmp(ip, ip2) != 0)
       abort();
     return 0;
   }

@@ -165,7 +165,7 @@ enum proto_type {
   PROTO_T_RESULT = 22,      /* handshake verdict [v, t, code, text] */
   PROTO_T_TOKEN = 30,       /* access token, see proto_token      */
   PROTO_T_REVOCATION = 31,  /* revocation list                    */
-  PROTO_T_SWARM_HELLO = 40, /* swarm.hello payload [v, t, port]   */
+  PROTO_T_SWARM_HELLO = 40, /* swarm.hello [v, t, port, observed] */
   PROTO_T_SWARM_PEERS = 41, /* swarm.peers answer [v, t, [addr..]] */
   PROTO_T_DHT_PING = 50,    /* DHT payloads, see proto_dht_msg    */
   PROTO_T_DHT_PONG = 51,
@@ -224,18 +224,35 @@ int proto_chunk_header_encode(uint64_t stream_id, uint64_t offset,
 
 /* ------------------------------------------------------------------------ */
 /* Membership payloads, until the DHT finds peers (issue 3).  swarm.hello
- * is a one-way message telling a peer the port we listen on (0: none);
+ * is a one-way message telling a peer the port we listen on (0: none)
+ * and the IP address its connection comes from as we see it (so that a
+ * node listening on every address learns one its peers reach it at);
  * swarm.peers answers a request with the listen addresses we know.       */
 
 #define PROTO_ADDR_MAX 262 /* "host:port" with its NUL: 253-byte name */
+#define PROTO_IP_MAX 46    /* an IPv4 or IPv6 literal with its NUL */
 #ifndef PROTO_PEERS_MAX
 #define PROTO_PEERS_MAX 256 /* addresses in one swarm.peers answer */
 #endif
 
-int proto_swarm_hello_encode(unsigned port, uint8_t *buf, size_t cap,
-                             size_t *len);
-/* Strict; a port over 65535 is BEE_ERANGE. */
-int proto_swarm_hello_decode(const uint8_t *buf, size_t len, unsigned *port);
+/* observed: an IP literal without brackets, or "" (or NULL) when not
+ * known; anything else is BEE_ERANGE. */
+int proto_swarm_hello_encode(unsigned port, const char *observed, uint8_t *buf,
+                             size_t cap, size_t *len);
+/* Strict; a port over 65535, or an observed address that is not an IP
+ * literal, is BEE_ERANGE.  An older peer's hello, without the observed
+ * address, gives "".  observed: PROTO_IP_MAX bytes. */
+int proto_swarm_hello_decode(const uint8_t *buf, size_t len, unsigned *port,
+                             char observed[PROTO_IP_MAX]);
+/* Whether s is an IPv4 or IPv6 literal (no brackets, no port). */
+bool proto_ip_literal(const char *s);
+/* The host of addr, "host:port" or "[v6]:port", into host (cap bytes):
+ * without brackets, and an IPv4 peer on a dual-stack socket
+ * ("::ffff:a.b.c.d") as IPv4; *port (when port is not NULL) points at
+ * the port's text inside addr.  0, or BEE_ERANGE for no host or port, or
+ * a host longer than cap - 1. */
+int proto_addr_host(const char *addr, char *host, size_t cap,
+                    const char **port);
 /* Encodes n NUL-terminated addresses (n <= PROTO_PEERS_MAX). */
 int proto_swarm_peers_encode(const char (*addrs)[PROTO_ADDR_MAX], size_t n,
                              uint8_t *buf, size_t cap, size_t *len);

@@ -6,30 +6,76 @@
  */
 #include "proto-int.h"
 
+#include <arpa/inet.h>
 #include <string.h>
 
-int proto_swarm_hello_encode(unsigned port, uint8_t *buf, size_t cap,
-                             size_t *len) {
+int proto_addr_host(const char *addr, char *host, size_t cap,
+                    const char **port) {
+  const char *colon = strrchr(addr, ':');
+  if (!colon || !colon[1])
+    return BEE_ERANGE;
+  const char *s = addr;
+  size_t n = (size_t)(colon - addr);
+  if (n >= 2 && s[0] == '[' && s[n - 1] == ']')
+    s++, n -= 2;
+  if (n == 0 || n >= cap)
+    return BEE_ERANGE;
+  memcpy(host, s, n);
+  host[n] = '\0';
+  if (strncmp(host, "::ffff:", 7) == 0 && strchr(host + 7, '.'))
+    memmove(host, host + 7, strlen(host + 7) + 1);
+  if (port)
+    *port = colon + 1;
+  return 0;
+}
+
+bool proto_ip_literal(const char *s) {
+  uint8_t a[16];
+  return s && strnlen(s, PROTO_IP_MAX) < PROTO_IP_MAX &&
+         (inet_pton(AF_INET, s, a) == 1 || inet_pton(AF_INET6, s, a) == 1);
+}
+
+int proto_swarm_hello_encode(unsigned port, const char *observed, uint8_t *buf,
+                             size_t cap, size_t *len) {
   proto_wr w;
-  if (port > 65535)
+  if (!observed)
+    observed = "";
+  if (port > 65535 || (observed[0] && !proto_ip_literal(observed)))
     return BEE_ERANGE;
   proto__wr_init(&w, buf, cap);
-  proto__wr_head(&w, PROTO_T_SWARM_HELLO, 1);
+  proto__wr_head(&w, PROTO_T_SWARM_HELLO, 2);
   proto__wr_uint(&w, port);
+  proto__wr_str(&w, observed, strlen(observed));
   *len = w.len;
   return w.err;
 }
 
-int proto_swarm_hello_decode(const uint8_t *buf, size_t len, unsigned *port) {
-  proto_rd r;
+int proto_swarm_hello_decode(const uint8_t *buf, size_t len, unsigned *port,
+                             char observed[PROTO_IP_MAX]) {
+  proto_rd r, peek;
   int type, rc;
   uint64_t v;
+  uint32_t n;
+  proto_bytes ip = {NULL, 0};
   proto__rd_init(&r, buf, len);
-  if ((rc = proto__rd_head(&r, PROTO_T_SWARM_HELLO, 1, &type)) ||
-      (rc = proto__rd_uint(&r, &v)) || (rc = proto__rd_end(&r)))
+  /* Two fields, or one from a peer that predates the observed address. */
+  peek = r;
+  if ((rc = proto__rd_array(&peek, &n)))
+    return rc;
+  uint32_t fields = n == 3 ? 1 : 2;
+  if ((rc = proto__rd_head(&r, PROTO_T_SWARM_HELLO, fields, &type)) ||
+      (rc = proto__rd_uint(&r, &v)) ||
+      (fields == 2 && (rc = proto__rd_str(&r, &ip, PROTO_IP_MAX - 1))) ||
+      (rc = proto__rd_end(&r)))
     return rc;
   if (v > 65535)
     return BEE_ERANGE;
+  memcpy(observed, ip.p ? ip.p : (const uint8_t *)"", ip.n);
+  observed[ip.n] = '\0';
+  if (ip.n && (memchr(ip.p, 0, ip.n) || !proto_ip_literal(observed))) {
+    observed[0] = '\0';
+    return BEE_ERANGE;
+  }
   *port = (unsigned)v;
   return 0;
 }

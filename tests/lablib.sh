@@ -35,3 +35,28 @@ lab_require() {
     lab_skip "wanlab-delayer is not built (needs libnetfilter-queue-dev, tools/setup)"
   export WANLAB_DELAYER
 }
+
+# wl ARGS...: tools/wanlab/wanlab on the lab $lab.
+wl() { "$lab_root/tools/wanlab/wanlab" --name "$lab" "$@"; }
+
+# lab_up NAME CONFIG HOST...: for a test that runs beeds in the lab (after
+# netlib.sh, whose work, fail and cleanup it uses): the lab NAME (a fixed
+# name: a crashed earlier run is cleaned by the next) up from CONFIG, and
+# down again at exit; addr[HOST] gets each HOST's address.  Skips (77) as
+# lab_require --delayer.
+lab_up() {
+  lab=$1
+  local conf=$2 h a
+  shift 2
+  lab_require --delayer
+  unset WANLAB_NAME
+  trap 'cleanup; wl down >/dev/null 2>&1 || true' EXIT
+  wl down >/dev/null 2>&1 || true
+  wl up "$conf" >"$work/up.log" 2>&1 ||
+    fail "wanlab up failed: $(cat "$work/up.log")"
+  declare -gA addr
+  while read -r h _ a; do addr[$h]=$a; done <"$work/up.log"
+  for h in "$@"; do
+    [ -n "${addr[$h]:-}" ] || fail "wanlab up named no address for $h"
+  done
+}

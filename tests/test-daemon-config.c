@@ -372,6 +372,30 @@ static void test_every_flag(void) {
   ASSERT_OK(parse(&c, "--open", "--swarm", "a", "--swarm", "b", NULL));
   ASSERT_STREQ(c.swarm, "b");
 
+  /* --announce: names and IPv6 too, in order, up to BEE_ANNOUNCE_MAX; no
+   * port 0, no unspecified address, no port-less host. */
+  ASSERT_OK(parse(&c, "--open", "--announce", "bee-7.example.org:45555",
+                  "--announce", "[2001:db8::7]:45555", NULL));
+  ASSERT_EQ(c.nannounce, 2);
+  ASSERT_STREQ(c.announce[0], "bee-7.example.org:45555");
+  ASSERT_STREQ(c.announce[1], "[2001:db8::7]:45555");
+  ASSERT_OK(parse(&c, "--open", NULL));
+  ASSERT_EQ(c.nannounce, 0);
+  ASSERT_RC(parse(&c, "--open", "--announce", "10.0.0.1:0", NULL), BEE_ECONFIG);
+  ASSERT_ERR("--announce: bad address '10.0.0.1:0'");
+  ASSERT_RC(parse(&c, "--open", "--announce", "0.0.0.0:45555", NULL),
+            BEE_ECONFIG);
+  ASSERT_ERR("no address a peer can dial");
+  ASSERT_RC(parse(&c, "--open", "--announce", "[::]:45555", NULL), BEE_ECONFIG);
+  ASSERT_ERR("no address a peer can dial");
+  ASSERT_RC(parse(&c, "--open", "--announce", "bee-7", NULL), BEE_ECONFIG);
+  ASSERT_ERR("--announce: bad address");
+  ASSERT_RC(parse(&c, "--open", "--announce", "a:1", "--announce", "b:1",
+                  "--announce", "c:1", "--announce", "d:1", "--announce", "e:1",
+                  NULL),
+            BEE_ECONFIG);
+  ASSERT_ERR("more than 4 --announce");
+
   /* 64 joins fit, the 65th does not. */
   char *argv[2 + 2 * (BEE_JOIN_MAX + 1)];
   char addrs[BEE_JOIN_MAX + 1][32];
@@ -415,6 +439,7 @@ static void test_file(void) {
                        "   listen = 127.0.0.1:6000   \n"
                        "join = 10.0.0.1:45555\n"
                        "join=10.0.0.2:45555  # the second\n"
+                       "announce = bee.example.org:45555\n"
                        "\tswarm\t=\tlab-1\n"
                        "moderator = " MOD_HEX "\n"
                        "token = /etc/beed/node.tok\n"
@@ -447,6 +472,12 @@ static void test_file(void) {
   ASSERT_EQ(c.max_conns, 9);
   ASSERT_STREQ(c.swarm, "lab-2");
   ASSERT_EQ(c.njoin, 2); /* no --join: the file's list stays */
+  ASSERT_EQ(c.nannounce, 1);
+  ASSERT_STREQ(c.announce[0], "bee.example.org:45555");
+  /* --announce replaces the file's list. */
+  ASSERT_OK(parse(&c, "--config", p, "--announce", "10.1.2.3:1", NULL));
+  ASSERT_EQ(c.nannounce, 1);
+  ASSERT_STREQ(c.announce[0], "10.1.2.3:1");
   ASSERT_EQ(c.status_interval_s, 3);
 
   /* --join replaces the file's list; several --join accumulate. */

@@ -23,20 +23,8 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 wanlab=$root/tools/wanlab/wanlab
-lab=rjtest # a fixed name: a crashed earlier run is cleaned by the next
 . "$root/tests/lablib.sh"
-lab_require --delayer
-unset WANLAB_NAME
-wl() { "$wanlab" --name "$lab" "$@"; }
-trap 'cleanup; wl down >/dev/null 2>&1 || true' EXIT
-wl down >/dev/null 2>&1 || true
-wl up "$root/tools/wanlab/configs/4continents-stock.conf" >"$work/up.log" 2>&1 ||
-  fail "wanlab up failed: $(cat "$work/up.log")"
-declare -A addr
-while read -r h _ a; do addr[$h]=$a; done < <(grep -E '^(us|eu|asia|aus) ' "$work/up.log")
-for h in us eu asia aus; do
-  [ -n "${addr[$h]:-}" ] || fail "wanlab up named no address for $h"
-done
+lab_up rjtest "$root/tools/wanlab/configs/4continents-stock.conf" us eu asia aus
 hosts=(us eu asia aus)
 victim=aus
 

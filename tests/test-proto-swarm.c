@@ -2,6 +2,8 @@
 #include "proto.h"
 #include "test.h"
 
+#include <string.h>
+
 static char addrs[PROTO_PEERS_MAX + 1][PROTO_ADDR_MAX];
 static char out[PROTO_PEERS_MAX][PROTO_ADDR_MAX];
 static uint8_t buf[PROTO_PEERS_MAX * (PROTO_ADDR_MAX + 8)];
@@ -9,26 +11,83 @@ static uint8_t buf[PROTO_PEERS_MAX * (PROTO_ADDR_MAX + 8)];
 static void test_hello(void) {
   size_t len;
   unsigned port;
-  ASSERT_OK(proto_swarm_hello_encode(45555, buf, sizeof buf, &len));
-  ASSERT_OK(proto_swarm_hello_decode(buf, len, &port));
+  char ip[PROTO_IP_MAX];
+  ASSERT_OK(
+      proto_swarm_hello_encode(45555, "10.77.0.4", buf, sizeof buf, &len));
+  ASSERT_OK(proto_swarm_hello_decode(buf, len, &port, ip));
   ASSERT_EQ(port, 45555);
-  ASSERT_RC(proto_swarm_hello_encode(65536, buf, sizeof buf, &len), BEE_ERANGE);
+  ASSERT(strcmp(ip, "10.77.0.4") == 0);
+  ASSERT_OK(proto_swarm_hello_encode(1, "2001:db8::7", buf, sizeof buf, &len));
+  ASSERT_OK(proto_swarm_hello_decode(buf, len, &port, ip));
+  ASSERT(strcmp(ip, "2001:db8::7") == 0);
+  ASSERT_OK(proto_swarm_hello_encode(0, NULL, buf, sizeof buf, &len));
+  ASSERT_OK(proto_swarm_hello_decode(buf, len, &port, ip));
+  ASSERT(port == 0 && ip[0] == 0);
+  ASSERT_RC(proto_swarm_hello_encode(65536, "", buf, sizeof buf, &len),
+            BEE_ERANGE);
+  /* Not an IP literal: a name, a port, brackets. */
+  ASSERT_RC(proto_swarm_hello_encode(1, "queen", buf, sizeof buf, &len),
+            BEE_ERANGE);
+  ASSERT_RC(proto_swarm_hello_encode(1, "10.0.0.1:5", buf, sizeof buf, &len),
+            BEE_ERANGE);
+  ASSERT_RC(proto_swarm_hello_encode(1, "[::1]", buf, sizeof buf, &len),
+            BEE_ERANGE);
+  /* An older peer's [1, 40, port]: no observed address. */
+  const uint8_t old[] = {0x93, 1, 40, 5};
+  strcpy(ip, "x");
+  ASSERT_OK(proto_swarm_hello_decode(old, sizeof old, &port, ip));
+  ASSERT(port == 5 && ip[0] == 0);
   /* [1, 40, 70000] */
   const uint8_t big[] = {0x93, 1, 40, 0xce, 0x00, 0x01, 0x11, 0x70};
-  ASSERT_RC(proto_swarm_hello_decode(big, sizeof big, &port), BEE_ERANGE);
+  ASSERT_RC(proto_swarm_hello_decode(big, sizeof big, &port, ip), BEE_ERANGE);
   const uint8_t neg[] = {0x93, 1, 40, 0xff};
-  ASSERT_RC(proto_swarm_hello_decode(neg, sizeof neg, &port), BEE_ERANGE);
+  ASSERT_RC(proto_swarm_hello_decode(neg, sizeof neg, &port, ip), BEE_ERANGE);
   const uint8_t wrongtype[] = {0x93, 1, 41, 5};
-  ASSERT_RC(proto_swarm_hello_decode(wrongtype, sizeof wrongtype, &port),
+  ASSERT_RC(proto_swarm_hello_decode(wrongtype, sizeof wrongtype, &port, ip),
             BEE_EUNKNOWN);
-  const uint8_t extra[] = {0x94, 1, 40, 5, 6};
-  ASSERT_RC(proto_swarm_hello_decode(extra, sizeof extra, &port), BEE_ETYPE);
+  /* The second field must be a string; no third. */
+  const uint8_t notstr[] = {0x94, 1, 40, 5, 6};
+  ASSERT(proto_swarm_hello_decode(notstr, sizeof notstr, &port, ip) != 0);
+  const uint8_t extra[] = {0x95, 1, 40, 5, 0xa0, 6};
+  ASSERT_RC(proto_swarm_hello_decode(extra, sizeof extra, &port, ip),
+            BEE_ETYPE);
+  /* An observed address that is no IP: "a.b", "1.2.3.4\0x", too long. */
+  const uint8_t name[] = {0x94, 1, 40, 5, 0xa3, 'a', '.', 'b'};
+  ASSERT_RC(proto_swarm_hello_decode(name, sizeof name, &port, ip), BEE_ERANGE);
+  ASSERT(ip[0] == 0);
+  const uint8_t nul[] = {0x94, 1,   40,  5,   0xa9, '1', '.',
+                         '2',  '.', '3', '.', '4',  0,   'x'};
+  ASSERT_RC(proto_swarm_hello_decode(nul, sizeof nul, &port, ip), BEE_ERANGE);
+  uint8_t long_ip[4 + 2 + 60] = {0x94, 1, 40, 5, 0xd9, 60};
+  memset(long_ip + 6, '1', 60);
+  ASSERT(proto_swarm_hello_decode(long_ip, sizeof long_ip, &port, ip) != 0);
   const uint8_t trailing[] = {0x93, 1, 40, 5, 0};
-  ASSERT_RC(proto_swarm_hello_decode(trailing, sizeof trailing, &port),
+  ASSERT_RC(proto_swarm_hello_decode(trailing, sizeof trailing, &port, ip),
             BEE_ETRAILING);
-  ASSERT_OK(proto_swarm_hello_encode(7, buf, sizeof buf, &len));
+  ASSERT_OK(proto_swarm_hello_encode(7, "127.0.0.1", buf, sizeof buf, &len));
   for (size_t i = 0; i < len; i++)
-    ASSERT(proto_swarm_hello_decode(buf, i, &port) != 0);
+    ASSERT(proto_swarm_hello_decode(buf, i, &port, ip) != 0);
+}
+
+static void test_addr_host(void) {
+  char h[PROTO_IP_MAX];
+  const char *port;
+  ASSERT_OK(proto_addr_host("10.77.0.4:45555", h, sizeof h, &port));
+  ASSERT(strcmp(h, "10.77.0.4") == 0 && strcmp(port, "45555") == 0);
+  ASSERT_OK(proto_addr_host("[2001:db8::7]:1", h, sizeof h, &port));
+  ASSERT(strcmp(h, "2001:db8::7") == 0 && strcmp(port, "1") == 0);
+  ASSERT_OK(proto_addr_host("[::ffff:10.0.0.9]:2", h, sizeof h, NULL));
+  ASSERT(strcmp(h, "10.0.0.9") == 0);
+  ASSERT_OK(proto_addr_host("queen.example.org:45555", h, sizeof h, NULL));
+  ASSERT(strcmp(h, "queen.example.org") == 0 && !proto_ip_literal(h));
+  ASSERT_RC(proto_addr_host("10.0.0.1", h, sizeof h, NULL), BEE_ERANGE);
+  ASSERT_RC(proto_addr_host("10.0.0.1:", h, sizeof h, NULL), BEE_ERANGE);
+  ASSERT_RC(proto_addr_host(":5", h, sizeof h, NULL), BEE_ERANGE);
+  ASSERT_RC(proto_addr_host("[]:5", h, sizeof h, NULL), BEE_ERANGE);
+  ASSERT_RC(proto_addr_host("10.0.0.1:5", h, 8, NULL), BEE_ERANGE);
+  ASSERT(proto_ip_literal("127.0.0.1") && proto_ip_literal("::1"));
+  ASSERT(!proto_ip_literal("") && !proto_ip_literal("1.2.3") &&
+         !proto_ip_literal("[::1]") && !proto_ip_literal(NULL));
 }
 
 static void test_peers(void) {
@@ -78,6 +137,7 @@ static void test_peers(void) {
 
 int main(void) {
   test_hello();
+  test_addr_host();
   test_peers();
   printf("swarm payloads: all checks passed\n");
   return 0;
