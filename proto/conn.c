@@ -514,12 +514,12 @@ static void handshake(proto_conn *c, const uint8_t *body, size_t len) {
   if (olen && !done)
     c->hs_sent_ms = now;
   if (rc == BEE_EREMOTE) {
-    bee_warn(COMP, "handshake with %s refused by the peer: %s (%s)", c->addr,
-             proto_hs_remote_text(c->hs), bee_errname(remote));
+    bee_warn_burst(COMP, "handshake with %s refused by the peer: %s (%s)",
+                   c->addr, proto_hs_remote_text(c->hs), bee_errname(remote));
     rc = remote < 0 ? remote : rc;
   } else if (rc) {
-    bee_warn(COMP, "handshake with %s failed: %s (%s)", c->addr,
-             bee_strerror(rc), bee_errname(rc));
+    bee_warn_burst(COMP, "handshake with %s failed: %s (%s)", c->addr,
+                   bee_strerror(rc), bee_errname(rc));
   }
   if (rc) {
     /* Let the verdict reach the peer before the socket closes. */
@@ -604,8 +604,9 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   }
   if (nread < 0) {
     if (c->state == CONN_HANDSHAKE)
-      bee_warn(COMP, "%s: closed during the handshake (%s)", c->addr,
-               nread == UV_EOF ? "end of stream" : uv_strerror((int)nread));
+      bee_warn_burst(COMP, "%s: closed during the handshake (%s)", c->addr,
+                     nread == UV_EOF ? "end of stream"
+                                     : uv_strerror((int)nread));
     proto__conn_abort(c, nread == UV_EOF ? BEE_ECLOSED : (int)nread, NULL);
     return;
   }

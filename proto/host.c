@@ -384,14 +384,14 @@ static void on_connection(uv_stream_t *server, int status) {
   if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &len) == 0)
     addr_text(&sa, c->ip, sizeof c->ip, c->addr, sizeof c->addr);
   if (h->nall > h->cfg.max_conns) {
-    bee_warn(COMP, "refusing %s: %zu connections is the limit", c->addr,
-             h->cfg.max_conns);
+    bee_warn_burst(COMP, "refusing %s: %zu connections is the limit", c->addr,
+                   h->cfg.max_conns);
     proto__conn_abort(c, BEE_ELIMIT, NULL);
     return;
   }
   if (pending_from(h, c->ip) > h->cfg.max_pending_per_addr) {
-    bee_warn(COMP, "refusing %s: %zu handshakes in flight from %s", c->addr,
-             h->cfg.max_pending_per_addr, c->ip);
+    bee_warn_burst(COMP, "refusing %s: %zu handshakes in flight from %s",
+                   c->addr, h->cfg.max_pending_per_addr, c->ip);
     proto__conn_abort(c, BEE_ELIMIT, NULL);
     return;
   }
@@ -526,7 +526,8 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
   c->ai_next = res;
   if (c->state == CONN_CLOSING || status < 0) {
     if (status < 0 && c->state != CONN_CLOSING)
-      bee_warn(COMP, "cannot resolve %s: %s", c->addr, uv_strerror(status));
+      bee_warn_burst(COMP, "cannot resolve %s: %s", c->addr,
+                     uv_strerror(status));
     connect_failed(c, status < 0 ? status : BEE_ECANCELED);
     return;
   }

@@ -57,6 +57,48 @@ static const struct {
 #undef E
 };
 
+bool bee_log_burst_at(bee_log_burst *b, const char *line, uint64_t now_ms,
+                      char *more, size_t cap) {
+  /* FNV-1a of the text; never 0 (a free slot). */
+  uint64_t h = 1469598103934665603ull;
+  for (const char *p = line; *p; p++)
+    h = (h ^ (uint8_t)*p) * 1099511628211ull;
+  h |= 1;
+  more[0] = '\0';
+  /* Its slot; else a free one, else the one logged longest ago. */
+  size_t k, slot = 0;
+  for (k = 0; k < BEE_LOG_BURST_KINDS && b->kind[k].hash != h; k++)
+    if (b->kind[slot].hash &&
+        (!b->kind[k].hash || b->kind[k].last_ms < b->kind[slot].last_ms))
+      slot = k;
+  if (k == BEE_LOG_BURST_KINDS) {
+    b->kind[slot].hash = h;
+    b->kind[slot].last_ms = now_ms;
+    b->kind[slot].held = 0;
+    return true;
+  }
+  if (now_ms - b->kind[k].last_ms < BEE_LOG_BURST_MS) {
+    b->kind[k].held++;
+    return false;
+  }
+  if (b->kind[k].held)
+    snprintf(more, cap, " (%llu more in the last %llu s)",
+             (unsigned long long)b->kind[k].held,
+             (unsigned long long)((now_ms - b->kind[k].last_ms + 500) / 1000));
+  b->kind[k].last_ms = now_ms;
+  b->kind[k].held = 0;
+  return true;
+}
+
+bool bee_log_burst_now(bee_log_burst *b, const char *line, char *more,
+                       size_t cap) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return bee_log_burst_at(
+      b, line, (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000,
+      more, cap);
+}
+
 const char *bee_strerror(int code) {
   if (code > BEE_EBASE && code < BEE_ELAST && errs[code - BEE_EBASE - 1].text)
     return errs[code - BEE_EBASE - 1].text;

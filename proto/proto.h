@@ -93,6 +93,41 @@ char *bee_printable(const void *p, size_t n, char *out, size_t cap);
       bee_log(BEE_LOG_DEBUG, comp, __VA_ARGS__);                               \
   } while (0)
 
+/* Lines that come in bursts (a peer that keeps failing the same way):
+ * the first of a kind (the same text) is logged, the same line again
+ * within BEE_LOG_BURST_MS of it only counted, and the first after that
+ * logged with their count.  One state per place such a line is written
+ * (static, zeroed), remembering BEE_LOG_BURST_KINDS kinds; the loop
+ * thread's. */
+#ifndef BEE_LOG_BURST_MS
+#define BEE_LOG_BURST_MS 60000
+#endif
+#define BEE_LOG_BURST_KINDS 8
+typedef struct bee_log_burst {
+  struct {
+    uint64_t hash;    /* of the line's text; 0: a free slot */
+    uint64_t last_ms; /* when it was last logged (monotonic ms) */
+    uint64_t held;    /* the same line since, not logged */
+  } kind[BEE_LOG_BURST_KINDS];
+} bee_log_burst;
+/* Whether to log line at now_ms (monotonic); if so, more (cap bytes)
+ * gets "" or " (N more in the last S s)" to end it with. */
+bool bee_log_burst_at(bee_log_burst *b, const char *line, uint64_t now_ms,
+                      char *more, size_t cap);
+/* The same, now. */
+bool bee_log_burst_now(bee_log_burst *b, const char *line, char *more,
+                       size_t cap);
+/* bee_warn for a line that may come in bursts (at least one argument
+ * after fmt). */
+#define bee_warn_burst(comp, fmt, ...)                                         \
+  do {                                                                         \
+    static bee_log_burst burst_;                                               \
+    char line_[512], more_[64];                                                \
+    snprintf(line_, sizeof line_, fmt, __VA_ARGS__);                           \
+    if (bee_log_burst_now(&burst_, line_, more_, sizeof more_))                \
+      bee_warn(comp, "%s%s", line_, more_);                                    \
+  } while (0)
+
 /* ------------------------------------------------------------------------ */
 /* Wire limits.  Each may be overridden at build time.                       */
 
