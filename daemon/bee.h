@@ -63,6 +63,7 @@ enum { BEE_OPT_SGD = 1, BEE_OPT_ADAMW, BEE_OPT_LAMB };
 enum { BEE_AVG_GRADIENTS = 1, BEE_AVG_DILOCO };
 enum { BEE_SCHED_CONSTANT = 0, BEE_SCHED_COSINE, BEE_SCHED_LINEAR };
 #define BEE_BATCH_MAX 4096 /* samples per local step */
+#define BEE_CLIP_AUTO 10.0 /* --clip auto */
 
 /* ------------------------------------------------------------------------ */
 /* Configuration (config.c).                                                 */
@@ -126,6 +127,10 @@ typedef struct bee_config {
                                    change) rounds; AVG_NONE by default */
   bool error_feedback;          /* carry each round's coding error into the
                                    next (lossy compression only) */
+  /* --clip: an update round's contribution whose norm (per part) is more
+   * than clip times the median of the group's is scaled down to it; 0:
+   * off.  BEE_CLIP_AUTO by default. */
+  double clip;
   char label[PROTO_LABEL_MAX + 1];
   unsigned threads;
   char device[32];              /* trainer device spec: auto, cpu, cuda:N */

@@ -36,6 +36,7 @@ enum opt_id {
   O_NO_LISTEN,
   O_NO_MATCH_AHEAD,
   O_COMPRESSION,
+  O_CLIP,
   O_ERROR_FEEDBACK,
   O_CLIENT,
   O_STATUS_INTERVAL,
@@ -151,6 +152,7 @@ static const struct opt {
     {"delay-averaging", O_DELAY_AVERAGING, K_BOOL, true},
     {"no-match-ahead", O_NO_MATCH_AHEAD, K_BOOL, true},
     {"compression", O_COMPRESSION, K_VALUE, true},
+    {"clip", O_CLIP, K_VALUE, true},
     {"error-feedback", O_ERROR_FEEDBACK, K_BOOL, true},
     {"label", O_LABEL, K_VALUE, true},
     {"threads", O_THREADS, K_VALUE, true},
@@ -204,6 +206,7 @@ void bee_config_init(bee_config *cfg) {
   cfg->optimizer = BEE_OPT_SGD;
   cfg->averaging = BEE_AVG_GRADIENTS;
   cfg->compression = AVG_NONE;
+  cfg->clip = BEE_CLIP_AUTO;
   cfg->outer_momentum = -1;
   cfg->matchmaking_s = BEE_DEFAULT_MATCHMAKING_S;
   cfg->min_peers = 1;
@@ -681,6 +684,20 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
                        "or b8)",
                        v);
     cfg->compression = (int)c;
+    return 0;
+  }
+  case O_CLIP: {
+    char *end;
+    double f = strcmp(v, "auto") == 0  ? BEE_CLIP_AUTO
+               : strcmp(v, "off") == 0 ? 0
+                                       : strtod(v, &end);
+    if (strcmp(v, "auto") != 0 && strcmp(v, "off") != 0 &&
+        (end == v || *end || !(f >= 2 && f <= 1e6)))
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad clip '%.80s' (want auto, off or a factor of 2 "
+                       "to 1e6: times the median norm)",
+                       v);
+    cfg->clip = f;
     return 0;
   }
   case O_PRECISION:
@@ -1165,30 +1182,41 @@ void bee_config_usage(FILE *f) {
   fprintf(
       f,
       "  --batch-size N           samples per local step (default %d)\n"
-      "  --target-batch-size N    samples the swarm gathers per epoch (default %d)\n"
+      "  --target-batch-size N    samples the swarm gathers per epoch (default "
+      "%d)\n"
       "  --optimizer NAME         sgd (momentum 0.9), adamw or lamb (default\n"
       "                           sgd)\n"
       "  --lr RATE                learning rate (default %g for sgd, 1e-3 for\n"
       "                           adamw and lamb)\n"
-      "  --averaging MODE         gradients: the swarm averages gradients every\n"
-      "                           target batch (default); diloco: each bee takes\n"
+      "  --averaging MODE         gradients: the swarm averages gradients "
+      "every\n"
+      "                           target batch (default); diloco: each bee "
+      "takes\n"
       "                           --inner-steps local steps, then the swarm\n"
       "                           averages the change and takes an outer step\n"
       "  --inner-steps H          diloco: local steps per round (default %d)\n"
-      "  --outer-lr RATE          diloco: the outer Nesterov step (default %g)\n"
+      "  --outer-lr RATE          diloco: the outer Nesterov step (default "
+      "%g)\n"
       "  --outer-momentum M       diloco: its momentum, [0, 1) (default %g)\n"
       "  --average-state-every N  average parameters and optimizer state too,\n"
       "                           every N epochs; 0 = never (default 0)\n"
       "  --matchmaking-time SECS  the longest a round waits for the peers it\n"
       "                           expects (default %g); the group forms this\n"
-      "                           long before the swarm's estimated end of the\n"
+      "                           long before the swarm's estimated end of "
+      "the\n"
       "                           epoch, while the last batches are computed\n"
-      "  --no-match-ahead         form the group only once the target is reached\n"
+      "  --no-match-ahead         form the group only once the target is "
+      "reached\n"
       "  --compression C          none, fp16, bf16, u8 or b8 (8 bits with a\n"
       "                           scale per 4096): how gradients (DiLoCo: the\n"
       "                           change) travel in rounds (default none)\n"
       "  --error-feedback         with lossy compression, carry each round's\n"
       "                           coding error into the next\n"
+      "  --clip auto|off|F        scale down a bee's gradients (DiLoCo: "
+      "change)\n"
+      "                           in a round where, part by part, their norm\n"
+      "                           is more than F times the median of the\n"
+      "                           group's (auto: F = 10; default auto)\n"
       "  --delay-averaging        average an epoch's gradients while the next\n"
       "                           is computed (its step a round late)\n"
       "  --min-peers N            start training once N bees (this one too)\n"
@@ -1205,10 +1233,11 @@ void bee_config_usage(FILE *f) {
       "  --max-state-uploads N    serve the state to at most N newcomers at\n"
       "                           once; the others are told to come back\n"
       "                           (default 2)\n"
-      "  --label TEXT             shown beside this bee's progress (a region)\n",
-      BEE_DEFAULT_BATCH, BEE_DEFAULT_TARGET_BATCH,
-      BEE_DEFAULT_LR, BEE_DEFAULT_INNER_STEPS, BEE_DEFAULT_OUTER_LR,
-      BEE_DEFAULT_OUTER_MOMENTUM, BEE_DEFAULT_MATCHMAKING_S);
+      "  --label TEXT             shown beside this bee's progress (a "
+      "region)\n",
+      BEE_DEFAULT_BATCH, BEE_DEFAULT_TARGET_BATCH, BEE_DEFAULT_LR,
+      BEE_DEFAULT_INNER_STEPS, BEE_DEFAULT_OUTER_LR, BEE_DEFAULT_OUTER_MOMENTUM,
+      BEE_DEFAULT_MATCHMAKING_S);
   fputs(
       "  --threads N              compute threads, 1..64 (default 1)\n"
       "  --device D               auto, cpu, cuda or cuda:N: where the model\n"

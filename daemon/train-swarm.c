@@ -451,6 +451,13 @@ static void fill_request(bee_train *t, avg_node_request *req,
   if (!a->state) { /* the state travels whole */
     req->round.codec = (avg_codec)t->cfg->compression;
     req->round.residual = t->residual;
+    /* An update whose norm is far beyond the group's (a diverged or
+     * broken bee) moves no one far.  Not in state rounds: their values
+     * are the parameters themselves, and a scaled model is none. */
+    if (t->cfg->clip > 0) {
+      req->round.clip = t->cfg->clip;
+      req->round.clip_mode = AVG_CLIP_SCALE;
+    }
   }
   req->round.deadline_ms = ROUND_DEADLINE_MS;
 }

@@ -1035,6 +1035,13 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
              t->outer ? "the change as" : "gradients as",
              avg_codec_name((avg_codec)cfg->compression),
              cfg->error_feedback ? ", with error feedback" : "");
+  if (cfg->clip > 0)
+    bee_info(COMP,
+             "clip: %s beyond %g times the group's median norm, part by "
+             "part, are scaled down to it",
+             t->outer ? "changes" : "gradients", cfg->clip);
+  else
+    bee_info(COMP, "clip: off (--clip off): every contribution counts whole");
   if (cfg->eval_every && !t->eval_model)
     bee_info(COMP, "no test set (--val-tokens): no test lines");
   if (cfg->average_state_every)

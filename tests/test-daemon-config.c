@@ -372,6 +372,21 @@ static void test_every_flag(void) {
   ASSERT_OK(parse(&c, "--open", "--swarm", "a", "--swarm", "b", NULL));
   ASSERT_STREQ(c.swarm, "b");
 
+  /* --clip: auto (the default), off, a factor of 2 to 1e6. */
+  ASSERT_OK(parse(&c, "--open", NULL));
+  ASSERT(c.clip == BEE_CLIP_AUTO);
+  ASSERT_OK(parse(&c, "--open", "--clip", "off", NULL));
+  ASSERT(c.clip == 0);
+  ASSERT_OK(parse(&c, "--open", "--clip", "off", "--clip", "auto", NULL));
+  ASSERT(c.clip == BEE_CLIP_AUTO);
+  ASSERT_OK(parse(&c, "--open", "--clip", "2.5", NULL));
+  ASSERT(c.clip == 2.5);
+  const char *bad_clip[] = {"1.5", "0", "-3", "nan", "inf", "1e7", "10x", ""};
+  for (size_t i = 0; i < sizeof bad_clip / sizeof *bad_clip; i++) {
+    ASSERT_RC(parse(&c, "--open", "--clip", bad_clip[i], NULL), BEE_ECONFIG);
+    ASSERT_ERR("--clip: bad clip");
+  }
+
   /* --announce: names and IPv6 too, in order, up to BEE_ANNOUNCE_MAX; no
    * port 0, no unspecified address, no port-less host. */
   ASSERT_OK(parse(&c, "--open", "--announce", "bee-7.example.org:45555",

@@ -13,7 +13,9 @@
 # fp16 in the same run, is never in their group (the encoding is part of
 # a round's layout): each of the pair warns about it at most once, one at
 # least, and b2 never averages; having seen the pair declare another
-# layout, b2 never loads their state to get back in line.
+# layout, b2 never loads their state to get back in line.  The pair
+# clips at the default 10 times the median norm (in the round with each
+# other, neither is near it); b2 was started with --clip off.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
 
@@ -26,10 +28,13 @@ start b0 "$base" "${train[@]}" "${b8[@]}"
 wait_log b0 'listening on' 10
 start b1 $((base + 1)) "${train[@]}" "${b8[@]}" --eval-every "$EPOCHS" \
   --join "127.0.0.1:$base"
-start b2 $((base + 2)) "${train[@]}" --compression fp16 \
+start b2 $((base + 2)) "${train[@]}" --compression fp16 --clip off \
   --join "127.0.0.1:$base"
 wait_log b0 'train: rounds send gradients as b8, with error feedback' 10
 wait_log b2 'train: rounds send gradients as fp16$' 10
+# --clip: on by default, at 10 times the median; off on b2.
+wait_log b0 'train: clip: gradients beyond 10 times the group.s median norm' 10
+wait_log b2 'train: clip: off' 10
 for b in b0 b1; do wait_log "$b" "train: epoch $EPOCHS done" 150; done
 wait_log b1 "train: epoch $EPOCHS: test accuracy" 60
 stop_all

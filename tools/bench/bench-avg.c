@@ -50,6 +50,7 @@ typedef struct opts {
   size_t part_floats;
   unsigned window;
   unsigned stripes;
+  double clip;           /* --clip: AVG_CLIP_SCALE at it; 0: off */
   bool bandwidth_spans;  /* spans by --bandwidths, else equal */
   bool bandwidth_auto;   /* --bandwidths auto: by the members' meters */
   double bandwidths[64]; /* Mbit/s, declared per member */
@@ -207,6 +208,10 @@ static void on_command(uv_poll_t *p, int status, int events) {
       m->list[i].bandwidth_mbit = g.measured ? g.mbit[i] : 1000;
   }
   req.stripes = m->o->stripes;
+  if (m->o->clip > 0) {
+    req.round.clip = m->o->clip;
+    req.round.clip_mode = AVG_CLIP_SCALE;
+  }
   /* A 100 MiB round over a slow emulated link takes minutes. */
   req.round.sender_timeout_ms = 120000;
   req.round.reducer_timeout_ms = 180000;
@@ -308,7 +313,7 @@ static void usage(FILE *f) {
           "                 [--warmup W] [--codec none|fp16|bf16|u8|b8]\n"
           "                 [--part-floats P] [--window W] [--stripes auto|S]\n"
           "                 [--netns NS,...] [--addrs IP,...]\n"
-          "                 [--bandwidths MBIT,...|auto]\n"
+          "                 [--bandwidths MBIT,...|auto] [--clip F]\n"
           "  defaults: 4 procs; 4,1048576,104857600 bytes; 5 reps; 2 warm-up\n"
           "  rounds per size; codec none; the round's part size and window;\n"
           "  stripes auto (from the links); members on 127.0.0.1.\n"
@@ -341,7 +346,7 @@ static int parse(int argc, char **argv, opts *o) {
       {"warmup", 1, 0, 'w'}, {"codec", 1, 0, 'c'}, {"part-floats", 1, 0, 'P'},
       {"window", 1, 0, 'W'}, {"help", 0, 0, 'h'},  {"stripes", 1, 0, 'S'},
       {"netns", 1, 0, 'N'},  {"addrs", 1, 0, 'A'}, {"bandwidths", 1, 0, 'B'},
-      {0, 0, 0, 0}};
+      {"clip", 1, 0, 'C'},   {0, 0, 0, 0}};
   *o = (opts){.procs = 4,
               .reps = 5,
               .warmup = 2,
@@ -388,6 +393,13 @@ static int parse(int argc, char **argv, opts *o) {
           return 2;
         }
         o->stripes = (unsigned)v;
+      }
+      break;
+    case 'C':
+      o->clip = strtod(optarg, &end);
+      if (end == optarg || *end || !(o->clip >= 0)) {
+        fprintf(stderr, "bench-avg: --clip is a factor, or 0 for off\n");
+        return 2;
       }
       break;
     case 'N': o->nnetns = split_list(optarg, o->netns); break;
