@@ -1182,38 +1182,31 @@ void bee_config_usage(FILE *f) {
   fprintf(
       f,
       "  --batch-size N           samples per local step (default %d)\n"
-      "  --target-batch-size N    samples the swarm gathers per epoch (default "
-      "%d)\n"
+      "  --target-batch-size N    samples the swarm gathers per epoch (default %d)\n"
       "  --optimizer NAME         sgd (momentum 0.9), adamw or lamb (default\n"
       "                           sgd)\n"
       "  --lr RATE                learning rate (default %g for sgd, 1e-3 for\n"
       "                           adamw and lamb)\n"
-      "  --averaging MODE         gradients: the swarm averages gradients "
-      "every\n"
-      "                           target batch (default); diloco: each bee "
-      "takes\n"
+      "  --averaging MODE         gradients: the swarm averages gradients every\n"
+      "                           target batch (default); diloco: each bee takes\n"
       "                           --inner-steps local steps, then the swarm\n"
       "                           averages the change and takes an outer step\n"
       "  --inner-steps H          diloco: local steps per round (default %d)\n"
-      "  --outer-lr RATE          diloco: the outer Nesterov step (default "
-      "%g)\n"
+      "  --outer-lr RATE          diloco: the outer Nesterov step (default %g)\n"
       "  --outer-momentum M       diloco: its momentum, [0, 1) (default %g)\n"
       "  --average-state-every N  average parameters and optimizer state too,\n"
       "                           every N epochs; 0 = never (default 0)\n"
       "  --matchmaking-time SECS  the longest a round waits for the peers it\n"
       "                           expects (default %g); the group forms this\n"
-      "                           long before the swarm's estimated end of "
-      "the\n"
+      "                           long before the swarm's estimated end of the\n"
       "                           epoch, while the last batches are computed\n"
-      "  --no-match-ahead         form the group only once the target is "
-      "reached\n"
+      "  --no-match-ahead         form the group only once the target is reached\n"
       "  --compression C          none, fp16, bf16, u8 or b8 (8 bits with a\n"
       "                           scale per 4096): how gradients (DiLoCo: the\n"
       "                           change) travel in rounds (default none)\n"
       "  --error-feedback         with lossy compression, carry each round's\n"
       "                           coding error into the next\n"
-      "  --clip auto|off|F        scale down a bee's gradients (DiLoCo: "
-      "change)\n"
+      "  --clip auto|off|F        scale down a bee's gradients (DiLoCo: change)\n"
       "                           in a round where, part by part, their norm\n"
       "                           is more than F times the median of the\n"
       "                           group's (auto: F = 10; default auto)\n"
@@ -1233,11 +1226,10 @@ void bee_config_usage(FILE *f) {
       "  --max-state-uploads N    serve the state to at most N newcomers at\n"
       "                           once; the others are told to come back\n"
       "                           (default 2)\n"
-      "  --label TEXT             shown beside this bee's progress (a "
-      "region)\n",
-      BEE_DEFAULT_BATCH, BEE_DEFAULT_TARGET_BATCH, BEE_DEFAULT_LR,
-      BEE_DEFAULT_INNER_STEPS, BEE_DEFAULT_OUTER_LR, BEE_DEFAULT_OUTER_MOMENTUM,
-      BEE_DEFAULT_MATCHMAKING_S);
+      "  --label TEXT             shown beside this bee's progress (a region)\n",
+      BEE_DEFAULT_BATCH, BEE_DEFAULT_TARGET_BATCH,
+      BEE_DEFAULT_LR, BEE_DEFAULT_INNER_STEPS, BEE_DEFAULT_OUTER_LR,
+      BEE_DEFAULT_OUTER_MOMENTUM, BEE_DEFAULT_MATCHMAKING_S);
   fputs(
       "  --threads N              compute threads, 1..64 (default 1)\n"
       "  --device D               auto, cpu, cuda or cuda:N: where the model\n"
