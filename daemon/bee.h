@@ -243,6 +243,11 @@ void bee_members_init(bee_members *m, const uint8_t self_id[PROTO_ID_BYTES]);
  * names one); one that is not loopback before loopback ones (a peer on
  * this host sees 127.0.0.1).  False, with out "", when none is. */
 bool bee_members_seen_at(const bee_members *m, char out[PROTO_IP_MAX]);
+/* Why ip, the address a peer says it sees this node at over a connection
+ * from IP from ("" when unknown), cannot be one: unspecified, multicast,
+ * broadcast, an IPv4 address in IPv6 form, or loopback on a connection
+ * from another host (or the reverse).  NULL when it can be. */
+const char *bee_seen_absurd(const char *from, const char *ip);
 /* Starts using host (borrowed): registers the swarm.peers handler and
  * dials learned peers from now on.  listen_port goes into our
  * swarm.hello.  Returns 0 or the error of proto_host_on. */

@@ -98,13 +98,9 @@ static bool loopback_ip(const char *ip) {
   return strncmp(ip, "127.", 4) == 0 || strcmp(ip, "::1") == 0;
 }
 
-/* Why the IP a peer says it sees us at (over connection c) cannot be
- * one: unspecified, multicast or broadcast, or loopback on a connection
- * from another host (or the reverse: a connection on loopback comes from
- * this host's loopback).  NULL when it can be. */
-static const char *absurd_seen(const proto_conn *c, const char *ip) {
+const char *bee_seen_absurd(const char *from, const char *ip) {
   uint8_t a[16];
-  char from[PROTO_IP_MAX];
+  static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   if (inet_pton(AF_INET, ip, a) == 1) {
     if (a[0] == 0 || (a[0] >= 224 && a[0] <= 239) ||
         memcmp(a, "\xff\xff\xff\xff", 4) == 0)
@@ -112,9 +108,10 @@ static const char *absurd_seen(const proto_conn *c, const char *ip) {
   } else if (inet_pton(AF_INET6, ip, a) != 1 || a[0] == 0xff ||
              strcmp(ip, "::") == 0) {
     return "no address a peer can dial";
+  } else if (memcmp(a, mapped, sizeof mapped) == 0) {
+    return "an IPv4 address in IPv6 form (said plainly by a peer)";
   }
-  if (remote_ip(proto_conn_addr(c), from) == 0 &&
-      loopback_ip(from) != loopback_ip(ip))
+  if (from[0] && loopback_ip(from) != loopback_ip(ip))
     return loopback_ip(ip) ? "loopback, on a connection from another host"
                            : "another host, on a loopback connection";
   return NULL;
@@ -257,7 +254,10 @@ static void on_hello(bee_members *m, proto_conn *c, proto_bytes payload) {
   }
   if (!e)
     return;
-  const char *absurd = sees[0] ? absurd_seen(c, sees) : NULL;
+  char from[PROTO_IP_MAX];
+  if (remote_ip(proto_conn_addr(c), from))
+    from[0] = '\0';
+  const char *absurd = sees[0] ? bee_seen_absurd(from, sees) : NULL;
   if (absurd)
     bee_warn(COMP, "swarm: peer %s says it sees this node at %s: %s; ignored",
              id8, sees, absurd);

@@ -4,7 +4,10 @@
  * The table's members say, by their swarm.hello, the IP address they see
  * this node at.  The node takes the one most of them name where two name
  * it, or the only peer's; an address that is not loopback wins over
- * loopback ones, and a lone dissenter changes nothing.
+ * loopback ones, and a lone dissenter changes nothing.  What a peer may
+ * not say it sees us at (bee_seen_absurd): unspecified, multicast and
+ * broadcast addresses, an IPv4 address in IPv6 form, loopback over a
+ * connection from another host and the reverse.
  */
 #include "bee.h"
 #include "test.h"
@@ -55,7 +58,23 @@ int main(void) {
   ASSERT_STREQ(seen(), "127.0.0.1"); /* a swarm on one host */
   views("::1", "2001:db8::7", "2001:db8::7", NULL);
   ASSERT_STREQ(seen(), "2001:db8::7");
+
+  /* What a peer may not say it sees us at. */
+  ASSERT(bee_seen_absurd("10.77.0.1", "10.77.0.4") == NULL);
+  ASSERT(bee_seen_absurd("127.0.0.1", "127.0.0.1") == NULL);
+  ASSERT(bee_seen_absurd("", "203.0.113.9") == NULL);
+  ASSERT(bee_seen_absurd("2001:db8::1", "2001:db8::7") == NULL);
+  const char *never[] = {
+      "0.0.0.0",         "0.1.2.3", "224.0.0.1", "239.9.9.9",
+      "255.255.255.255", "::",      "ff02::1",   "::ffff:10.0.0.4"};
+  for (size_t i = 0; i < sizeof never / sizeof *never; i++)
+    ASSERT(bee_seen_absurd("10.77.0.1", never[i]) != NULL);
+  /* Loopback from another host, another host over loopback. */
+  ASSERT(bee_seen_absurd("10.77.0.1", "127.0.0.1") != NULL);
+  ASSERT(bee_seen_absurd("10.77.0.1", "::1") != NULL);
+  ASSERT(bee_seen_absurd("127.0.0.1", "10.77.0.4") != NULL);
   printf("seen at: the majority of two or more, the only peer's, not "
-         "loopback first\n");
+         "loopback first; unspecified, multicast, broadcast, mapped and "
+         "loopback across hosts refused\n");
   return 0;
 }
