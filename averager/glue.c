@@ -344,8 +344,7 @@ static void stripe_dialled(proto_host *h, proto_conn *c, int status,
 }
 
 static bool nowhere_host(const char *h) {
-  return strncmp(h, "127.", 4) == 0 || strcmp(h, "::1") == 0 ||
-         strcmp(h, "localhost") == 0 || strcmp(h, "0.0.0.0") == 0 ||
+  return proto_host_loopback(h) || strcmp(h, "0.0.0.0") == 0 ||
          strcmp(h, "::") == 0;
 }
 

@@ -94,10 +94,6 @@ static int remote_ip(const char *remote, char ip[PROTO_IP_MAX]) {
   return rc ? rc : proto_ip_literal(ip) ? 0 : BEE_ERANGE;
 }
 
-static bool loopback_ip(const char *ip) {
-  return strncmp(ip, "127.", 4) == 0 || strcmp(ip, "::1") == 0;
-}
-
 const char *bee_seen_absurd(const char *from, const char *ip) {
   uint8_t a[16];
   static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
@@ -111,9 +107,10 @@ const char *bee_seen_absurd(const char *from, const char *ip) {
   } else if (memcmp(a, mapped, sizeof mapped) == 0) {
     return "an IPv4 address in IPv6 form (said plainly by a peer)";
   }
-  if (from[0] && loopback_ip(from) != loopback_ip(ip))
-    return loopback_ip(ip) ? "loopback, on a connection from another host"
-                           : "another host, on a loopback connection";
+  if (from[0] && proto_host_loopback(from) != proto_host_loopback(ip))
+    return proto_host_loopback(ip)
+               ? "loopback, on a connection from another host"
+               : "another host, on a loopback connection";
   return NULL;
 }
 
@@ -123,7 +120,7 @@ bool bee_members_seen_at(const bee_members *m, char out[PROTO_IP_MAX]) {
     size_t best = 0, naming = 0;
     for (size_t i = 0; i < m->n; i++) {
       const char *ip = m->v[i].sees_us;
-      if (!ip[0] || loopback_ip(ip) != (loop == 1))
+      if (!ip[0] || proto_host_loopback(ip) != (loop == 1))
         continue;
       naming++;
       size_t votes = 0;

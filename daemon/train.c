@@ -1057,11 +1057,6 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   return 0;
 }
 
-static bool loopback_host(const char *h) {
-  return strncmp(h, "127.", 4) == 0 || strcmp(h, "::1") == 0 ||
-         strcmp(h, "localhost") == 0;
-}
-
 /* The --announce addresses at the start: each names the port this bee
  * listens on (another one is right only behind a port forward).  A
  * warning: the bee runs, its peers may not reach it. */
@@ -1087,14 +1082,14 @@ static void announce_loopback_check(bee_train *t) {
   unsigned port;
   if (t->announce_warned || !t->cfg->nannounce || !t->members ||
       bee_addr_parse(t->cfg->announce[0], false, host, sizeof host, &port) ||
-      !loopback_host(host))
+      !proto_host_loopback(host))
     return;
   for (size_t i = 0; i < t->members->n; i++) {
     char ph[BEE_HOST_MAX];
     unsigned pp;
     const char *pa = t->members->v[i].addr;
     if (pa[0] && bee_addr_parse(pa, false, ph, sizeof ph, &pp) == 0 &&
-        !loopback_host(ph)) {
+        !proto_host_loopback(ph)) {
       t->announce_warned = true;
       bee_warn(COMP,
                "--announce %s is a loopback address, and peer %s is on "

@@ -281,6 +281,9 @@ int proto_swarm_hello_decode(const uint8_t *buf, size_t len, unsigned *port,
                              char observed[PROTO_IP_MAX]);
 /* Whether s is an IPv4 or IPv6 literal (no brackets, no port). */
 bool proto_ip_literal(const char *s);
+/* Whether host (no brackets, no port) names this host's loopback:
+ * 127.0.0.0/8, ::1 or "localhost". */
+bool proto_host_loopback(const char *host);
 /* The host of addr, "host:port" or "[v6]:port", into host (cap bytes):
  * without brackets, and an IPv4 peer on a dual-stack socket
  * ("::ffff:a.b.c.d") as IPv4; *port (when port is not NULL) points at

@@ -29,6 +29,11 @@ int proto_addr_host(const char *addr, char *host, size_t cap,
   return 0;
 }
 
+bool proto_host_loopback(const char *host) {
+  return strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0 ||
+         strcmp(host, "localhost") == 0;
+}
+
 bool proto_ip_literal(const char *s) {
   uint8_t a[16];
   return s && strnlen(s, PROTO_IP_MAX) < PROTO_IP_MAX &&

@@ -19,8 +19,7 @@ static bee_member v[8];
 
 /* Sets the members' views: NULL ends the list, "" is a peer that named
  * none. */
-static void views(const char *a, const char *b, const char *c,
-                  const char *d) {
+static void views(const char *a, const char *b, const char *c, const char *d) {
   const char *s[] = {a, b, c, d};
   memset(v, 0, sizeof v);
   m.v = v;

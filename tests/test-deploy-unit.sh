@@ -35,7 +35,7 @@ pkgs=systemd,systemd-sysv,dbus,libuv1,libmsgpackc2,libsodium23,libwebsockets17
 pkgs+=,libopenblas0-pthread,libssl3,zlib1g,libgfortran5,libstdc++6
 if [ ! -x "$root/usr/lib/systemd/systemd" ]; then
   mkdir -p "$cache"
-  new=$(mktemp -d "$cache/new.XXXXXX")
+  new=$(mktemp -d -p "$cache")
   echo "making the Debian 12 root in $root (once; about a minute)"
   if ! debootstrap --variant=minbase --include="$pkgs" bookworm "$new" \
     >"$new.log" 2>&1; then
@@ -52,7 +52,7 @@ if [ ! -x "$root/usr/lib/systemd/systemd" ]; then
 fi
 
 # ---- the run's files -----------------------------------------------------------
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/test-deploy-unit.XXXXXX")
+tmp=$(mktemp -d) # in $TMPDIR, else /tmp
 cat >"$tmp/lab.conf" <<'EOF'
 open = true
 listen = 127.0.0.1:45555

@@ -86,6 +86,10 @@ static void test_addr_host(void) {
   ASSERT_RC(proto_addr_host("[]:5", h, sizeof h, NULL), BEE_ERANGE);
   ASSERT_RC(proto_addr_host("10.0.0.1:5", h, 8, NULL), BEE_ERANGE);
   ASSERT(proto_ip_literal("127.0.0.1") && proto_ip_literal("::1"));
+  ASSERT(proto_host_loopback("127.0.0.1") && proto_host_loopback("127.9.9.9") &&
+         proto_host_loopback("::1") && proto_host_loopback("localhost"));
+  ASSERT(!proto_host_loopback("10.0.0.1") && !proto_host_loopback("::") &&
+         !proto_host_loopback("0.0.0.0") && !proto_host_loopback("128.0.0.1"));
   ASSERT(!proto_ip_literal("") && !proto_ip_literal("1.2.3") &&
          !proto_ip_literal("[::1]") && !proto_ip_literal(NULL));
 }
