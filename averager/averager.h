@@ -632,6 +632,12 @@ typedef struct avg_node_request {
    * none to a member we have no connection to yet.  Needs
    * avg_node_conn_down on the host's on_down. */
   unsigned stripes;
+  /* The auto window and stripes cover this many times min(both declared
+   * bandwidths) x the round trip (below 1: once).  A member that declares
+   * what its rounds measured (`--bandwidth auto`) sets 2: a round that
+   * under-used the link, for want of streams, would otherwise measure
+   * less, declare less and get fewer streams in turn. */
+  double headroom;
 } avg_node_request;
 
 typedef struct avg_node_result {
@@ -686,6 +692,9 @@ void avg_node_cancel(avg_node *n);
  * has formed yet (an avg_node_average or avg_node_match call whose
  * callback has not run, and no round begun).  False for NULL. */
 bool avg_node_matching(const avg_node *n);
+/* Whether a round is under way (its bytes on the links).  False for
+ * NULL. */
+bool avg_node_in_round(const avg_node *n);
 /* The round alone, for a group formed elsewhere (the same group id,
  * member list and order at every member; g->self is us): no matchmaking.
  * g is copied.  Errors as avg_node_average, and BEE_ERANGE for a group

@@ -566,6 +566,11 @@ static void replay_early(avg_node *n) {
   }
 }
 
+/* The request's headroom for the window and stripes: at least 1. */
+static double headroom(const avg_node *n) {
+  return n->req.headroom > 1 ? n->req.headroom : 1;
+}
+
 /* The parts in flight per owner that keep a link busy for a round trip,
  * as TCP sizes its window: for each member, min(our declared bandwidth,
  * its) x the round trip the transport measured on our connection to it,
@@ -575,7 +580,8 @@ static void replay_early(avg_node *n) {
 static unsigned auto_window(const avg_node *n, const avg_round_config *rc) {
   size_t part =
       (rc->part_floats ? rc->part_floats : AVG_PART_FLOATS) * sizeof(float);
-  double mine = n->members[n->group.self].bandwidth_mbit, most = 0;
+  double mine = n->members[n->group.self].bandwidth_mbit * headroom(n),
+         most = 0;
   uint64_t rtt_known = 0;
   for (size_t k = 0; k < n->group.nmembers; k++) {
     proto_conn *c = proto_host_find(n->cfg.host, n->members[k].id);
@@ -587,9 +593,8 @@ static unsigned auto_window(const avg_node *n, const avg_round_config *rc) {
       continue;
     proto_conn *c = proto_host_find(n->cfg.host, n->members[k].id);
     uint64_t rtt = c ? proto_conn_rtt_ms(c) : rtt_known;
-    double bw = n->members[k].bandwidth_mbit < mine
-                    ? n->members[k].bandwidth_mbit
-                    : mine;
+    double theirs = n->members[k].bandwidth_mbit * headroom(n);
+    double bw = theirs < mine ? theirs : mine;
     double parts = bw * 1e6 / 8 * ((double)rtt / 1e3) / (double)part + 2;
     if (parts > most)
       most = parts;
@@ -619,9 +624,10 @@ static unsigned stripes_for(const avg_node *n, size_t k) {
   proto_conn *c = proto_host_find(n->cfg.host, n->members[k].id);
   if (!c)
     return 0;
-  return avg_stripes_auto(n->members[n->group.self].bandwidth_mbit,
-                          n->members[k].bandwidth_mbit, proto_conn_rtt_ms(c),
-                          n->window_bytes);
+  return avg_stripes_auto(n->members[n->group.self].bandwidth_mbit *
+                              headroom(n),
+                          n->members[k].bandwidth_mbit * headroom(n),
+                          proto_conn_rtt_ms(c), n->window_bytes);
 }
 
 /* Creates and starts the round of group g; 0, or a code (nothing runs,
@@ -954,6 +960,8 @@ void avg_node_cancel(avg_node *n) {
 bool avg_node_matching(const avg_node *n) {
   return n && !n->closing && n->busy && n->m && !n->r;
 }
+
+bool avg_node_in_round(const avg_node *n) { return n && !n->closing && n->r; }
 
 int avg_node_round(avg_node *n, const avg_group *g, const avg_node_request *req,
                    avg_node_cb cb, void *arg) {

@@ -131,6 +131,9 @@ typedef struct bee_config {
    * than clip times the median of the group's is scaled down to it; 0:
    * off.  BEE_CLIP_AUTO by default. */
   double clip;
+  /* --bandwidth: what this bee declares as its link in matchmaking,
+   * Mbit/s; 0 (auto, the default): as its rounds measured it. */
+  double bandwidth_mbit;
   char label[PROTO_LABEL_MAX + 1];
   unsigned threads;
   char device[32];              /* trainer device spec: auto, cpu, cuda:N */
@@ -535,6 +538,61 @@ size_t bee_uploads_active(const bee_uploads *u, uint64_t now_ms);
 /* The upload of up is over (its peer has the last chunk); the caller has
  * released its pin. */
 void bee_uploads_end(bee_uploads *u, bee_upload *up);
+
+/* ------------------------------------------------------------------------ */
+/* The links to the peers, as measured (links.c): no I/O.                    */
+
+/* A bee keeps, for each peer it is connected to, the least round trip its
+ * connections saw and the rates data from that peer reached it at, as its
+ * connections measured them (proto_conn_take_rx_mbit: the rate of the
+ * slowest link on the path, from the spacing of TCP's flights) while
+ * rounds, downloads and probes ran.  The link's figure is the best of the
+ * last BEE_LINK_RATES: a loop busy elsewhere or a stream sharing the link
+ * says less than the link carries, never more; a link that got slower
+ * shows within that many.  The table is what the bee publishes as its
+ * links record. */
+#define BEE_LINKS_MAX PROTO_LINKS_MAX /* peers kept: the least recent goes */
+#define BEE_LINK_RATES 32
+#define BEE_LINK_PROBE_MS 600000  /* a peer with no rate: probed this often */
+#define BEE_LINK_STALE_MS 3600000 /* not measured since: not published */
+
+typedef struct bee_link {
+  uint8_t id[PROTO_ID_BYTES];
+  bool used;
+  uint64_t rtt_us;              /* 0: none */
+  double rates[BEE_LINK_RATES]; /* Mbit/s, a ring */
+  size_t nrates, next;
+  uint64_t measured_ms;     /* the last figure (the caller's clock) */
+  uint64_t rtt_ms, rate_ms; /* the last round trip's, the last rate's */
+  uint64_t probed_ms;       /* the last probe begun; 0: never */
+} bee_link;
+
+typedef struct bee_links {
+  bee_link v[BEE_LINKS_MAX];
+} bee_links;
+
+/* The entry of peer id, made (in a free slot, or over the least recently
+ * measured) when missing. */
+bee_link *bee_links_get(bee_links *L, const uint8_t id[PROTO_ID_BYTES]);
+/* A round trip to id, microseconds (0: ignored).  Several at one now_ms
+ * (the peer's connections, at one tick) count as their least. */
+void bee_links_rtt(bee_links *L, const uint8_t id[PROTO_ID_BYTES],
+                   uint64_t rtt_us, uint64_t now_ms);
+/* A rate of the link from id, Mbit/s (not > 0 or not finite: ignored).
+ * Several at one now_ms count as one, their largest. */
+void bee_links_rate(bee_links *L, const uint8_t id[PROTO_ID_BYTES], double mbit,
+                    uint64_t now_ms);
+/* The link's figure from id, Mbit/s; 0: none. */
+double bee_links_mbit(const bee_links *L, const uint8_t id[PROTO_ID_BYTES]);
+/* Whether to probe id now: no rate yet and no probe within
+ * BEE_LINK_PROBE_MS; marks it probed when so. */
+bool bee_links_probe_due(bee_links *L, const uint8_t id[PROTO_ID_BYTES],
+                         uint64_t now_ms);
+/* The links record's entries: the links measured within
+ * BEE_LINK_STALE_MS, the most recently measured first, at most cap
+ * (<= PROTO_LINKS_MAX).  Returns how many. */
+size_t bee_links_list(const bee_links *L, uint64_t now_ms, proto_link *out,
+                      size_t cap);
 
 /* ------------------------------------------------------------------------ */
 /* The bee's training and its progress in the DHT (train.c).                 */

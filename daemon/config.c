@@ -37,6 +37,7 @@ enum opt_id {
   O_NO_MATCH_AHEAD,
   O_COMPRESSION,
   O_CLIP,
+  O_BANDWIDTH,
   O_ERROR_FEEDBACK,
   O_CLIENT,
   O_STATUS_INTERVAL,
@@ -153,6 +154,7 @@ static const struct opt {
     {"no-match-ahead", O_NO_MATCH_AHEAD, K_BOOL, true},
     {"compression", O_COMPRESSION, K_VALUE, true},
     {"clip", O_CLIP, K_VALUE, true},
+    {"bandwidth", O_BANDWIDTH, K_VALUE, true},
     {"error-feedback", O_ERROR_FEEDBACK, K_BOOL, true},
     {"label", O_LABEL, K_VALUE, true},
     {"threads", O_THREADS, K_VALUE, true},
@@ -283,6 +285,17 @@ static int parse_uint(const char *s, unsigned long lo, unsigned long hi,
   if (v < lo || v > hi)
     return BEE_ECONFIG;
   *out = (unsigned)v;
+  return 0;
+}
+
+/* Parses a finite decimal number in [lo, hi]. */
+static int parse_real(const char *s, double lo, double hi, double *out) {
+  char *end;
+  errno = 0;
+  double x = strtod(s, &end);
+  if (end == s || *end || errno || !isfinite(x) || x < lo || x > hi)
+    return BEE_ECONFIG;
+  *out = x;
   return 0;
 }
 
@@ -604,18 +617,13 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
                        o->id == O_WARMUP_EPOCHS ? 0 : 1);
     *(o->id == O_WARMUP_EPOCHS ? &cfg->warmup_epochs : &cfg->total_epochs) = u;
     return 0;
-  case O_MIN_LR: {
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (end == v || *end || errno || !isfinite(x) || x < 0 || x > 100)
+  case O_MIN_LR:
+    if (parse_real(v, 0, 100, &cfg->min_lr))
       return bee_failf(msg, cap, BEE_ECONFIG,
                        "bad learning rate '%.80s' (want a number in [0, 100])",
                        v);
-    cfg->min_lr = x;
     cfg->min_lr_set = true;
     return 0;
-  }
   case O_OPTIMIZER:
     if ((i = name_index(v, optimizer_names)) < 0)
       return bee_failf(msg, cap, BEE_ECONFIG,
@@ -686,20 +694,26 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
     cfg->compression = (int)c;
     return 0;
   }
-  case O_CLIP: {
-    char *end;
-    double f = strcmp(v, "auto") == 0  ? BEE_CLIP_AUTO
-               : strcmp(v, "off") == 0 ? 0
-                                       : strtod(v, &end);
-    if (strcmp(v, "auto") != 0 && strcmp(v, "off") != 0 &&
-        (end == v || *end || !(f >= 2 && f <= 1e6)))
+  case O_CLIP:
+    if (strcmp(v, "auto") == 0)
+      cfg->clip = BEE_CLIP_AUTO;
+    else if (strcmp(v, "off") == 0)
+      cfg->clip = 0;
+    else if (parse_real(v, 2, 1e6, &cfg->clip))
       return bee_failf(msg, cap, BEE_ECONFIG,
                        "bad clip '%.80s' (want auto, off or a factor of 2 "
                        "to 1e6: times the median norm)",
                        v);
-    cfg->clip = f;
     return 0;
-  }
+  case O_BANDWIDTH:
+    if (strcmp(v, "auto") == 0)
+      cfg->bandwidth_mbit = 0;
+    else if (parse_real(v, 0.1, PROTO_LINK_MBIT_MAX, &cfg->bandwidth_mbit))
+      return bee_failf(msg, cap, BEE_ECONFIG,
+                       "bad bandwidth '%.80s' (want auto, or Mbit/s from "
+                       "0.1 to %g)",
+                       v, PROTO_LINK_MBIT_MAX);
+    return 0;
   case O_PRECISION:
     if (strcmp(v, "fp32") != 0 && strcmp(v, "tf32") != 0 &&
         strcmp(v, "bf16") != 0 && strcmp(v, "fp16") != 0)
@@ -1210,6 +1224,9 @@ void bee_config_usage(FILE *f) {
       "                           in a round where, part by part, their norm\n"
       "                           is more than F times the median of the\n"
       "                           group's (auto: F = 10; default auto)\n"
+      "  --bandwidth auto|MBIT    this bee's link, Mbit/s, as its rounds size\n"
+      "                           the members' spans and stripes by (auto: as\n"
+      "                           its rounds measure it; default auto)\n"
       "  --delay-averaging        average an epoch's gradients while the next\n"
       "                           is computed (its step a round late)\n"
       "  --min-peers N            start training once N bees (this one too)\n"

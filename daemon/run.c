@@ -685,6 +685,8 @@ const proto_swarm_view *bee_run_view(const bee_run *r) { return &r->view.view; }
 
 double bee_run_rate(const bee_run *r) { return bee_rate_get(&r->rate); }
 
+bool bee_run_downloading(const bee_run *r) { return r->fetch.on; }
+
 void bee_run_stats_get(const bee_run *r, bee_run_stats *st) {
   st->downloads = r->fetch.loads;
   st->download_bytes = r->fetch.bytes;

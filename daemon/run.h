@@ -284,6 +284,8 @@ void bee_run_leave_record(bee_run *r, proto_progress *p, uint64_t *exp_s);
 /* Read-outs for status lines and beectl. */
 const proto_swarm_view *bee_run_view(const bee_run *r);
 double bee_run_rate(const bee_run *r);
+/* Whether a state (or step) download is under way. */
+bool bee_run_downloading(const bee_run *r);
 /* Counters of what it did, for the simulator and benchmarks. */
 typedef struct bee_run_stats {
   uint64_t downloads;      /* states loaded */

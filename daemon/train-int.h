@@ -7,9 +7,10 @@
  *                  shared state; the loop's tick
  *   train-state.c  snapshots of the state: served to peers, written as
  *                  checkpoints
+ *   train-links.c  the links to the peers: measured, published, declared
  *
  * train.c's head comment has the design; the decisions of the run are
- * the core's (run.h).  Nothing outside these three files includes this
+ * the core's (run.h).  Nothing outside these four files includes this
  * header.
  */
 #ifndef BEE_DAEMON_TRAIN_INT_H
@@ -245,6 +246,17 @@ struct bee_train {
   void (*leave_done)(void *arg); /* leaving: called once the last record
                                     is stored or LEAVE_MS passed */
   void *leave_arg;
+  /* the links (train-links.c) */
+  bee_links links;
+  uint8_t lkey[PROTO_DHT_KEY_BYTES];
+  uint64_t links_now, links_tick_ms, links_pub_ms; /* mono_ms */
+  uint64_t links_start_ms;                         /* bee__links_start's */
+  uint64_t links_exp; /* the last record's expiration */
+  bool probing;       /* our probe of probe_id is under way */
+  uint8_t probe_id[PROTO_ID_BYTES];
+  unsigned probe_left;                    /* its answers still to come */
+  uint64_t probe_budget_ms, probe_served; /* probes answered: the minute's */
+  double declared_said; /* the bandwidth last logged as declared */
 };
 
 /* Clocks: monotonic seconds and milliseconds (mono_ms is the run core's
@@ -322,5 +334,15 @@ void bee__match_declare(void *ctx, const proto_match *info,
 void bee__match_fetch(void *ctx, avg_node *node, const proto_match *info);
 /* The loop's tick: the worker's counters to the core, then its tick. */
 void bee__tick(uv_timer_t *h);
+
+/* ---- train-links.c ---------------------------------------------------- */
+/* Serves probes and names the links record; 0 or proto_host_on's code. */
+int bee__links_start(bee_train *t);
+void bee__links_stop(bee_train *t);
+/* From the tick: the connections' figures, probes, the record (each at
+ * its interval). */
+void bee__links_tick(bee_train *t);
+/* What this bee declares as its bandwidth, Mbit/s (--bandwidth). */
+double bee__links_declared(bee_train *t);
 
 #endif /* BEE_DAEMON_TRAIN_INT_H */

@@ -431,7 +431,9 @@ static void fill_request(bee_train *t, avg_node_request *req,
   memcpy(mc->info.schema_hash, a->state ? t->state_schema : t->schema,
          sizeof t->schema);
   mc->info.mode = t->cfg->client ? PROTO_MODE_CLIENT : PROTO_MODE_NODE;
-  mc->info.bandwidth_mbit = 1000;
+  mc->info.bandwidth_mbit = bee__links_declared(t);
+  if (t->cfg->bandwidth_mbit == 0)
+    req->headroom = 2; /* declared as measured: room to measure more */
   mc->info.weight = a->weight;
   mc->target_size = a->target_size;
   mc->max_size = a->max_size;
@@ -630,4 +632,5 @@ void bee__tick(uv_timer_t *h) {
   t->shared.pend_s = 0;
   uv_mutex_unlock(&t->mu);
   bee_run_tick(t->run, samples, compute_s);
+  bee__links_tick(t);
 }

@@ -1168,6 +1168,10 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
     bee_err(COMP, "cannot serve the state: %s", bee_strerror(rc));
     return rc;
   }
+  if ((rc = bee__links_start(t))) {
+    bee_err(COMP, "cannot serve link probes: %s", bee_strerror(rc));
+    return rc;
+  }
   if (t->eval_model) {
     if ((rc = uv_thread_create(&t->eval_thread, evaluator, t))) {
       bee_err(COMP, "cannot start the evaluation thread: %s", uv_strerror(rc));
@@ -1318,6 +1322,7 @@ void bee_train_stop(bee_train *t) {
    * comes, finds us stopped. */
   if (t->host)
     proto_host_on(t->host, STATE_METHOD, NULL, NULL);
+  bee__links_stop(t);
   avg_node_close(t->avg);
   t->avg = NULL;
   if (t->handles) {

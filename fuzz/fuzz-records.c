@@ -1,6 +1,6 @@
 /* fuzz-records.c: libFuzzer target for the swarm's typed DHT records.
  *
- * Input: one flags byte, then a DHT value.  Each of the four decoders
+ * Input: one flags byte, then a DHT value.  Each of the five decoders
  * reads the value, and at most one may accept it (their tags differ).
  * Whatever one accepts must encode again, never longer than the input
  * (fields of later versions are dropped, integers take their minimal
@@ -22,13 +22,14 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define NTYPES 4 /* PROTO_REC_PROGRESS..PROTO_REC_DONOR */
+#define NTYPES 5 /* PROTO_REC_PROGRESS..PROTO_REC_LINKS */
 
 typedef union any {
   proto_progress progress;
   proto_metrics metrics;
   proto_match match;
   proto_donor donor;
+  proto_links links;
 } any;
 
 static size_t any_size(int type) {
@@ -36,6 +37,7 @@ static size_t any_size(int type) {
   case PROTO_REC_PROGRESS: return sizeof(proto_progress);
   case PROTO_REC_METRICS: return sizeof(proto_metrics);
   case PROTO_REC_MATCH: return sizeof(proto_match);
+  case PROTO_REC_LINKS: return sizeof(proto_links);
   default: return sizeof(proto_donor);
   }
 }
@@ -46,6 +48,7 @@ static int decode(int type, const uint8_t *buf, size_t len, any *out) {
     return proto_progress_decode(buf, len, &out->progress);
   case PROTO_REC_METRICS: return proto_metrics_decode(buf, len, &out->metrics);
   case PROTO_REC_MATCH: return proto_match_decode(buf, len, &out->match);
+  case PROTO_REC_LINKS: return proto_links_decode(buf, len, &out->links);
   default: return proto_donor_decode(buf, len, &out->donor);
   }
 }
@@ -58,6 +61,7 @@ static int encode(int type, const any *in, uint8_t *buf, size_t cap,
   case PROTO_REC_METRICS:
     return proto_metrics_encode(&in->metrics, buf, cap, len);
   case PROTO_REC_MATCH: return proto_match_encode(&in->match, buf, cap, len);
+  case PROTO_REC_LINKS: return proto_links_encode(&in->links, buf, cap, len);
   default: return proto_donor_encode(&in->donor, buf, cap, len);
   }
 }
@@ -73,13 +77,16 @@ static void key_of(int type, const any *u, uint8_t key[PROTO_DHT_KEY_BYTES]) {
   case PROTO_REC_MATCH:
     proto_record_key(type, u->match.run, u->match.round, u->match.bits, key);
     break;
+  case PROTO_REC_LINKS:
+    proto_record_key(type, u->links.run, 0, NULL, key);
+    break;
   default: proto_record_key(type, u->donor.run, 0, NULL, key); break;
   }
 }
 
 /* Re-encodes what type's decoder accepted, and checks the round trip. */
 static void roundtrip(int type, const any *u, size_t size) {
-  uint8_t buf[PROTO_RECORD_MAX], buf2[PROTO_RECORD_MAX];
+  static uint8_t buf[PROTO_LINKS_RECORD_MAX], buf2[PROTO_LINKS_RECORD_MAX];
   size_t len, len2;
   any again;
   if (encode(type, u, buf, sizeof buf, &len) != 0 || len > size)
@@ -103,7 +110,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   uint8_t flags = data[0];
   const uint8_t *value = data + 1;
   size_t n = size - 1;
-  for (int t = PROTO_REC_PROGRESS; t <= PROTO_REC_DONOR; t++) {
+  for (int t = PROTO_REC_PROGRESS; t <= PROTO_REC_LINKS; t++) {
     memset(&u[t], 0xa5, sizeof u[t]);
     rc[t] = decode(t, value, n, &u[t]);
     if (rc[t] > 0)
@@ -132,7 +139,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   else
     r.subkey = (proto_bytes){(const uint8_t *)"x", 1};
   int got = proto_record_check(&r, &type);
-  if (type < PROTO_REC_NONE || type > PROTO_REC_DONOR)
+  if (type < PROTO_REC_NONE || type > PROTO_REC_LINKS)
     abort();
   if (type == PROTO_REC_NONE) {
     if (got != 0 || accepted != PROTO_REC_NONE)

@@ -186,7 +186,7 @@ static void gen_token(void) {
  * bit 1: the value's own key), then the value. */
 static void put_rec(const char *name, uint8_t flags, const uint8_t *p,
                     size_t n) {
-  uint8_t buf[PROTO_RECORD_MAX + 64];
+  static uint8_t buf[PROTO_LINKS_RECORD_MAX + 64];
   if (n + 1 > sizeof buf) {
     fprintf(stderr, "gen-corpus: %s too long\n", name);
     exit(1);
@@ -282,6 +282,22 @@ static void gen_records(void) {
   must(proto_donor_encode(&d, buf, sizeof buf, &len), "donor");
   put_rec("donor", 3, buf, len);
   put_rec("donor-other-key", 1, buf, len);
+
+  static proto_links l = {.time_ms = FUZZ_NOW * 1000ull, .n = 3};
+  static uint8_t lbuf[PROTO_LINKS_RECORD_MAX];
+  snprintf(l.run, sizeof l.run, "fuzz-run");
+  for (size_t i = 0; i < l.n; i++) {
+    memset(l.links[i].id, (int)(0x31 + i), PROTO_ID_BYTES);
+    l.links[i].rtt_us = 103000 * (i + 1);
+    l.links[i].mbit = 60.5 * (double)i;
+    l.links[i].age_s = i;
+  }
+  must(proto_links_encode(&l, lbuf, sizeof lbuf, &len), "links");
+  put_rec("links", 3, lbuf, len);
+  /* The first entry's id as the third's: a peer twice. */
+  memcpy(lbuf + len - 1 - 9 - 5 - PROTO_ID_BYTES, l.links[0].id,
+         PROTO_ID_BYTES);
+  put_rec("bad-links-twice", 3, lbuf, len);
 
   /* Untyped: a revocation list's head, and a newer peer's type. */
   put_rec("plain-revocation-head", 3, (const uint8_t *)"\x92\x01\x1f", 3);

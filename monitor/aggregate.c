@@ -90,6 +90,8 @@ int mon_new(const mon_config *cfg, mon **out) {
 void mon_free(mon *m) {
   if (!m)
     return;
+  for (size_t i = 0; m->peers && i < m->npeers; i++)
+    free(m->peers[i].links);
   free(m->peers);
   free(m->fine.p);
   free(m->coarse.p);
@@ -259,6 +261,38 @@ void mon_donors(mon *m, uint64_t now_ms, const mon_record *donors, size_t n) {
   }
 }
 
+int mon_links(mon *m, uint64_t now_ms, const mon_record *links, size_t n) {
+  int out = 0;
+  proto_links *l = malloc(sizeof *l);
+  if (!l)
+    return -ENOMEM;
+  for (size_t i = 0; i < n; i++) {
+    int rc = proto_links_decode(links[i].value, links[i].n, l);
+    if (rc) {
+      bad_record(m, links[i].id, now_ms, "links", rc);
+      continue;
+    }
+    mon_peer *p = peer_of(m, links[i].id);
+    if (!p || strcmp(l->run, m->cfg.run) != 0)
+      continue;
+    if (!p->links && !(p->links = malloc(sizeof *p->links))) {
+      out = -ENOMEM;
+      continue;
+    }
+    *p->links = *l;
+    p->links_ms = now_ms;
+  }
+  free(l);
+  for (size_t i = 0; i < m->npeers; i++) {
+    mon_peer *p = &m->peers[i];
+    if (p->links && now_ms - p->links_ms >= MON_GONE_MS) {
+      free(p->links);
+      p->links = NULL;
+    }
+  }
+  return out;
+}
+
 /* Joins (a first progress record) and leaves (a last one that says so,
  * or quiet for MON_GONE_MS). */
 static void churn(mon *m, uint64_t now_ms) {
@@ -278,6 +312,7 @@ static void churn(mon *m, uint64_t now_ms) {
         m->left++;
         event(m, now_ms, MON_EV_LEAVE, p->id, 0, left ? "left" : "went quiet");
       }
+      free(p->links);
       *p = m->peers[--m->npeers];
       continue;
     }

@@ -131,6 +131,48 @@ function render(snap) {
   drawCharts();
 }
 
+/* The link matrix from /api/links: a row per sending bee, a column per
+ * receiving one; each cell the rate (Mbit/s) over the round trip (ms),
+ * colored by the rate among the matrix's own. */
+function renderLinks(x) {
+  const t = $("links"); t.textContent = "";
+  const bees = x.bees, name = (b) => b.label || b.id.slice(0, 8);
+  const at = new Map(x.links.map((l) => [l.from + " " + l.to, l]));
+  const rates = x.links.map((l) => l.mbit).filter((v) => v !== null);
+  const lo = Math.min(...rates), hi = Math.max(...rates);
+  $("links-note").textContent = x.links.length
+    ? x.links.length + " measured, Mbit/s / round trip ms, from the row's bee to the column's" : "none measured yet";
+  if (!x.links.length) return;
+  const head = document.createElement("tr");
+  head.appendChild(document.createElement("th"));
+  for (const b of bees) {
+    const th = document.createElement("th"); th.textContent = name(b); th.title = b.id; head.appendChild(th);
+  }
+  t.appendChild(head);
+  for (const from of bees) {
+    const tr = document.createElement("tr"), th = document.createElement("th");
+    th.textContent = name(from); th.title = from.id; th.className = "row"; tr.appendChild(th);
+    for (const to of bees) {
+      const td = document.createElement("td"), l = at.get(from.id + " " + to.id);
+      if (from.id === to.id) { td.textContent = "·"; td.className = "self"; }
+      else if (!l) { td.textContent = "–"; td.className = "cell"; }
+      else {
+        td.textContent = fmt(l.mbit, 0) + " / " + fmt(l.rtt_ms, 0);
+        td.title = name(from) + " → " + name(to) + ": " + fmt(l.mbit, 1) + " Mbit/s, round trip " +
+          fmt(l.rtt_ms, 1) + " ms, measured " + l.age_s + " s ago";
+        const k = l.mbit === null ? null : hi > lo ? Math.min(9, Math.floor(10 * (l.mbit - lo) / (hi - lo))) : 5;
+        td.className = "cell" + (k === null ? "" : " h" + k);
+      }
+      tr.appendChild(td);
+    }
+    t.appendChild(tr);
+  }
+}
+
+async function pollLinks() {
+  try { renderLinks(await load("/api/links")); } catch (e) { $("links-note").textContent = "–"; }
+}
+
 document.querySelectorAll("th").forEach((th) => th.addEventListener("click", () => {
   const k = th.dataset.k; sortDir = k === sortKey ? -sortDir : -1; sortKey = k;
   if (lastSnap) renderRows(lastSnap);
@@ -162,4 +204,5 @@ function connect() {
 
 load("/api/history?since=0&points=" + MAX_POINTS)
   .then((h) => { history = h; drawCharts(); }).catch(() => {}).finally(connect);
+pollLinks(); setInterval(pollLinks, 5000);
 window.addEventListener("resize", drawCharts);

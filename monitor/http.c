@@ -6,6 +6,7 @@
  *                           page's Content-Security-Policy forbids them)
  *   GET /api/snapshot       mon_snapshot_json
  *   GET /api/history?since=MS[&points=N]  mon_history_json
+ *   GET /api/links          mon_links_json
  *   GET /metrics            mon_prometheus
  *   /ws (websocket)         the snapshot on connect, then one per scrape;
  *                           {"type":"history","since":MS,"points":N}
@@ -159,6 +160,8 @@ static int on_http(mon_http *h, struct lws *wsi, session *s, const char *uri) {
     const char *pts = lws_get_urlarg_by_name(wsi, "points=", v, sizeof v);
     size_t points = pts ? (size_t)strtoull(pts, NULL, 10) : 2000;
     rc = mon_history_json(h->m, since_ms, points, &b);
+  } else if (strcmp(uri, "/api/links") == 0) {
+    rc = mon_links_json(h->m, &b);
   } else if (strcmp(uri, "/metrics") == 0) {
     rc = mon_prometheus(h->m, &b);
     type = "text/plain; version=0.0.4";

@@ -56,6 +56,9 @@ typedef struct mon_peer {
   bool has_donor;             /* its donor record: address, free slots */
   char addr[PROTO_ADDR_MAX];
   uint64_t donor_epoch, slots;
+  proto_links *links; /* its links record (heap); NULL: none, or
+                                 none found for MON_GONE_MS */
+  uint64_t links_ms;  /* the scrape that last found it */
 } mon_peer;
 
 /* STATE: a peer's epoch jumped by more than one between two of its
@@ -121,6 +124,11 @@ const char *mon_run(const mon *m);
  * attached to the peers they name; a malformed one is reported as in
  * mon_scrape. */
 void mon_donors(mon *m, uint64_t now_ms, const mon_record *donors, size_t n);
+/* The links records of that scrape ("<run>_links": what each peer
+ * measured of its links from the others), attached to the peers they
+ * name; a malformed one is reported as in mon_scrape.  -ENOMEM when a
+ * record could not be kept (the others are). */
+int mon_links(mon *m, uint64_t now_ms, const mon_record *links, size_t n);
 /* The peers known now: each has a progress record of the run (gone ones
  * are dropped); and the counts so far. */
 const mon_peer *mon_peers(const mon *m, size_t *n);
@@ -165,9 +173,15 @@ int mon_history_json(const mon *m, uint64_t since_ms, size_t max_points,
 /* One line of the log file: the last point and every peer's epoch, rate,
  * loss and label (no newline).  0 or -ENOMEM. */
 int mon_line_json(const mon *m, mon_buf *out);
-/* Prometheus text format 0.0.4: swarm gauges and per-peer gauges labelled
- * by peer id and label.  0 or -ENOMEM. */
+/* Prometheus text format 0.0.4: swarm gauges, per-peer gauges labelled
+ * by peer id and label, and per-link gauges labelled by the ids at both
+ * ends (beed_link_rtt_seconds{from,to}, beed_link_bandwidth_bits{from,to}:
+ * bits per second from `from` to `to`).  0 or -ENOMEM. */
 int mon_prometheus(const mon *m, mon_buf *out);
+/* The link matrix as JSON: {"run", "bees": [{"id", "label"}...], "links":
+ * [{"from", "to", "rtt_ms", "mbit", "age_s"}...]} with every link a known
+ * peer measured (rtt_ms or mbit null where not measured).  0 or -ENOMEM. */
+int mon_links_json(const mon *m, mon_buf *out);
 
 /* History access for the renderers: the points kept, oldest first. */
 size_t mon_history_n(const mon *m);

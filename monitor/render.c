@@ -264,6 +264,8 @@ static void gauge(mon_buf *b, const char *name, const char *help, double x) {
     mon_buf_printf(b, "%s NaN\n", name);
 }
 
+static void links_prometheus(mon_buf *b, const mon_peer *peers, size_t n);
+
 int mon_prometheus(const mon *m, mon_buf *b) {
   const mon_point *p = mon_last(m);
   mon_point zero = {
@@ -326,5 +328,88 @@ int mon_prometheus(const mon *m, mon_buf *b) {
         mon_buf_printf(b, "\"} NaN\n");
     }
   }
+  links_prometheus(b, peers, n);
   return b->oom ? -ENOMEM : 0;
+}
+
+/* The entries of the known peers' links records whose other end is a
+ * known peer too: fn(from, to, entry) for each. */
+static void each_link(const mon_peer *peers, size_t n,
+                      void (*fn)(mon_buf *b, const mon_peer *from,
+                                 const mon_peer *to, const proto_link *l),
+                      mon_buf *b) {
+  for (size_t j = 0; j < n; j++) {
+    const proto_links *r = peers[j].links;
+    for (size_t e = 0; r && e < r->n; e++)
+      for (size_t i = 0; i < n; i++)
+        if (i != j && memcmp(peers[i].id, r->links[e].id, PROTO_ID_BYTES) == 0)
+          fn(b, &peers[i], &peers[j], &r->links[e]);
+  }
+}
+
+static void link_json(mon_buf *b, const mon_peer *from, const mon_peer *to,
+                      const proto_link *l) {
+  char a[2 * PROTO_ID_BYTES + 1], c[2 * PROTO_ID_BYTES + 1];
+  proto_hex(from->id, PROTO_ID_BYTES, a);
+  proto_hex(to->id, PROTO_ID_BYTES, c);
+  if (b->len && b->p[b->len - 1] == '}') /* not the list's first */
+    mon_buf_printf(b, ",");
+  mon_buf_printf(b, "{\"from\":\"%s\",\"to\":\"%s\",", a, c);
+  num(b, "rtt_ms", l->rtt_us ? (double)l->rtt_us / 1000 : NAN, true);
+  num(b, "mbit", l->mbit > 0 ? l->mbit : NAN, true);
+  mon_buf_printf(b, "\"age_s\":%llu}", (unsigned long long)l->age_s);
+}
+
+int mon_links_json(const mon *m, mon_buf *b) {
+  size_t n;
+  const mon_peer *peers = mon_peers(m, &n);
+  mon_buf_printf(b, "{\"run\":");
+  mon_buf_json_str(b, mon_run(m));
+  mon_buf_printf(b, ",\"bees\":[");
+  for (size_t i = 0; i < n; i++) {
+    char id[2 * PROTO_ID_BYTES + 1];
+    proto_hex(peers[i].id, PROTO_ID_BYTES, id);
+    mon_buf_printf(b, "%s{\"id\":\"%s\",\"label\":", i ? "," : "", id);
+    mon_buf_json_str(b, peers[i].progress.label);
+    mon_buf_printf(b, "}");
+  }
+  mon_buf_printf(b, "],\"links\":[");
+  each_link(peers, n, link_json, b);
+  mon_buf_printf(b, "]}");
+  return b->oom ? -ENOMEM : 0;
+}
+
+static void link_rtt(mon_buf *b, const mon_peer *from, const mon_peer *to,
+                     const proto_link *l) {
+  char a[2 * PROTO_ID_BYTES + 1], c[2 * PROTO_ID_BYTES + 1];
+  if (!l->rtt_us)
+    return;
+  proto_hex(from->id, PROTO_ID_BYTES, a);
+  proto_hex(to->id, PROTO_ID_BYTES, c);
+  mon_buf_printf(b, "beed_link_rtt_seconds{from=\"%s\",to=\"%s\"} %.9g\n", a, c,
+                 (double)l->rtt_us / 1e6);
+}
+
+static void link_bits(mon_buf *b, const mon_peer *from, const mon_peer *to,
+                      const proto_link *l) {
+  char a[2 * PROTO_ID_BYTES + 1], c[2 * PROTO_ID_BYTES + 1];
+  if (!(l->mbit > 0))
+    return;
+  proto_hex(from->id, PROTO_ID_BYTES, a);
+  proto_hex(to->id, PROTO_ID_BYTES, c);
+  mon_buf_printf(b, "beed_link_bandwidth_bits{from=\"%s\",to=\"%s\"} %.9g\n", a,
+                 c, l->mbit * 1e6);
+}
+
+static void links_prometheus(mon_buf *b, const mon_peer *peers, size_t n) {
+  mon_buf_printf(b, "# HELP beed_link_rtt_seconds The least round trip "
+                    "from one peer to another, as the receiving peer "
+                    "measured it.\n"
+                    "# TYPE beed_link_rtt_seconds gauge\n");
+  each_link(peers, n, link_rtt, b);
+  mon_buf_printf(b, "# HELP beed_link_bandwidth_bits The rate data from one "
+                    "peer reached another at, bits per second, as the "
+                    "receiving peer measured it.\n"
+                    "# TYPE beed_link_bandwidth_bits gauge\n");
+  each_link(peers, n, link_bits, b);
 }

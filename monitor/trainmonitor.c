@@ -38,8 +38,11 @@ typedef struct opts {
   int log_level;
 } opts;
 
-/* A scrape reads three keys of the run, in this order. */
-enum { R_PROGRESS, R_METRICS, R_DONORS, READS };
+/* A scrape reads these keys of the run, in this order; the links (which
+ * bees publish every 10 s, each a few KiB) only every LINKS_EVERY
+ * scrapes. */
+enum { R_PROGRESS, R_METRICS, R_DONORS, R_LINKS, READS };
+#define LINKS_EVERY 5
 
 /* Owned records copied out of a lookup's callback: owner ids, values. */
 typedef struct recset {
@@ -66,6 +69,7 @@ typedef struct tm_state {
   unsigned tok_warned;        /* expiry warnings given */
   uint8_t keys[READS][PROTO_DHT_KEY_BYTES]; /* the run's, by R_* */
   int stage;                                /* the read under way */
+  uint64_t scrapes;                         /* begun */
   bool joined, booting, busy, stopping;
   uint64_t boot_at_ms; /* next bootstrap try (loop ms) */
   /* the records of the scrape under way, copied */
@@ -263,6 +267,9 @@ static void scrape_done(tm_state *s) {
     mon_scrape(s->m, now, r[R_PROGRESS], s->sets[R_PROGRESS].n, r[R_METRICS],
                s->sets[R_METRICS].n);
     mon_donors(s->m, now, r[R_DONORS], s->sets[R_DONORS].n);
+    if (s->scrapes % LINKS_EVERY == 1 &&
+        mon_links(s->m, now, r[R_LINKS], s->sets[R_LINKS].n) != 0)
+      bee_warn(COMP, "out of memory: some links records not kept");
     log_line(s);
     mon_http_update(s->http);
   }
@@ -283,6 +290,8 @@ static void read_cb(dht_node *n, int status, const dht_value *v,
     return;
   }
   recset_take(&s->sets[s->stage], status, v);
+  if (s->stage + 1 == R_LINKS && s->scrapes % LINKS_EVERY != 1)
+    s->stage++; /* not this scrape: the links' set stays empty */
   if (++s->stage < READS) {
     if (dht_get(n, s->keys[s->stage], true, read_cb, s) != 0)
       read_cb(n, BEE_ECANCELED, NULL, NULL, s);
@@ -326,6 +335,7 @@ static void tick(uv_timer_t *t) {
     return; /* the last scrape is still reading: skip this one */
   s->busy = true;
   s->stage = R_PROGRESS;
+  s->scrapes++;
   if (dht_get(n, s->keys[R_PROGRESS], true, read_cb, s) != 0)
     s->busy = false;
 }
@@ -514,6 +524,7 @@ static int start(tm_state *s) {
   proto_record_key(PROTO_REC_PROGRESS, o->run, 0, NULL, s->keys[R_PROGRESS]);
   proto_record_key(PROTO_REC_METRICS, o->run, 0, NULL, s->keys[R_METRICS]);
   proto_record_key(PROTO_REC_DONOR, o->run, 0, NULL, s->keys[R_DONORS]);
+  proto_record_key(PROTO_REC_LINKS, o->run, 0, NULL, s->keys[R_LINKS]);
   proto_host_config hc;
   proto_host_config_default(&hc);
   hc.loop = &s->loop;

@@ -222,6 +222,24 @@ typedef struct proto_method {
   void *oneway_data;
 } proto_method;
 
+/* The rate data reaches us at on a connection (meter.c): reads grouped
+ * into flights, the best flight's bytes/s since last taken. */
+#define PROTO__FLIGHT_MIN (256u << 10) /* bytes after a flight's first read */
+typedef struct proto__flight {
+  uint64_t start_ns, last_ns; /* the flight under way; 0: none */
+  uint64_t bytes;             /* its bytes after the first read */
+  uint64_t skip;              /* of those, the backlog still to pass */
+  double best;                /* bytes/s, the best flight closed */
+} proto__flight;
+/* Whether a read at now_ns starts a flight: then pass its backlog. */
+bool proto__flight_starts(const proto__flight *f, uint64_t now_ns,
+                          uint64_t gap_ns);
+void proto__flight_add(proto__flight *f, uint64_t now_ns, size_t bytes,
+                       uint64_t gap_ns, uint64_t backlog);
+/* The best since the last take (closing a flight paused over the gap),
+ * bytes/s, or 0; starts again from nothing. */
+double proto__flight_take(proto__flight *f, uint64_t now_ns, uint64_t gap_ns);
+
 struct proto_conn {
   proto_host *h;
   proto_conn *prev, *next; /* host's list of all connections */
@@ -255,7 +273,11 @@ struct proto_conn {
   size_t queued; /* bytes handed to uv_write, not yet completed */
   uint64_t last_rx_ms, last_write_ms, ping_sent_ms;
   uint64_t hs_sent_ms; /* a handshake message of ours awaits the next */
-  uint64_t rtt_ms;     /* least round trip seen (handshake, ping); 0: none */
+  uint64_t ping_sent_ns, hs_sent_ns; /* the same two, uv_hrtime */
+  uint64_t rtt_us;      /* least round trip seen (handshake, ping) */
+  proto__flight flight; /* a control connection's: the rate its peer's
+                           data reaches us at on all its connections
+                           (meter.c) */
   bool has_rtt;
   uint64_t next_call_id;
   proto_call *calls;
@@ -276,6 +298,7 @@ struct proto_host {
   size_t nwpool;
   size_t nall; /* every connection object, any state */
   size_t nup;
+  size_t nbulk; /* of those, bulk connections (meter.c asks their queues) */
   proto_method *methods;
   /* Up control connections by peer id (retiring duplicates included),
    * so that proto_host_find costs the same with 5 peers or 5,000. */

@@ -577,8 +577,14 @@ int proto_dht_record_verify(const proto_dht_record *r);
 #define PROTO_SCHEMA_HASH_BYTES 32
 #define PROTO_GROUP_MAX 65535     /* peers in one averaging group */
 #define PROTO_DONOR_SLOTS_MAX 1024
-/* No typed record this version writes is longer than this, bytes. */
+/* No typed record this version writes is longer than this, bytes, but a
+ * links record (PROTO_LINKS_RECORD_MAX). */
 #define PROTO_RECORD_MAX 512
+#define PROTO_LINKS_MAX 64 /* peers in one links record */
+#define PROTO_LINKS_RECORD_MAX 4096
+#define PROTO_LINK_RTT_MAX_US 60000000u /* a round trip past a minute: absurd */
+#define PROTO_LINK_MBIT_MAX 1e6         /* a terabit per second */
+#define PROTO_LINK_AGE_MAX_S 86400
 
 enum proto_record_type {
   PROTO_REC_NONE = 0, /* untyped, or a type this version does not know */
@@ -586,6 +592,7 @@ enum proto_record_type {
   PROTO_REC_METRICS,  /* "bee.metrics" under "<run>_metrics" */
   PROTO_REC_MATCH,    /* "bee.match" under "<run>.avg.<round>.<bits>" */
   PROTO_REC_DONOR,    /* "bee.donor" under "<run>_donors" */
+  PROTO_REC_LINKS,    /* "bee.links" under "<run>_links" */
 };
 
 /* How a peer takes part in a run. */
@@ -684,11 +691,29 @@ typedef struct proto_donor {
   uint64_t slots;                /* free download slots, <= 1024 */
 } proto_donor;
 
+/* What a peer measured of its links to others: for each, the least round
+ * trip and the rate data from that peer reached it at, as its rounds,
+ * downloads and probes measured them (daemon/links.c). */
+typedef struct proto_link {
+  uint8_t id[PROTO_ID_BYTES]; /* the other peer; distinct in a record */
+  uint64_t rtt_us;            /* <= PROTO_LINK_RTT_MAX_US; 0: not measured */
+  double mbit;                /* from it to the publisher, Mbit/s, finite,
+                                 0..PROTO_LINK_MBIT_MAX; 0: not measured */
+  uint64_t age_s;             /* since last measured, <= PROTO_LINK_AGE_MAX_S */
+} proto_link;
+
+typedef struct proto_links {
+  char run[PROTO_RUN_MAX + 1];
+  uint64_t time_ms; /* unix ms, when written */
+  size_t n;         /* <= PROTO_LINKS_MAX */
+  proto_link links[PROTO_LINKS_MAX];
+} proto_links;
+
 /* The encoders refuse what the decoders would refuse, before writing
  * anything: a string over its limit (or not NUL-terminated inside its
  * array) is BEE_ETOOBIG, any other value out of its range BEE_ERANGE.  A
  * buf smaller than the encoding is BEE_ETOOBIG; PROTO_RECORD_MAX bytes are
- * always enough.  They write the current version, minimal-width integers
+ * always enough (PROTO_LINKS_RECORD_MAX for a links record).  They write the current version, minimal-width integers
  * and float64 floats. */
 int proto_progress_encode(const proto_progress *p, uint8_t *buf, size_t cap,
                           size_t *len);
@@ -697,6 +722,8 @@ int proto_metrics_encode(const proto_metrics *m, uint8_t *buf, size_t cap,
 int proto_match_encode(const proto_match *m, uint8_t *buf, size_t cap,
                        size_t *len);
 int proto_donor_encode(const proto_donor *d, uint8_t *buf, size_t cap,
+                       size_t *len);
+int proto_links_encode(const proto_links *l, uint8_t *buf, size_t cap,
                        size_t *len);
 /* Strict decoders, with the codes of docs/PROTOCOL.md sections 2 and 9:
  * a tag that is not a str BEE_ETYPE, another tag BEE_EUNKNOWN, a version
@@ -736,6 +763,9 @@ void proto_swarm_view_compute(const proto_progress *v, size_t n,
 int proto_metrics_decode(const uint8_t *buf, size_t len, proto_metrics *out);
 int proto_match_decode(const uint8_t *buf, size_t len, proto_match *out);
 int proto_donor_decode(const uint8_t *buf, size_t len, proto_donor *out);
+/* Also BEE_ERANGE for an entry whose peer an earlier one names; an entry
+ * is [id, rtt_us, mbit, age_s] followed by any later fields (skipped). */
+int proto_links_decode(const uint8_t *buf, size_t len, proto_links *out);
 
 /* The DHT key of a name: BLAKE2b-160("beed dht key" || name), name without
  * its NUL.  Every well-known key of the swarm derives from a name so. */
@@ -1143,6 +1173,16 @@ void *proto_conn_get_data(const proto_conn *c);
 /* The least round trip seen on c, ms (from the handshake, then keepalive
  * pings): 0 when under a millisecond or not known yet. */
 uint64_t proto_conn_rtt_ms(const proto_conn *c);
+/* The same in microseconds: 0 when not known yet. */
+uint64_t proto_conn_rtt_us(const proto_conn *c);
+/* The rate c's peer's data reached us at, Mbit/s, since the last call
+ * (0: no measure), over all our connections to it (c a control
+ * connection; a bulk one gives 0): the best of its flights (a window's
+ * worth of segments, timed from the reads; proto/meter.c) that moved 256
+ * KiB or more.  It is the rate of the slowest link on the path, or what
+ * the sender's pacing allows of it, also while TCP's window is still
+ * growing; a loop busy elsewhere can lower it, never raise it. */
+double proto_conn_take_rx_mbit(proto_conn *c);
 /* Memory held by c's write queue: queued frames and their bookkeeping. */
 size_t proto_conn_queued(const proto_conn *c);
 

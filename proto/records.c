@@ -1,6 +1,6 @@
 /* records.c: the swarm's typed DHT records and the keys of DHT names.
  *
- * Besides the revocation list, the swarm publishes four kinds of records
+ * Besides the revocation list, the swarm publishes five kinds of records
  * in the DHT (docs/PROTOCOL.md, section 9), each value one msgpack array:
  *   ["bee.progress", 1, run, epoch, samples, samples_per_second, time_ms,
  *    mode, label, leaving (optional: only true is written)]
@@ -12,6 +12,7 @@
  *   ["bee.match", 1, run, round, bits, addr, schema_hash, mode,
  *    bandwidth_mbit, weight]
  *   ["bee.donor", 1, run, addr, epoch, slots]
+ *   ["bee.links", 1, run, time_ms, [[id, rtt_us, mbit, age_s]...]]
  * The head is a str tag rather than the numeric [version, type] of the RPC
  * payloads because the DHT also holds plain values put by hand: a tag in
  * the reserved "bee." namespace tells a typed value from any other without
@@ -57,11 +58,12 @@ static const struct {
     [PROTO_REC_METRICS] = {"bee.metrics", 14},
     [PROTO_REC_MATCH] = {"bee.match", 8},
     [PROTO_REC_DONOR] = {"bee.donor", 4},
+    [PROTO_REC_LINKS] = {"bee.links", 3},
 };
 
 /* The PROTO_REC_* a tag names, or PROTO_REC_NONE. */
 static int tag_type(proto_bytes tag) {
-  for (int t = PROTO_REC_PROGRESS; t <= PROTO_REC_DONOR; t++) {
+  for (int t = PROTO_REC_PROGRESS; t <= PROTO_REC_LINKS; t++) {
     size_t n = strlen(schemas[t].tag);
     if (tag.n == n && memcmp(tag.p, schemas[t].tag, n) == 0)
       return t;
@@ -627,6 +629,102 @@ int proto_donor_decode(const uint8_t *buf, size_t len, proto_donor *out) {
   return rc;
 }
 
+/* ---- links ------------------------------------------------------------- */
+
+static bool link_ok(const proto_link *l) {
+  return l->rtt_us <= PROTO_LINK_RTT_MAX_US && isfinite(l->mbit) &&
+         l->mbit >= 0 && l->mbit <= PROTO_LINK_MBIT_MAX &&
+         l->age_s <= PROTO_LINK_AGE_MAX_S;
+}
+
+/* Whether entry i names a peer an earlier entry names. */
+static bool link_repeats(const proto_link *v, size_t i) {
+  for (size_t k = 0; k < i; k++)
+    if (memcmp(v[k].id, v[i].id, PROTO_ID_BYTES) == 0)
+      return true;
+  return false;
+}
+
+int proto_links_encode(const proto_links *l, uint8_t *buf, size_t cap,
+                       size_t *len) {
+  size_t run_n;
+  proto_wr w;
+  int rc;
+  if ((rc = proto__str_check(l->run, sizeof l->run, proto__run_ok, &run_n)))
+    return rc;
+  if (l->n > PROTO_LINKS_MAX)
+    return BEE_ERANGE;
+  for (size_t i = 0; i < l->n; i++)
+    if (!link_ok(&l->links[i]) || link_repeats(l->links, i))
+      return BEE_ERANGE;
+  proto__wr_init(&w, buf, cap);
+  wr_head(&w, PROTO_REC_LINKS, 0);
+  proto__wr_str(&w, l->run, run_n);
+  proto__wr_uint(&w, l->time_ms);
+  proto__wr_array(&w, (uint32_t)l->n);
+  for (size_t i = 0; i < l->n; i++) {
+    const proto_link *e = &l->links[i];
+    proto__wr_array(&w, 4);
+    proto__wr_bin(&w, e->id, PROTO_ID_BYTES);
+    proto__wr_uint(&w, e->rtt_us);
+    proto__wr_f64(&w, e->mbit);
+    proto__wr_uint(&w, e->age_s);
+  }
+  return wr_done(&w, len);
+}
+
+/* One entry: [id, rtt_us, mbit, age_s, later fields...]. */
+static int rd_link(proto_rd *r, proto_link *e) {
+  uint32_t k;
+  int rc;
+  if ((rc = proto__rd_array(r, &k)))
+    return rc;
+  if (k < 4)
+    return BEE_EMISSING;
+  if ((rc = proto__rd_fixbin(r, e->id, PROTO_ID_BYTES)) ||
+      (rc = proto__rd_uint_max(r, PROTO_LINK_RTT_MAX_US, &e->rtt_us)) ||
+      (rc = rd_float(r, F_NONNEG, &e->mbit)) ||
+      (rc = proto__rd_uint_max(r, PROTO_LINK_AGE_MAX_S, &e->age_s)))
+    return rc;
+  if (e->mbit > PROTO_LINK_MBIT_MAX)
+    return BEE_ERANGE;
+  for (k -= 4; k > 0; k--)
+    if ((rc = proto__rd_skip(r,
+                             SKIP_DEPTH - 2))) /* in the list, in the record */
+      return rc;
+  return 0;
+}
+
+int proto_links_decode(const uint8_t *buf, size_t len, proto_links *out) {
+  proto_rd r;
+  uint32_t extra, n;
+  int rc;
+  memset(out, 0, sizeof *out);
+  if ((rc = rd_head(&r, buf, len, PROTO_REC_LINKS, &extra)) ||
+      (rc = rd_run(&r, out->run)) || (rc = proto__rd_uint(&r, &out->time_ms)) ||
+      (rc = proto__rd_array(&r, &n)))
+    goto fail;
+  if (n > PROTO_LINKS_MAX) {
+    rc = BEE_ERANGE;
+    goto fail;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    if ((rc = rd_link(&r, &out->links[i])))
+      goto fail;
+    if (link_repeats(out->links, i)) {
+      rc = BEE_ERANGE;
+      goto fail;
+    }
+  }
+  out->n = n;
+  if ((rc = rd_tail(&r, extra)))
+    goto fail;
+  return 0;
+fail:
+  memset(out, 0, sizeof *out);
+  return rc;
+}
+
 /* ---- keys -------------------------------------------------------------- */
 
 /* BLAKE2b-160 of the domain followed by the concatenated parts: the key of
@@ -665,6 +763,9 @@ void proto_record_key(int type, const char *run, uint64_t round,
     return;
   case PROTO_REC_DONOR:
     key_of((const char *const[]){run, "_donors"}, 2, key);
+    return;
+  case PROTO_REC_LINKS:
+    key_of((const char *const[]){run, "_links"}, 2, key);
     return;
   default: assert(!"not a typed record"); memset(key, 0, PROTO_DHT_KEY_BYTES);
   }
@@ -713,6 +814,7 @@ int proto_record_check(const proto_dht_record *r, int *type) {
     proto_metrics metrics;
     proto_match match;
     proto_donor donor;
+    proto_links links;
   } u;
   uint8_t want[PROTO_DHT_KEY_BYTES];
   const char *run, *bits = NULL;
@@ -737,6 +839,10 @@ int proto_record_check(const proto_dht_record *r, int *type) {
     run = u.match.run;
     round = u.match.round;
     bits = u.match.bits;
+    break;
+  case PROTO_REC_LINKS:
+    rc = proto_links_decode(r->value.p, r->value.n, &u.links);
+    run = u.links.run;
     break;
   default:
     rc = proto_donor_decode(r->value.p, r->value.n, &u.donor);

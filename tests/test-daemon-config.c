@@ -387,6 +387,20 @@ static void test_every_flag(void) {
     ASSERT_ERR("--clip: bad clip");
   }
 
+  /* --bandwidth: auto (0, the default) or Mbit/s from 0.1 to a Tbit/s. */
+  ASSERT_OK(parse(&c, "--open", NULL));
+  ASSERT(c.bandwidth_mbit == 0);
+  ASSERT_OK(parse(&c, "--open", "--bandwidth", "250", NULL));
+  ASSERT(c.bandwidth_mbit == 250);
+  ASSERT_OK(
+      parse(&c, "--open", "--bandwidth", "250", "--bandwidth", "auto", NULL));
+  ASSERT(c.bandwidth_mbit == 0);
+  const char *bad_bw[] = {"0", "0.05", "-1", "nan", "inf", "2e6", "1g", ""};
+  for (size_t i = 0; i < sizeof bad_bw / sizeof *bad_bw; i++) {
+    ASSERT_RC(parse(&c, "--open", "--bandwidth", bad_bw[i], NULL), BEE_ECONFIG);
+    ASSERT_ERR("--bandwidth: bad bandwidth");
+  }
+
   /* --announce: names and IPv6 too, in order, up to BEE_ANNOUNCE_MAX; no
    * port 0, no unspecified address, no port-less host. */
   ASSERT_OK(parse(&c, "--open", "--announce", "bee-7.example.org:45555",

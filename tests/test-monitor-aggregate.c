@@ -4,8 +4,9 @@
  * point's epoch, samples, rate, ETA and means; joins, a peer that says
  * it left and one that goes quiet; a malformed record reported once per
  * peer; the inferred target; the noise scale against its formula; the
- * history's thinning; the JSON and Prometheus texts.
+ * history's thinning; the JSON and Prometheus texts; the link matrix.
  */
+#define _GNU_SOURCE /* memmem */
 #include "monitor.h"
 #include "test.h"
 
@@ -300,6 +301,77 @@ static void test_donors(void) {
   mon_free(m);
 }
 
+/* Links records: each known peer's kept and shown as a matrix (JSON and
+ * Prometheus) among the known peers; a forged one (a peer named twice)
+ * reported once and dropped; one not found for MON_GONE_MS dropped. */
+static void test_links(void) {
+  mon_config cfg = {.run = "r"};
+  mon *m;
+  ASSERT_OK(mon_new(&cfg, &m));
+  rec p[2];
+  progress(&p[0], 1, "r", 4, 0, 10, NOW, PROTO_MODE_NODE, "us", false);
+  progress(&p[1], 2, "r", 4, 0, 10, NOW, PROTO_MODE_NODE, "eu", false);
+  mon_record pr[2] = {view(&p[0]), view(&p[1])};
+  mon_scrape(m, NOW, pr, 2, NULL, 0);
+  /* Peer 2's record: from peer 1 at 210 Mbit/s over 103 ms, from peer 9
+   * (not known) too.  Peer 3's is forged. */
+  static uint8_t lb[2][PROTO_LINKS_RECORD_MAX];
+  mon_record lr[2];
+  proto_links l = {.time_ms = NOW, .n = 2};
+  snprintf(l.run, sizeof l.run, "r");
+  memset(l.links[0].id, 0, PROTO_ID_BYTES);
+  l.links[0].id[0] = 1;
+  l.links[0].rtt_us = 103000;
+  l.links[0].mbit = 210;
+  memset(l.links[1].id, 0, PROTO_ID_BYTES);
+  l.links[1].id[0] = 9;
+  l.links[1].rtt_us = 5000;
+  static uint8_t ids[2][PROTO_ID_BYTES] = {{2}, {3}};
+  size_t len[2];
+  ASSERT_OK(proto_links_encode(&l, lb[0], sizeof lb[0], &len[0]));
+  memcpy(lb[1], lb[0], len[0]);
+  len[1] = len[0];
+  /* the second entry's id becomes the first's: a peer twice */
+  uint8_t *second = memmem(lb[1], len[1], l.links[1].id, PROTO_ID_BYTES);
+  ASSERT(second);
+  second[0] = 1;
+  for (int i = 0; i < 2; i++)
+    lr[i] = (mon_record){ids[i], lb[i], len[i]};
+  ASSERT_OK(mon_links(m, NOW, lr, 2));
+  ASSERT_OK(mon_links(m, NOW + 1000, lr, 2));
+  ASSERT_EQ(events_of(m, MON_EV_BAD), 1);
+  ASSERT(has_event(m, MON_EV_BAD, "03000000 sent a malformed links record"));
+  mon_buf b = {0};
+  ASSERT_OK(mon_links_json(m, &b));
+  ASSERT(strstr(
+      b.p, "\"bees\":[{\"id\":\"0100000000000000000000000000000000000000\","
+           "\"label\":\"us\"},"));
+  ASSERT(strstr(
+      b.p, "\"links\":[{\"from\":\"0100000000000000000000000000000000000000\","
+           "\"to\":\"0200000000000000000000000000000000000000\","
+           "\"rtt_ms\":103,\"mbit\":210,\"age_s\":0}]}"));
+  mon_buf_free(&b);
+  ASSERT_OK(mon_prometheus(m, &b));
+  ASSERT(strstr(
+      b.p,
+      "# TYPE beed_link_rtt_seconds gauge\n"
+      "beed_link_rtt_seconds{from=\"0100000000000000000000000000000000000000\","
+      "to=\"0200000000000000000000000000000000000000\"} 0.103\n"));
+  ASSERT(strstr(
+      b.p, "beed_link_bandwidth_bits{from="
+           "\"0100000000000000000000000000000000000000\","
+           "to=\"0200000000000000000000000000000000000000\"} 210000000\n"));
+  ASSERT(!strstr(b.p, "from=\"09")); /* not a known peer */
+  mon_buf_free(&b);
+  /* Not found again for MON_GONE_MS: gone from the matrix. */
+  mon_scrape(m, NOW + MON_GONE_MS / 2, pr, 2, NULL, 0);
+  ASSERT_OK(mon_links(m, NOW + MON_GONE_MS + 1000, NULL, 0));
+  ASSERT_OK(mon_links_json(m, &b));
+  ASSERT(strstr(b.p, "\"links\":[]}"));
+  mon_buf_free(&b);
+  mon_free(m);
+}
+
 /* The mean loss weighs each peer's by the samples of its epoch. */
 static void test_loss_weights(void) {
   mon_config cfg = {.run = "r"};
@@ -446,6 +518,7 @@ int main(void) {
   test_round_events();
   test_loss_weights();
   test_donors();
+  test_links();
   test_scrapes();
   test_inferred_target();
   test_history();

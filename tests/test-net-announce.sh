@@ -4,9 +4,9 @@
 #
 # A WAN lab of three hosts (100 ms round trips and a stock kernel's TCP
 # buffers: a stream's window covers less than the bandwidth the bees
-# declare, so the averager opens bulk stripes); every beed
-# listens on 0.0.0.0:45555, the same port on every host, and joins the
-# first by its lab address.  Before, each bee declared 127.0.0.1:45555
+# declare, --bandwidth 1000, so the averager opens bulk stripes); every
+# beed listens on 0.0.0.0:45555, the same port on every host, and joins
+# the first by its lab address.  Before, each bee declared 127.0.0.1:45555
 # to its group, and every stripe dialled there reached the bee itself
 # ("closed during the handshake", hundreds of times).  Checks:
 #   - a and b learn from their peers' swarm.hello the address they are
@@ -35,7 +35,8 @@ EOF
 lab_up antest "$work/lab.conf" a b c
 
 train=(--open --run-id an --model mlp --target-batch-size "$(epoch_target 16384 8192)"
-  --threads 1 --status-interval 0 --eval-every 0 --min-peers 3)
+  --threads 1 --status-interval 0 --eval-every 0 --min-peers 3
+  --bandwidth 1000)
 # run_bee HOST [FLAGS...]: HOST's beed in its namespace, on every address.
 run_bee() {
   local h=$1 j=()

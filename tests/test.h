@@ -91,4 +91,16 @@
       FAIL("%s and %s differ in their first %zu bytes", #a, #b, (size_t)(n));  \
   } while (0)
 
+/* An encoder's refusal writes nothing: call (which writes into buf, n
+ * bytes, and its length into len) must return want and leave buf as junk
+ * (n bytes) made it and len at 777. */
+#define ASSERT_REFUSES(call, want, buf, junk, n, len)                          \
+  do {                                                                         \
+    memcpy((buf), (junk), (n));                                                \
+    (len) = 777;                                                               \
+    ASSERT_RC(call, want);                                                     \
+    ASSERT_MEMEQ((buf), (junk), (n));                                          \
+    ASSERT_UEQ((len), 777);                                                    \
+  } while (0)
+
 #endif /* BEE_TEST_H */

@@ -455,6 +455,8 @@ int main(int argc, char **argv) {
     rc = cmd_revocation_show(argc - 3, argv + 3);
   else if (!strcmp(cmd, "dht"))
     rc = beectl_dht(argc - 2, argv + 2);
+  else if (!strcmp(cmd, "links"))
+    rc = beectl_dht(argc - 1, argv + 1);
   else if (!strcmp(cmd, "status") || !strcmp(cmd, "leave"))
     rc = beectl_control(cmd, argc - 2, argv + 2);
   else if (!strcmp(cmd, "token") || !strcmp(cmd, "revocation")) {

@@ -37,8 +37,22 @@ int beectl_parse_swarm(const flag *f);
 /* Parses "N" followed by s, m, h or d into seconds.  Returns 0 or -1. */
 int beectl_parse_duration(const char *s, uint64_t *secs);
 
-/* dht.c: beectl dht get|put|peers. */
+/* dht.c: beectl dht get|put|peers, and beectl links (argv[0] "links"). */
 int beectl_dht(int argc, char **argv);
+
+/* links.c: a bee's name (its progress label) and links record. */
+typedef struct beectl_label {
+  uint8_t id[PROTO_ID_BYTES];
+  char label[PROTO_LABEL_MAX + 1];
+} beectl_label;
+typedef struct beectl_links_rec {
+  uint8_t owner[PROTO_ID_BYTES];
+  proto_links links;
+} beectl_links_rec;
+/* Prints the link matrices (or with pairs one line per measured pair).
+ * Returns the exit status. */
+int beectl_links_print(const beectl_label *labels, size_t nlabels,
+                       const beectl_links_rec *recs, size_t nrecs, bool pairs);
 /* control.c: beectl status|leave [--control PATH]. */
 int beectl_control(const char *cmd, int argc, char **argv);
 

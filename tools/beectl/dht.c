@@ -17,7 +17,7 @@
 
 #define OP_TIMEOUT_MS 30000
 
-enum { OP_GET, OP_PUT, OP_PEERS };
+enum { OP_GET, OP_PUT, OP_PEERS, OP_LINKS };
 
 typedef struct op {
   uv_loop_t loop;
@@ -30,6 +30,10 @@ typedef struct op {
   const char *value;
   uint64_t ttl_s;
   const char *join;
+  const char *run; /* OP_LINKS */
+  bool pairs;
+  beectl_label *labels; /* OP_LINKS: the progress records' labels */
+  size_t nlabels;
   int status; /* the exit status */
   bool done;
 } op;
@@ -112,6 +116,67 @@ static void put_cb(dht_node *n, int status, unsigned stored,
   finish(o, 0);
 }
 
+/* beectl links: the run's progress records (for names), then its links
+ * records.  Records that fail their checks never reach here: the DHT
+ * drops them. */
+static void links_cb(dht_node *n, int status, const dht_value *v,
+                     const dht_stats *st, void *arg) {
+  op *o = arg;
+  (void)n, (void)st;
+  if (status == -ENOENT || (status == 0 && v->n == 0)) {
+    beectl_errorf("no links published in run '%s' yet", o->run);
+    finish(o, 1);
+    return;
+  }
+  if (status) {
+    beectl_errorf("links: %s", bee_strerror(status));
+    finish(o, 1);
+    return;
+  }
+  beectl_links_rec *recs = calloc(v->n, sizeof *recs);
+  size_t k = 0;
+  if (!recs) {
+    finish(o, 1);
+    return;
+  }
+  for (size_t i = 0; i < v->n; i++) {
+    const uint8_t *owner;
+    if (!proto_dht_subkey_owner(v->records[i].subkey, &owner) ||
+        proto_links_decode(v->records[i].value.p, v->records[i].value.n,
+                           &recs[k].links) != 0)
+      continue;
+    proto_peer_id(owner, recs[k].owner);
+    k++;
+  }
+  finish(o, beectl_links_print(o->labels, o->nlabels, recs, k, o->pairs));
+  free(recs);
+}
+
+static void labels_cb(dht_node *n, int status, const dht_value *v,
+                      const dht_stats *st, void *arg) {
+  op *o = arg;
+  (void)st;
+  if (status == 0 && v->n && (o->labels = calloc(v->n, sizeof *o->labels))) {
+    for (size_t i = 0; i < v->n; i++) {
+      const uint8_t *owner;
+      proto_progress p;
+      if (!proto_dht_subkey_owner(v->records[i].subkey, &owner) ||
+          proto_progress_decode(v->records[i].value.p, v->records[i].value.n,
+                                &p) != 0)
+        continue;
+      proto_peer_id(owner, o->labels[o->nlabels].id);
+      memcpy(o->labels[o->nlabels++].label, p.label, sizeof p.label);
+    }
+  }
+  uint8_t key[PROTO_DHT_KEY_BYTES];
+  proto_record_key(PROTO_REC_LINKS, o->run, 0, NULL, key);
+  int rc = dht_get(n, key, false, links_cb, o);
+  if (rc) {
+    beectl_errorf("links: %s", bee_strerror(rc));
+    finish(o, 1);
+  }
+}
+
 static void print_contact(const uint8_t id[PROTO_ID_BYTES], const char *addr,
                           void *arg) {
   char hex[2 * PROTO_ID_BYTES + 1];
@@ -140,6 +205,10 @@ static void boot_cb(dht_node *n, int status, const dht_stats *st, void *arg) {
   }
   if (o->kind == OP_GET) {
     rc = dht_get(n, o->key, o->latest, get_cb, o);
+  } else if (o->kind == OP_LINKS) {
+    uint8_t key[PROTO_DHT_KEY_BYTES];
+    proto_record_key(PROTO_REC_PROGRESS, o->run, 0, NULL, key);
+    rc = dht_get(n, key, false, labels_cb, o);
   } else {
     uint8_t sub[PROTO_DHT_OWNED_SUBKEY_BYTES];
     dht_owned_subkey(n, sub);
@@ -203,11 +272,18 @@ static int credentials(flag *fl, proto_identity *id, proto_token *tok,
 
 int beectl_dht(int argc, char **argv) {
   flag fl[] = {
-      {"--join", true, true, false, NULL},  {"--swarm", true, true, false, NULL},
-      {"--open", false, false, false, NULL}, {"--moderator", true, false, false, NULL},
-      {"--token", true, false, false, NULL}, {"--identity", true, false, false, NULL},
-      {"--latest", false, false, false, NULL}, {"--ttl", true, false, false, NULL},
-      {"--plain", false, false, false, NULL}, {"--log-level", true, false, false, NULL},
+      {"--join", true, true, false, NULL},
+      {"--swarm", true, true, false, NULL},
+      {"--open", false, false, false, NULL},
+      {"--moderator", true, false, false, NULL},
+      {"--token", true, false, false, NULL},
+      {"--identity", true, false, false, NULL},
+      {"--latest", false, false, false, NULL},
+      {"--ttl", true, false, false, NULL},
+      {"--plain", false, false, false, NULL},
+      {"--log-level", true, false, false, NULL},
+      {"--run", true, false, false, NULL},
+      {"--pairs", false, false, false, NULL},
   };
   args a = {fl, sizeof fl / sizeof fl[0], {0}, 0};
   const char *sub = argc > 0 ? argv[0] : "";
@@ -218,8 +294,11 @@ int beectl_dht(int argc, char **argv) {
   proto_auth auth;
   int rc, level = BEE_LOG_WARN;
   memset(&o, 0, sizeof o);
-  o.kind = !strcmp(sub, "get") ? OP_GET : !strcmp(sub, "put") ? OP_PUT
-           : !strcmp(sub, "peers") ? OP_PEERS : -1;
+  o.kind = !strcmp(sub, "get")     ? OP_GET
+           : !strcmp(sub, "put")   ? OP_PUT
+           : !strcmp(sub, "peers") ? OP_PEERS
+           : !strcmp(sub, "links") ? OP_LINKS
+                                   : -1;
   if (o.kind < 0) {
     beectl_errorf("dht: expected get, put or peers, not '%s'", sub);
     return EXIT_USAGE;
@@ -243,6 +322,24 @@ int beectl_dht(int argc, char **argv) {
                   fl[6].set ? "get" : "put");
     return EXIT_USAGE;
   }
+  if (o.kind == OP_LINKS) {
+    /* Checked as the records carry it: a run name of [A-Za-z0-9._-]. */
+    proto_links probe = {.n = 0};
+    uint8_t buf[PROTO_RECORD_MAX];
+    size_t len;
+    size_t rn = fl[10].set ? strlen(fl[10].value) : 0;
+    if (rn <= PROTO_RUN_MAX && fl[10].set)
+      memcpy(probe.run, fl[10].value, rn + 1);
+    if (!fl[10].set || rn == 0 || rn > PROTO_RUN_MAX ||
+        proto_links_encode(&probe, buf, sizeof buf, &len) != 0) {
+      beectl_errorf("links: --run RUN expected (1 to %d of A-Z a-z 0-9 . _ -)",
+                    PROTO_RUN_MAX);
+      return EXIT_USAGE;
+    }
+  } else if (fl[10].set || fl[11].set) {
+    beectl_errorf("%s only goes with links", fl[10].set ? "--run" : "--pairs");
+    return EXIT_USAGE;
+  }
   if (fl[9].set && bee_log_level_parse(fl[9].value, &level)) {
     beectl_errorf("--log-level: expected error, warn, info or debug");
     return EXIT_USAGE;
@@ -262,6 +359,8 @@ int beectl_dht(int argc, char **argv) {
   o.latest = fl[6].set;
   o.plain = fl[8].set;
   o.join = fl[0].value;
+  o.run = fl[10].value;
+  o.pairs = fl[11].set;
 
   uv_loop_init(&o.loop);
   proto_host_config hc;
@@ -285,5 +384,6 @@ int beectl_dht(int argc, char **argv) {
   uv_run(&o.loop, UV_RUN_DEFAULT);
   uv_loop_close(&o.loop);
   proto_identity_clear(&id);
+  free(o.labels);
   return o.status;
 }
