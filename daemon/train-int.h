@@ -228,6 +228,7 @@ struct bee_train {
   unsigned port;                  /* the one we listen on (0: none) */
   char addr_said[PROTO_ADDR_MAX]; /* the last self address logged */
   bool announce_warned; /* a loopback --announce, remote peers: said */
+  uv_getaddrinfo_t *announce_req[BEE_ANNOUNCE_MAX]; /* names resolving */
   uint8_t schema[PROTO_SCHEMA_HASH_BYTES];       /* gradient rounds */
   uint8_t state_schema[PROTO_SCHEMA_HASH_BYTES]; /* state rounds */
   /* DHT keys: progress, metrics, donors; our owned subkey */

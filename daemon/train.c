@@ -1057,10 +1057,34 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   return 0;
 }
 
+/* A name of --announce being resolved: the request, what to say, and
+ * where the bee keeps it (NULL once the bee stopped: the answer is then
+ * only freed). */
+typedef struct announce_lookup {
+  uv_getaddrinfo_t req;
+  char addr[PROTO_ADDR_MAX];
+  uv_getaddrinfo_t **slot;
+} announce_lookup;
+
+static void announce_resolved(uv_getaddrinfo_t *req, int status,
+                              struct addrinfo *res) {
+  announce_lookup *l = req->data;
+  if (l->slot)
+    *l->slot = NULL;
+  if (status < 0 && status != UV_ECANCELED)
+    bee_warn(COMP,
+             "--announce %s: the name does not resolve here (%s): peers "
+             "that cannot resolve it cannot dial this bee",
+             l->addr, uv_strerror(status));
+  uv_freeaddrinfo(res);
+  free(l);
+}
+
 /* The --announce addresses at the start: each names the port this bee
- * listens on (another one is right only behind a port forward).  A
- * warning: the bee runs, its peers may not reach it. */
-static void announce_check(const bee_train *t) {
+ * listens on (another one is right only behind a port forward), and a
+ * name resolves (asked in the background).  Warnings: the bee runs, its
+ * peers may not reach it. */
+static void announce_check(bee_train *t) {
   for (size_t i = 0; i < t->cfg->nannounce; i++) {
     const char *a = t->cfg->announce[i];
     char host[BEE_HOST_MAX];
@@ -1072,6 +1096,30 @@ static void announce_check(const bee_train *t) {
                "--announce %s: this bee listens on port %u, not %u: right "
                "only behind a port forward",
                a, t->port, port);
+    announce_lookup *l;
+    if (proto_ip_literal(host) || !(l = calloc(1, sizeof *l)))
+      continue;
+    snprintf(l->addr, sizeof l->addr, "%s", a);
+    l->req.data = l;
+    l->slot = &t->announce_req[i];
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM};
+    if (uv_getaddrinfo(t->loop, &l->req, announce_resolved, host, NULL,
+                       &hints) == 0)
+      t->announce_req[i] = &l->req;
+    else
+      free(l);
+  }
+}
+
+/* Stops the lookups still running (the bee stops). */
+static void announce_cancel(bee_train *t) {
+  for (size_t i = 0; i < BEE_ANNOUNCE_MAX; i++) {
+    uv_getaddrinfo_t *req = t->announce_req[i];
+    if (!req)
+      continue;
+    ((announce_lookup *)req->data)->slot = NULL;
+    t->announce_req[i] = NULL;
+    uv_cancel((uv_req_t *)req);
   }
 }
 
@@ -1323,6 +1371,7 @@ void bee_train_stop(bee_train *t) {
   if (t->host)
     proto_host_on(t->host, STATE_METHOD, NULL, NULL);
   bee__links_stop(t);
+  announce_cancel(t);
   avg_node_close(t->avg);
   t->avg = NULL;
   if (t->handles) {

@@ -12,7 +12,8 @@
 #   - a and b learn from their peers' swarm.hello the address they are
 #     seen at, and give it ("peers are given the address 10.77.0.N:45555
 #     (where its peers see it)"); c gives its first --announce address,
-#     and warns that its second names a port it does not listen on;
+#     and warns that its second names a port it does not listen on and
+#     that its third names a host that does not resolve;
 #   - the three average in groups of three, with stripes between the
 #     hosts' own addresses (b's debug log: "stripe N to 10.77.0.M:..."),
 #     never to a loopback address;
@@ -50,7 +51,8 @@ run_bee() {
 run_bee a
 wait_log a 'listening on' 10
 run_bee b --log-level debug
-run_bee c --announce "${addr[c]}:45555" --announce "${addr[c]}:46000"
+run_bee c --announce "${addr[c]}:45555" --announce "${addr[c]}:46000" \
+  --announce no-such-bee.invalid:45555
 for h in a b c; do
   wait_log "$h" 'train: epoch [0-9]+ done: .*averaged in a group of 3' 120
 done
@@ -90,6 +92,8 @@ grep -q "peers are given the address ${addr[c]}:45555 (--announce)" \
   "$work/c.log" || fail "c does not give its --announce address"
 grep -q -- "--announce ${addr[c]}:46000: this bee listens on port 45555, not 46000" \
   "$work/c.log" || fail "c did not warn of its --announce on another port"
+grep -q -- "--announce no-such-bee.invalid:45555: the name does not resolve here" \
+  "$work/c.log" || fail "c did not warn of its --announce name that does not resolve"
 echo "a, b and c gave ${addr[a]}, ${addr[b]} (seen by their peers) and" \
   "${addr[c]} (--announce); b opened $stripes stripes to the others'" \
   "addresses; no handshake closed"
