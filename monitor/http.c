@@ -393,8 +393,14 @@ int mon_http_start(const mon_http_config *cfg, mon_http **out) {
     _exit(1);
   }
   if (!h->ctx) {
+    /* Our own bind above succeeded: the likely cause is libwebsockets'
+     * libuv support, a plugin ldd does not show, missing. */
+    bee_err(COMP,
+            "libwebsockets could not start (it logged why): its libuv "
+            "event library plugin (Debian: libwebsockets-evlib-uv) is "
+            "needed");
     free(h);
-    return -EADDRINUSE;
+    return -ELIBACC;
   }
   *out = h;
   return 0;

@@ -2,10 +2,9 @@
 # test-deploy-unit.sh: beed@.service on a booted Debian 12 system, with
 # systemd as PID 1 (systemd-nspawn --boot), as on a spot VM.
 #
-# The system is a minimal Debian 12 root made once by debootstrap from
-# Debian's archive and kept in $BEED_TEST_CACHE (default
-# /var/cache/beed-test): outside the repository, reused by every run.
-# Each run boots a throwaway copy of it (--ephemeral) without a network,
+# The system is the minimal Debian 12 root of tests/rootlib.sh, made once
+# and kept outside the repository.  Each run boots a throwaway copy of it
+# (--ephemeral) without a network,
 # with the built beed, the unit and a config bound in, and checks what
 # the unit promises:
 #   - it starts on a host without the GPU groups (a minimal Debian 12 has
@@ -27,29 +26,9 @@ done
 data=/usr/share/datasets/fashion-mnist
 [ -d "$data" ] || { echo "no $data"; exit 77; }
 
-# ---- the cached root ---------------------------------------------------------
-# Its recipe's version: bump it when the package list changes.
-cache=${BEED_TEST_CACHE:-/var/cache/beed-test}
-root=$cache/bookworm-1
-pkgs=systemd,systemd-sysv,dbus,libuv1,libmsgpackc2,libsodium23,libwebsockets17
-pkgs+=,libopenblas0-pthread,libssl3,zlib1g,libgfortran5,libstdc++6
-if [ ! -x "$root/usr/lib/systemd/systemd" ]; then
-  mkdir -p "$cache"
-  new=$(mktemp -d -p "$cache")
-  echo "making the Debian 12 root in $root (once; about a minute)"
-  if ! debootstrap --variant=minbase --include="$pkgs" bookworm "$new" \
-    >"$new.log" 2>&1; then
-    tail -5 "$new.log"
-    rm -rf "$new" "$new.log"
-    echo "debootstrap failed (no Debian archive here?)"
-    exit 77
-  fi
-  chroot "$new" useradd --system --home /var/lib/beed \
-    --shell /usr/sbin/nologin beed
-  rm -f "$new.log"
-  rm -rf "$root"
-  mv "$new" "$root"
-fi
+# ---- the cached root (tests/rootlib.sh) -------------------------------------
+. "$src/tests/rootlib.sh"
+debian_root
 
 # ---- the run's files -----------------------------------------------------------
 tmp=$(mktemp -d) # in $TMPDIR, else /tmp
