@@ -395,10 +395,9 @@ int mon_http_start(const mon_http_config *cfg, mon_http **out) {
   if (!h->ctx) {
     /* Our own bind above succeeded: the likely cause is libwebsockets'
      * libuv support, a plugin ldd does not show, missing. */
-    bee_err(COMP,
-            "libwebsockets could not start (it logged why): its libuv "
-            "event library plugin (Debian: libwebsockets-evlib-uv) is "
-            "needed");
+    bee_err(COMP, "libwebsockets could not start (it logged why): its libuv "
+                  "event library plugin (Debian: libwebsockets-evlib-uv) is "
+                  "needed");
     free(h);
     return -ELIBACC;
   }
