@@ -157,9 +157,11 @@ function renderLinks(x) {
       if (from.id === to.id) { td.textContent = "·"; td.className = "self"; }
       else if (!l) { td.textContent = "–"; td.className = "cell"; }
       else {
-        td.textContent = fmt(l.mbit, 0) + " / " + fmt(l.rtt_ms, 0);
+        /* Round trips under 10 ms (a LAN, loopback) with their fraction. */
+        const rtt = (x) => fmt(x, x !== null && x < 10 ? 2 : 0);
+        td.textContent = fmt(l.mbit, 0) + " / " + rtt(l.rtt_ms);
         td.title = name(from) + " → " + name(to) + ": " + fmt(l.mbit, 1) + " Mbit/s, round trip " +
-          fmt(l.rtt_ms, 1) + " ms, measured " + l.age_s + " s ago";
+          fmt(l.rtt_ms, 2) + " ms, measured " + l.age_s + " s ago";
         const k = l.mbit === null ? null : hi > lo ? Math.min(9, Math.floor(10 * (l.mbit - lo) / (hi - lo))) : 5;
         td.className = "cell" + (k === null ? "" : " h" + k);
       }

@@ -6,6 +6,7 @@
  *                           page's Content-Security-Policy forbids them)
  *   GET /api/snapshot       mon_snapshot_json
  *   GET /api/history?since=MS[&points=N]  mon_history_json
+ *   GET /favicon.svg        the page's icon
  *   GET /api/links          mon_links_json
  *   GET /metrics            mon_prometheus
  *   /ws (websocket)         the snapshot on connect, then one per scrape;
@@ -135,7 +136,8 @@ static int on_http(mon_http *h, struct lws *wsi, session *s, const char *uri) {
    * token (a browser asks for the script and the style without the
    * page's ?token=); the data needs it. */
   bool page = !strcmp(uri, "/") || !strcmp(uri, "/index.html") ||
-              !strcmp(uri, "/dashboard.js") || !strcmp(uri, "/dashboard.css");
+              !strcmp(uri, "/dashboard.js") || !strcmp(uri, "/dashboard.css") ||
+              !strcmp(uri, "/favicon.svg");
   if (!page && !token_ok(h, wsi))
     return respond_text(wsi, s, HTTP_STATUS_UNAUTHORIZED,
                         "a token is needed (--http-token)");
@@ -151,6 +153,11 @@ static int on_http(mon_http *h, struct lws *wsi, session *s, const char *uri) {
   } else if (strcmp(uri, "/dashboard.css") == 0) {
     mon_buf_printf(&b, "%s", mon_dashboard_css);
     type = "text/css";
+  } else if (strcmp(uri, "/favicon.svg") == 0) { /* the page's icon: a cell */
+    mon_buf_printf(&b, "<svg xmlns='http://www.w3.org/2000/svg' "
+                       "viewBox='0 0 16 16'><path d='M8 1l6 3.5v7L8 15l-6-3.5v-7z' "
+                       "fill='#d99a1c'/></svg>\n");
+    type = "image/svg+xml";
   } else if (strcmp(uri, "/api/snapshot") == 0) {
     rc = mon_snapshot_json(h->m, &b);
   } else if (strcmp(uri, "/api/history") == 0) {
