@@ -154,9 +154,10 @@ static int on_http(mon_http *h, struct lws *wsi, session *s, const char *uri) {
     mon_buf_printf(&b, "%s", mon_dashboard_css);
     type = "text/css";
   } else if (strcmp(uri, "/favicon.svg") == 0) { /* the page's icon: a cell */
-    mon_buf_printf(&b, "<svg xmlns='http://www.w3.org/2000/svg' "
-                       "viewBox='0 0 16 16'><path d='M8 1l6 3.5v7L8 15l-6-3.5v-7z' "
-                       "fill='#d99a1c'/></svg>\n");
+    mon_buf_printf(&b,
+                   "<svg xmlns='http://www.w3.org/2000/svg' "
+                   "viewBox='0 0 16 16'><path d='M8 1l6 3.5v7L8 15l-6-3.5v-7z' "
+                   "fill='#d99a1c'/></svg>\n");
     type = "image/svg+xml";
   } else if (strcmp(uri, "/api/snapshot") == 0) {
     rc = mon_snapshot_json(h->m, &b);
