@@ -254,6 +254,7 @@ struct bee_train {
   uint64_t links_start_ms;                         /* bee__links_start's */
   uint64_t links_exp; /* the last record's expiration */
   bool probing;       /* our probe of probe_id is under way */
+  uint64_t probe_ms;  /* when it began (mono_ms) */
   uint8_t probe_id[PROTO_ID_BYTES];
   unsigned probe_left;                    /* its answers still to come */
   uint64_t probe_budget_ms, probe_served; /* probes answered: the minute's */

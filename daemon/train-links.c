@@ -6,11 +6,13 @@
  * rate its reads measured (proto_conn_take_rx_mbit), whatever carried the
  * bytes: rounds, stripes, state downloads, or a probe.  A probe goes once
  * per BEE_LINK_PROBE_MS to a connected bee the table has no rate of yet
- * (a bee that just joined, or that never shared a round with us):
- * PROBE_CALLS "swarm.probe" calls at once, each answered with
+ * (a bee that just joined, or one whose rounds with us move too little to
+ * tell): PROBE_CALLS "swarm.probe" calls at once, each answered with
  * PROBE_BYTES, while the links are quiet: PROBE_AFTER_MS after this bee
- * started (a newcomer's state download comes first), and neither during
- * a download nor during a round.
+ * started (a newcomer's state download comes first), neither during a
+ * download nor during a round, and one probe per PROBE_EVERY_MS at most,
+ * so that a bee among many peers measures them in turn instead of
+ * loading the swarm.
  * What it gives: the links record under "<run>_links" every
  * LINKS_PUBLISH_MS (what `beectl links` and trainmonitor show), and the
  * bandwidth this bee declares with `--bandwidth auto`.
@@ -18,8 +20,8 @@
  * A peer may ask for probes, but not without bound: this bee answers at
  * most PROBE_BUDGET bytes of them a minute, none while it serves a state
  * download, none while a probe's worth of answers waits to go to the
- * asker, and refuses the rest with BEE_ELIMIT.  A probe request carries no payload; one that does is
- * refused as malformed.
+ * asker, and refuses the rest with BEE_ELIMIT.  A probe request carries
+ * no payload; one that does is refused as malformed.
  */
 #include "train-int.h"
 
@@ -29,6 +31,7 @@
 #define PROBE_CALL_MS 20000
 #define PROBE_BUDGET (32u << 20) /* answered a minute, bytes */
 #define PROBE_AFTER_MS 20000
+#define PROBE_EVERY_MS 10000
 #define LINKS_TICK_MS 1000
 #define LINKS_PUBLISH_MS 10000
 #define LINKS_TTL_S 60
@@ -134,11 +137,14 @@ void bee__links_tick(bee_train *t) {
   t->links_now = now;
   proto_host_foreach(t->host, conn_links, t);
   if (!t->probing && now - t->links_start_ms >= PROBE_AFTER_MS &&
-      !bee_run_downloading(t->run) && !avg_node_in_round(t->avg)) {
+      now - t->probe_ms >= PROBE_EVERY_MS && !bee_run_downloading(t->run) &&
+      !avg_node_in_round(t->avg)) {
     struct pick k = {t, NULL};
     proto_host_foreach(t->host, probe_pick, &k);
-    if (k.c)
+    if (k.c) {
       probe_start(t, k.c);
+      t->probe_ms = now;
+    }
   }
   if (now - t->links_pub_ms >= LINKS_PUBLISH_MS) {
     t->links_pub_ms = now;

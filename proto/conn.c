@@ -370,11 +370,12 @@ static size_t kernel_queued(const proto_conn *c) {
 }
 
 /* A pause that ends a flight (meter.c): half the round trip, at least
- * 2 ms (the reads of one flight on a fast link) and at most 50 ms (the
+ * 10 ms (a loop busy elsewhere for a few ms must not cut a fast link's
+ * transfer into pieces too small to count) and at most 50 ms (the
  * spacing of 64 KB segments under 11 Mbit/s is more). */
 static uint64_t flight_gap_ns(const proto_conn *c) {
   uint64_t g = c->rtt_us * 500;
-  return g < 2000000 ? 2000000 : g > 50000000 ? 50000000 : g;
+  return g < 10000000 ? 10000000 : g > 50000000 ? 50000000 : g;
 }
 
 double proto_conn_take_rx_mbit(proto_conn *c) {

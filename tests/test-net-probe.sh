@@ -23,10 +23,14 @@ wait_log b0 'listening on' 10
 start b1 $((base + 1)) "${train[@]}" --join "127.0.0.1:$base"
 for b in b0 b1; do wait_log "$b" 'train: probe of [0-9a-f]+ done' 60; done
 links=(--open --swarm beed --join "127.0.0.1:$base" --run pr)
-sleep 11 # the next links record
-"$BEECTL" links "${links[@]}" --pairs >"$work/pairs.txt" 2>"$work/pairs.err" ||
-  fail "beectl links: $(cat "$work/pairs.err")"
-n=$(awk -F'\t' '$5 > 0 && $6 > 0' "$work/pairs.txt" | wc -l)
+# The links records: each bee's every 10 s.
+for _ in $(seq 1 8); do
+  sleep 4
+  "$BEECTL" links "${links[@]}" --pairs >"$work/pairs.txt" 2>"$work/pairs.err" ||
+    fail "beectl links: $(cat "$work/pairs.err")"
+  n=$(awk -F'\t' '$5 > 0 && $6 > 0' "$work/pairs.txt" | wc -l)
+  [ "$n" -eq 2 ] && break
+done
 [ "$n" -eq 2 ] || fail "not both directions measured: $(cat "$work/pairs.txt")"
 "$PROBE_CLIENT" "127.0.0.1:$base" >"$work/client.txt" 2>&1 ||
   fail "probe-client: $(cat "$work/client.txt")"
