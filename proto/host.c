@@ -280,7 +280,6 @@ void proto__host_conn_up(proto_host *h, proto_conn *c) {
    * peer never looks gone in between. */
   c->up_reported = true;
   h->nup++;
-  h->nbulk += c->purpose == PROTO_PURPOSE_BULK;
   if (c->purpose == PROTO_PURPOSE_CONTROL)
     index_add(h, c);
   if (h->cfg.on_up)

@@ -1,8 +1,7 @@
-/* meter.c: the rate a peer's data reaches us at, from the times of the
- * reads on our connections to it (proto.h, proto_conn_take_rx_mbit; the
- * meter lives in the peer's control connection, and its bulk connections'
- * reads count there too: a round striped over several streams shares one
- * link).
+/* meter.c: the rate data reaches us at on a connection, from the times
+ * of its reads (proto.h, proto_conn_take_rx_mbit).  Each connection has
+ * its own: a round striped over several streams gives each stream's
+ * share of the link, and the caller takes the best of a peer's.
  *
  * TCP sends in flights: a window's worth of segments at once, which the
  * slowest link on the path spaces out at its own rate, then a wait for
@@ -20,8 +19,7 @@
  * comes no earlier than its last byte), which can lower the figure but
  * never raise it; at a flight's start the burst would look like a fast
  * link, so what was waiting in the kernel at the first read (the
- * backlog, FIONREAD on each connection to the peer) is passed over, as
- * that read's own bytes are.
+ * backlog, FIONREAD) is passed over, as that read's own bytes are.
  */
 #include "proto-int.h"
 

@@ -275,9 +275,7 @@ struct proto_conn {
   uint64_t hs_sent_ms; /* a handshake message of ours awaits the next */
   uint64_t ping_sent_ns, hs_sent_ns; /* the same two, uv_hrtime */
   uint64_t rtt_us;      /* least round trip seen (handshake, ping) */
-  proto__flight flight; /* a control connection's: the rate its peer's
-                           data reaches us at on all its connections
-                           (meter.c) */
+  proto__flight flight; /* the rate data reaches us at (meter.c) */
   bool has_rtt;
   uint64_t next_call_id;
   proto_call *calls;
@@ -298,7 +296,6 @@ struct proto_host {
   size_t nwpool;
   size_t nall; /* every connection object, any state */
   size_t nup;
-  size_t nbulk; /* of those, bulk connections (meter.c asks their queues) */
   proto_method *methods;
   /* Up control connections by peer id (retiring duplicates included),
    * so that proto_host_find costs the same with 5 peers or 5,000. */

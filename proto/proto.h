@@ -1175,13 +1175,13 @@ void *proto_conn_get_data(const proto_conn *c);
 uint64_t proto_conn_rtt_ms(const proto_conn *c);
 /* The same in microseconds: 0 when not known yet. */
 uint64_t proto_conn_rtt_us(const proto_conn *c);
-/* The rate c's peer's data reached us at, Mbit/s, since the last call
- * (0: no measure), over all our connections to it (c a control
- * connection; a bulk one gives 0): the best of its flights (a window's
- * worth of segments, timed from the reads; proto/meter.c) that moved 256
- * KiB or more.  It is the rate of the slowest link on the path, or what
- * the sender's pacing allows of it, also while TCP's window is still
- * growing; a loop busy elsewhere can lower it, never raise it. */
+/* The rate data reached us at on c, Mbit/s, since the last call (0: no
+ * measure): the best of its flights (a window's worth of segments, timed
+ * from the reads; proto/meter.c) that moved 256 KiB or more.  It is the
+ * rate of the slowest link on the path, or what the sender's pacing
+ * allows of it (a stream that shares the link with others: its share),
+ * also while TCP's window is still growing; a loop busy elsewhere can
+ * lower it, never raise it. */
 double proto_conn_take_rx_mbit(proto_conn *c);
 /* Memory held by c's write queue: queued frames and their bookkeeping. */
 size_t proto_conn_queued(const proto_conn *c);
