@@ -113,7 +113,7 @@ static void check(size_t B, unsigned C, size_t hw, float offset, bool acc) {
 
 int main(void) {
   int n = 0;
-  if (!trn_cuda_built() || trn_device_count_cuda(&n) || n == 0) {
+  if (!trn_cuda_available() || trn_device_count_cuda(&n) || n == 0) {
     printf("skip: no CUDA device (or no CUDA backend in this build)\n");
     return TEST_SKIP;
   }

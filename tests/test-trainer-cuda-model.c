@@ -656,7 +656,7 @@ int main(void) {
   char err[256];
   trn_model *m;
   int n = 0;
-  if (!trn_cuda_built() || trn_device_count_cuda(&n) || n == 0) {
+  if (!trn_cuda_available() || trn_device_count_cuda(&n) || n == 0) {
     printf("skip: no CUDA device (or no CUDA backend in this build)\n");
     return TEST_SKIP;
   }

@@ -1,16 +1,13 @@
 /* device.c: device specs, the CPU device, and the choice of device.
  *
  * Parses "--device" specs, describes the CPU, and decides between the CPU
- * and CUDA; the CUDA runtime itself is behind trn__cuda_* (cuda.cu).  In a
- * build without the CUDA backend (no nvcc, or -Dcuda=disabled) this file
- * supplies those functions: they see no devices, which is what such a
- * build can use.  Also holds the trainer's log hook.
+ * and CUDA; the CUDA runtime itself is behind trn__cuda_* (cuda.cu, in
+ * the module cuda-load.c opens, when there is one).  Also holds the
+ * trainer's log hook.
  */
 #include "trainer-int.h"
 
 #include <cblas.h>
-
-#include "bee-config.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -34,12 +31,16 @@ void trn_log_set(trn_log_cb cb, void *data) {
 }
 
 void trn__log(int level, const char *fmt, ...) {
-  static const char *const names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
-  char line[512];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
+  trn__vlog(level, fmt, ap);
   va_end(ap);
+}
+
+void trn__vlog(int level, const char *fmt, va_list ap) {
+  static const char *const names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+  char line[512];
+  vsnprintf(line, sizeof line, fmt, ap);
   if (log_cb) {
     log_cb(level, line, log_data);
     return;
@@ -74,83 +75,6 @@ static void say(char *why, size_t why_len, const char *fmt, ...) {
   vsnprintf(why, why_len, fmt, ap);
   va_end(ap);
 }
-
-/* ---- CUDA, when this build has none ------------------------------------ */
-
-#if !BEE_HAVE_CUDA
-int trn__cuda_count(int *n, char *why, size_t why_len) {
-  *n = 0;
-  say(why, why_len, "this build has no CUDA backend");
-  return 0;
-}
-
-int trn__cuda_props(int index, trn_device *out) { return -ENOTSUP; }
-int trn__cuda_bind(int index) { return -ENOTSUP; }
-size_t trn__cudnn_version(void) { return 0; }
-int trn__cuda_host_alloc(size_t bytes, void **p) {
-  *p = NULL;
-  return -ENOTSUP;
-}
-void trn__cuda_host_free(void *p) {}
-int trn__cuda_bn_run(int index, const trn__bn *bn, size_t B, const float *x,
-                     const float *gamma, const float *beta, float *run_mean,
-                     float *run_var, float *y, float *inv, const float *dy,
-                     float *dx, bool acc, float *dgamma, float *dbeta) {
-  return -ENOTSUP;
-}
-
-int trn__gpu_new(int index, const trn__layer *l, size_t nl, size_t nparams,
-                 size_t nbuffers, size_t max_batch, int precision,
-                 trn__gpu **out, char *err, size_t err_len) {
-  *out = NULL;
-  return trn__fail(err, err_len, -ENOTSUP, "cuda:%d: this build has no CUDA "
-                   "backend", index);
-}
-int trn__gpu_new_gpt(int index, const trn_model_config *c, size_t nparams,
-                     int precision, trn__gpu **out, char *err,
-                     size_t err_len) {
-  *out = NULL;
-  return trn__fail(err, err_len, -ENOTSUP, "cuda:%d: this build has no CUDA "
-                   "backend", index);
-}
-int trn__gpu_tokens(trn__gpu *g, const int32_t *x, const int32_t *y, size_t B,
-                    size_t T, bool train, double *loss, size_t *correct) {
-  return -ENOTSUP;
-}
-int trn__gpu_logits(trn__gpu *g, float *dst, size_t *n) {
-  *n = 0;
-  return -ENOTSUP;
-}
-void trn__gpu_free(trn__gpu *g) {}
-size_t trn__gpu_bytes(const trn__gpu *g) { return 0; }
-int trn__gpu_put(trn__gpu *g, int which, const float *src) { return -ENOTSUP; }
-int trn__gpu_get(trn__gpu *g, int which, float *dst) { return -ENOTSUP; }
-int trn__gpu_zero_grads(trn__gpu *g) { return -ENOTSUP; }
-int trn__gpu_layer_out(trn__gpu *g, size_t i, size_t B, float *y,
-                       uint32_t *arg) {
-  return -ENOTSUP;
-}
-int trn__gpu_pass(trn__gpu *g, const float *x, const int32_t *y, size_t B,
-                  bool train, uint64_t seed, uint64_t *dropout_calls,
-                  float *logits, double *loss, size_t *correct) {
-  return -ENOTSUP;
-}
-int trn__gpu_set_scale(trn__gpu *g, float scale, char *err, size_t err_len) {
-  return -ENOTSUP;
-}
-bool trn__gpu_overflow(const trn__gpu *g) { return false; }
-int trn__gpu_step(trn__gpu *g, float *state, const trn__step *s) {
-  return -ENOTSUP;
-}
-int trn__gpu_index(const trn__gpu *g) { return -1; }
-int trn__dbuf_put(trn__dbuf *b, int index, const float *src, size_t n) {
-  return -ENOTSUP;
-}
-int trn__dbuf_get(const trn__dbuf *b, float *dst) { return -ENOTSUP; }
-void trn__dbuf_free(trn__dbuf *b) {}
-#endif
-
-bool trn_cuda_built(void) { return BEE_HAVE_CUDA; }
 
 int trn_device_count_cuda(int *n) { return trn__cuda_count(n, NULL, 0); }
 
@@ -375,9 +299,9 @@ int trn_device_open(const char *spec, trn_device *out, char *why,
     say(why, why_len, "cpu: %s, %d threads", d.name, d.cpu_threads);
     goto out;
   }
-  if (kind == TRN_DEV_CUDA && !trn_cuda_built()) {
+  if (kind == TRN_DEV_CUDA && !trn_cuda_available()) {
     rc = -ENOTSUP;
-    say(why, why_len, "cuda:%d: this build has no CUDA backend", index);
+    say(why, why_len, "cuda:%d: %s", index, trn__cuda_missing());
     goto out;
   }
 

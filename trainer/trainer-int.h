@@ -1,14 +1,17 @@
 /* trainer-int.h: internals shared between trainer/'s own files.
  *
  * The log hook, and the seam between the CPU side (device.c, plain C) and
- * the CUDA side (cuda.cu, compiled by nvcc as C++).  In a build without
- * CUDA, device.c supplies the trn__cuda_* functions itself: they see no
- * devices.  Nothing outside trainer/ includes this file.
+ * the CUDA side (cuda*.cu, compiled by nvcc as C++ into the module
+ * beed-cuda.so).  The programs' trn__cuda_* and trn__gpu_* functions are
+ * cuda-load.c's, which forward to the module's when it loads and see no
+ * devices when it does not.
  */
 #ifndef BEE_TRAINER_INT_H
 #define BEE_TRAINER_INT_H
 
 #include "trainer.h"
+
+#include <stdarg.h>
 
 #ifdef __CUDACC__ /* the .cu files: the types of the checks below */
 #include <cublas_v2.h>
@@ -24,6 +27,13 @@ extern "C" {
 void trn__log(int level, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* The same with its arguments in ap. */
+void trn__vlog(int level, const char *fmt, va_list ap)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 0)))
 #endif
     ;
 
@@ -89,6 +99,11 @@ void trn__cuda_host_free(void *p);
 
 /* Returns cudnnGetVersion(), or 0 without CUDA. */
 size_t trn__cudnn_version(void);
+
+/* Why the CUDA backend is not there, in one line ("" when it is): the
+ * module missing, a library it needs missing, another build's module
+ * (cuda-load.c). */
+const char *trn__cuda_missing(void);
 
 #ifdef __CUDACC__
 /* cuda.cu: 0 for success, else the call with file:line and the library's

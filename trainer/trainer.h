@@ -68,8 +68,11 @@ typedef struct trn_device {
  * -EINVAL (outputs untouched) for anything else. */
 int trn_device_parse(const char *spec, int *kind, int *index);
 
-/* Returns whether this build has the CUDA backend (meson -Dcuda, nvcc). */
-bool trn_cuda_built(void);
+/* Returns whether the CUDA backend is there: the module beed-cuda.so
+ * (built where nvcc is, meson -Dcuda) and the CUDA libraries it needs
+ * load.  Looks for them on the first call.  Says nothing of devices
+ * (trn_device_count_cuda). */
+bool trn_cuda_available(void);
 
 /* Host memory for batches a model reads: page-locked when pinned is
  * true and the CUDA runtime gives it (a CUDA model copies a batch from it
@@ -81,14 +84,14 @@ void *trn_host_alloc(size_t bytes, bool pinned);
 bool trn_host_pinned(const void *p);
 void trn_host_free(void *p);
 
-/* Counts the CUDA devices this process can see into *n.  A build without
- * CUDA, a machine without a driver and a driver without devices all give 0
- * and *n = 0.  Returns -EIO (logged with the failing call) when the runtime
+/* Counts the CUDA devices this process can see into *n.  No CUDA
+ * backend, a machine without a driver and a driver without devices all
+ * give 0 and *n = 0.  Returns -EIO (logged with the failing call) when the runtime
  * fails in any other way. */
 int trn_device_count_cuda(int *n);
 
 /* Returns the cuDNN version loaded at run time (e.g. 91300 for 9.13.0), or
- * 0 in a build without CUDA.  Needs no GPU. */
+ * 0 without the CUDA backend.  Needs no GPU. */
 size_t trn_cudnn_version(void);
 
 /* Resolves spec (see trn_device_parse) to a device and fills *out.
