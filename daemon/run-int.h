@@ -76,6 +76,7 @@
 #define START_WAIT_MS 3000  /* a first view before training, at most */
 #define METRICS_TTL_S 300   /* a metrics record lives this long */
 #define RESYNC_MS 2000      /* diverged: the peers' metrics, read this often */
+#define ORPHAN_EPOCHS 2     /* a metrics record this near the view is live */
 /* A round that missed the swarm's while its peers are still at the epoch
  * waits for their step this long at most: a round's end at the latest
  * (the daemon's ROUND_DEADLINE_MS). */
@@ -330,6 +331,17 @@ void bee__lines_check(bee_lines *l, bool diverged, bool grouped, uint64_t peers,
 bool bee__lines_split(bee_lines *l, const proto_metrics *v,
                       const uint8_t (*ids)[PROTO_ID_BYTES], size_t n,
                       uint64_t *epoch);
+/* When the resync finds no donor: whether no peer of the run is in line
+ * at all (each recent metrics record, within ORPHAN_EPOCHS of the view's
+ * epoch, out of line too; a swarm whose round failed for every member
+ * at once, each then stepping alone) and this bee is the lowest id of
+ * those out of line, of which it sees one at least: its line becomes
+ * the run's, and the others load its state.  *others: the other peers
+ * out of line. */
+bool bee__lines_orphaned(const bee_lines *l, const proto_metrics *v,
+                         const uint8_t (*ids)[PROTO_ID_BYTES], size_t n,
+                         uint64_t view_epoch,
+                         const uint8_t self[PROTO_ID_BYTES], size_t *others);
 /* The resync's answer: the donors to load from (out, of the view's
  * donors), their number; 0: none yet. */
 size_t bee__lines_resync(bee_lines *l, const proto_metrics *v,
@@ -437,6 +449,7 @@ struct bee_run {
   bool donor_busy, donor_any;
   uint64_t donor_epoch, donor_slots, donor_ms, donor_exp;
   uint64_t resyncs;
+  uint64_t orphans;      /* bee__lines_orphaned's verdicts for this bee */
   uint64_t steps_taken;  /* the swarm's steps taken instead of downloads */
   uint64_t steps_polled; /* of them, by step_poll */
   bee_run_result missed; /* a round's end held while its step comes */

@@ -181,6 +181,33 @@ bool bee__lines_split(bee_lines *l, const proto_metrics *v,
   return true;
 }
 
+bool bee__lines_orphaned(const bee_lines *l, const proto_metrics *v,
+                         const uint8_t (*ids)[PROTO_ID_BYTES], size_t n,
+                         uint64_t view_epoch,
+                         const uint8_t self[PROTO_ID_BYTES], size_t *others) {
+  *others = 0;
+  bool lowest = true;
+  for (size_t i = 0; i < n; i++) {
+    const proto_metrics *m = &v[i];
+    /* Another run's, a gone peer's, or this bee's own. */
+    if (strcmp(m->run, l->cfg->run) != 0 ||
+        m->step + ORPHAN_EPOCHS < view_epoch ||
+        memcmp(ids[i], self, PROTO_ID_BYTES) == 0)
+      continue;
+    bool other = false; /* never in a group with us: no line of ours */
+    for (size_t j = 0; j < l->nlayout_warned; j++)
+      other |= memcmp(l->layout_warned[j], ids[i], PROTO_ID_BYTES) == 0;
+    if (other)
+      continue;
+    if (!m->diverged)
+      return false; /* a peer in line: its state is the one to load */
+    (*others)++;
+    lowest &= memcmp(self, ids[i], PROTO_ID_BYTES) < 0;
+  }
+  /* Records not seen yet are no verdict: none seen, none decided. */
+  return *others > 0 && lowest;
+}
+
 size_t bee__lines_resync(bee_lines *l, const proto_metrics *v,
                          const uint8_t (*ids)[PROTO_ID_BYTES], size_t n,
                          uint64_t from, const bee_view *view,

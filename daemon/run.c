@@ -598,6 +598,18 @@ void bee_run_metrics_read(bee_run *r, int which, int status,
   uint8_t good[DONORS_MAX][PROTO_ID_BYTES];
   size_t k =
       bee__lines_resync(&r->lines, v, ids, n, w.diverged_epoch, &r->view, good);
+  size_t others;
+  if (k == 0 && bee__lines_orphaned(&r->lines, v, ids, n, r->view.view.epoch,
+                                    r->view.self, &others)) {
+    bee_warn(COMP,
+             "epoch %llu: no peer of the run is in line (%zu others out of "
+             "line too): this bee's parameters become its line, for the "
+             "others to load",
+             (unsigned long long)w.diverged_epoch, others);
+    r->orphans++;
+    r->io.adopt_line(r->io.ctx);
+    return;
+  }
   if (k == 0)
     return; /* none yet: asked again in RESYNC_MS */
   if (r->lines.nsplit)
@@ -692,6 +704,7 @@ void bee_run_stats_get(const bee_run *r, bee_run_stats *st) {
   st->download_bytes = r->fetch.bytes;
   st->splits = r->lines.splits;
   st->resyncs = r->resyncs;
+  st->orphans = r->orphans;
   st->last_download_s = r->fetch.last_s;
   st->steps_taken = r->steps_taken;
   st->steps_polled = r->steps_polled;

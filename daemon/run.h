@@ -159,6 +159,10 @@ typedef struct bee_run_io {
   /* Marks the worker out of line from epoch on, unless it is already
    * (the split check's verdict). */
   void (*mark_diverged)(void *ctx, uint64_t epoch);
+  /* Back in line with the parameters it has: no peer of the run was in
+   * line to load from, and this bee's line is the one the run takes up
+   * (bee__lines_orphaned). */
+  void (*adopt_line)(void *ctx);
   /* The round the worker asked for is over. */
   void (*round_over)(void *ctx, const bee_run_result *r);
   /* DHT.  Each put and get returns 0 and answers later with the
@@ -292,6 +296,7 @@ typedef struct bee_run_stats {
   uint64_t download_bytes; /* chunk bytes received */
   uint64_t splits;         /* split verdicts against this bee */
   uint64_t resyncs;        /* downloads to come back in line */
+  uint64_t orphans;        /* lines taken up where none was in line */
   double last_download_s;  /* the last one took this long (0: none) */
   uint64_t steps_taken;    /* the swarm's steps taken (after downloads, and
                               for rounds that missed them) */

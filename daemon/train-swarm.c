@@ -78,6 +78,13 @@ static void io_replay(void *ctx, uint8_t *buf, size_t len, uint64_t epoch) {
   free(buf); /* more than the core sends: not expected */
 }
 
+static void io_adopt_line(void *ctx) {
+  bee_train *t = ctx;
+  uv_mutex_lock(&t->mu);
+  t->shared.diverged = false;
+  uv_mutex_unlock(&t->mu);
+}
+
 static void io_mark_diverged(void *ctx, uint64_t epoch) {
   bee_train *t = ctx;
   uv_mutex_lock(&t->mu);
@@ -604,6 +611,7 @@ void bee__run_io(bee_train *t, bee_run_io *io) {
                      .load = io_load,
                      .replay = io_replay,
                      .mark_diverged = io_mark_diverged,
+                     .adopt_line = io_adopt_line,
                      .round_over = io_round_over,
                      .put_progress = io_put_progress,
                      .get_progress = io_get_progress,

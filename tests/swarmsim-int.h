@@ -121,6 +121,7 @@ typedef struct sbee {
   unsigned gen;
   bool alive;
   bool vanished; /* died without its connections closing */
+  bool fail_round; /* its next round fails (swarmsim_fail_rounds) */
   uint8_t id[PROTO_ID_BYTES];
   size_t region;
   double rate;

@@ -408,6 +408,11 @@ static void io_replay(void *ctx, uint8_t *buf, size_t len, uint64_t epoch) {
     b->w.replay[b->w.nreplay++] = (ssnap){epoch, key};
 }
 
+static void io_adopt_line(void *ctx) {
+  sbee *b = ctx;
+  b->w.diverged = false;
+}
+
 static void io_mark_diverged(void *ctx, uint64_t epoch) {
   sbee *b = ctx;
   if (!b->w.diverged) {
@@ -416,8 +421,15 @@ static void io_mark_diverged(void *ctx, uint64_t epoch) {
   }
 }
 
-static void io_round_over(void *ctx, const bee_run_result *r) {
+static void io_round_over(void *ctx, const bee_run_result *res) {
   sbee *b = ctx;
+  bee_run_result failed;
+  const bee_run_result *r = res;
+  if (b->fail_round) { /* swarmsim_fail_rounds: nothing averaged */
+    b->fail_round = false;
+    failed = (bee_run_result){.status = BEE_ETIMEOUT, .done_ms = res->done_ms};
+    r = &failed;
+  }
   b->w.avg_req = false;
   b->w.avg_done = true;
   b->w.res = *r;
@@ -566,6 +578,7 @@ static void bee_init(swarmsim *s, sbee *b, size_t idx, size_t region) {
                        .load = io_load,
                        .replay = io_replay,
                        .mark_diverged = io_mark_diverged,
+                       .adopt_line = io_adopt_line,
                        .round_over = io_round_over,
                        .put_progress = io_put_progress,
                        .get_progress = io_get_progress,
@@ -844,6 +857,15 @@ void swarmsim_kill(swarmsim *s, size_t bee) {
   bee_down(&s->b[bee]);
 }
 
+void swarmsim_fail_rounds(swarmsim *s) {
+  for (size_t i = 0; i < s->nb; i++)
+    s->b[i].fail_round = s->b[i].alive;
+}
+
+bool swarmsim_diverged(const swarmsim *s, size_t bee) {
+  return bee < s->nb && s->b[bee].alive && s->b[bee].w.diverged;
+}
+
 void swarmsim_vanish(swarmsim *s, size_t bee) {
   if (bee >= s->nb || !s->b[bee].alive)
     return;
@@ -969,6 +991,7 @@ void swarmsim_check(const swarmsim *s, uint64_t from, uint64_t to,
       bee_run_stats st;
       bee_run_stats_get(s->b[i].core, &st);
       r->splits += st.splits;
+      r->orphans += st.orphans;
       r->steps_polled += st.steps_polled;
     } else {
       r->steps_polled += s->b[i].life.steps_polled;

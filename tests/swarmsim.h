@@ -90,6 +90,7 @@ typedef struct swarmsim_report {
                             thrown away by loads */
   uint64_t downloads;    /* states loaded, all bees */
   uint64_t splits;       /* split verdicts, all bees */
+  uint64_t orphans;      /* lines taken up with none in line, all bees */
   uint64_t max_group;    /* largest group */
   uint64_t min_group;    /* smallest group of an averaged step */
   uint64_t steps_polled; /* of the swarm's steps taken, those asked of the
@@ -122,6 +123,12 @@ void swarmsim_kill(swarmsim *s, size_t bee);
  * reducer timeout if that round runs, and a download it served gets no
  * answer to the chunks asked of it. */
 void swarmsim_vanish(swarmsim *s, size_t bee);
+/* The next round of every live bee fails for it (BEE_ETIMEOUT, nothing
+ * averaged), as when a member of their group vanished in the round on
+ * links slow enough that the round's deadline came first. */
+void swarmsim_fail_rounds(swarmsim *s);
+/* Whether bee's worker is out of line now. */
+bool swarmsim_diverged(const swarmsim *s, size_t bee);
 /* Starts a bee in a new slot (returns it, SIZE_MAX when none is left):
  * fresh (behind = -1: no state), or as bee `of` restarted from its
  * checkpoint `behind` epochs before the last epoch it reached

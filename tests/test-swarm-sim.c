@@ -543,6 +543,56 @@ static bool wanted(int argc, char **argv, const char *name) {
   return argc < 2 || strcmp(argv[1], name) == 0;
 }
 
+/* Every member's round failed at once and each stepped alone (the lab of
+ * test-deploy --long with 2 s epochs, a member of a group of 4 powered
+ * off in a round): all are out of line, so none is a donor for the
+ * others' resync.  The lowest id takes up its own line and the others
+ * load its state: one line again, with one verdict and a download per
+ * other bee. */
+static void all_out_of_line(uint64_t seed) {
+  bee_config cfg;
+  base_cfg(&cfg, 8192, 3);
+  swarmsim_config c = lab_swarm(&cfg, 4, seed);
+  swarmsim *s = swarmsim_new(&c);
+  ASSERT(s);
+  swarmsim_run(s, 40000);
+  swarmsim_report before;
+  swarmsim_check(s, 0, swarmsim_epoch(s), &before);
+  uint64_t t0 = swarmsim_now(s);
+  swarmsim_fail_rounds(s);
+  /* out: every bee out of line (the failed round stepped); back: none. */
+  uint64_t out = 0, back = 0;
+  while (!back && swarmsim_now(s) < t0 + 60000) {
+    swarmsim_run(s, swarmsim_now(s) + 100);
+    size_t k = 0;
+    for (size_t i = 0; i < 4; i++)
+      k += swarmsim_diverged(s, i);
+    if (!out && k == 4)
+      out = swarmsim_now(s);
+    else if (out && k == 0)
+      back = swarmsim_now(s);
+  }
+  ASSERT(out != 0);
+  ASSERT(back != 0);
+  uint64_t e_back = swarmsim_epoch(s);
+  swarmsim_run(s, back + 30000);
+  uint64_t e1 = swarmsim_epoch(s);
+  swarmsim_report r;
+  swarmsim_check(s, e_back + 1, e1 - 1, &r);
+  print_report("all out of line, the epochs after", &r);
+  printf("all out of line %.1f s after the failed round: in line again %.1f "
+         "s later (epoch %llu), %llu line taken up, %llu downloads\n",
+         (double)(out - t0) / 1000, (double)(back - out) / 1000,
+         (unsigned long long)e_back, (unsigned long long)r.orphans,
+         (unsigned long long)(r.downloads - before.downloads));
+  ASSERT_UEQ(r.orphans, 1);
+  ASSERT_UEQ(r.downloads - before.downloads, 3);
+  ASSERT_GE(r.epochs, 3);
+  ASSERT_UEQ(r.split_epochs, 0);
+  ASSERT_UEQ(r.off_line, 0);
+  finish(s);
+}
+
 int main(int argc, char **argv) {
   bee_log_set_level(BEE_LOG_ERROR);
   bool sanitized = getenv("BEE_TEST_SANITIZED") &&
@@ -570,6 +620,7 @@ int main(int argc, char **argv) {
     rejoin(7, 3, 5, VANISH_IN_ROUND);
     donor_vanishes(9);
     slow_link(10);
+    all_out_of_line(11);
   }
   if (wanted(argc, argv, "churn")) {
     churn(7, false);
