@@ -191,7 +191,7 @@ bool bee__lines_orphaned(const bee_lines *l, const proto_metrics *v,
     const proto_metrics *m = &v[i];
     /* Another run's, a gone peer's, or this bee's own. */
     if (strcmp(m->run, l->cfg->run) != 0 ||
-        m->step + ORPHAN_EPOCHS < view_epoch ||
+        (view_epoch > ORPHAN_EPOCHS && m->step < view_epoch - ORPHAN_EPOCHS) ||
         memcmp(ids[i], self, PROTO_ID_BYTES) == 0)
       continue;
     bool other = false; /* never in a group with us: no line of ours */

@@ -9,7 +9,7 @@
  * why, and trains on the CPU, instead of failing in the loader before
  * main.
  *
- * The module needs four of the program's functions; it gets them in a
+ * The module needs three of the program's functions; it gets them in a
  * table too, so that it has no undefined symbol but the libraries' (it is
  * linked with -z defs).  Both tables carry the ABI number and the sizes of
  * the structs they pass: a module from another build whose layout differs

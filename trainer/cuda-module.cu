@@ -1,8 +1,8 @@
 /* cuda-module.cu: beed-cuda.so's entry (cuda-abi.h).
  *
  * Hands the program the table of the module's functions, and supplies
- * the four functions of the program the module's code calls, through the
- * program's table.  Everything in the module but the entry is hidden
+ * the three functions of the program the module's code calls, through
+ * the program's table (trn__fail is trainer-int.h's inline).  Everything in the module but the entry is hidden
  * (-fvisibility=hidden): its trn__* names never meet the program's. */
 #include "cuda-abi.h"
 
@@ -18,16 +18,6 @@ void trn__log(int level, const char *fmt, ...) {
   va_start(ap, fmt);
   host->vlog(level, fmt, ap);
   va_end(ap);
-}
-
-int trn__fail(char *err, size_t err_len, int rc, const char *fmt, ...) {
-  if (err_len) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-  }
-  return rc;
 }
 
 void trn__dropout_draw(float p, uint64_t seed, uint64_t call, uint64_t *base,

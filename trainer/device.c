@@ -50,16 +50,6 @@ void trn__vlog(int level, const char *fmt, va_list ap) {
     fprintf(stderr, "%s trainer: %s\n", names[level], line);
 }
 
-int trn__fail(char *err, size_t err_len, int rc, const char *fmt, ...) {
-  if (err_len) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-  }
-  return rc;
-}
-
 /* Writes one line into the caller's why buffer, if it has one. */
 static void say(char *why, size_t why_len, const char *fmt, ...)
 #if defined(__GNUC__)

@@ -12,6 +12,7 @@
 #include "trainer.h"
 
 #include <stdarg.h>
+#include <stdio.h>
 
 #ifdef __CUDACC__ /* the .cu files: the types of the checks below */
 #include <cublas_v2.h>
@@ -39,12 +40,21 @@ void trn__vlog(int level, const char *fmt, va_list ap)
 
 /* Writes one line into err (err_len bytes, NUL-terminated; nothing when
  * err_len is 0) and returns rc: the trainer's "error code and message"
- * in one call. */
-int trn__fail(char *err, size_t err_len, int rc, const char *fmt, ...)
+ * in one call.  Inline: the CUDA module has its own copy, as it has no
+ * other way to the program's functions than cuda-abi.h's table. */
 #if defined(__GNUC__)
-    __attribute__((format(printf, 4, 5)))
+__attribute__((format(printf, 4, 5)))
 #endif
-    ;
+static inline int
+trn__fail(char *err, size_t err_len, int rc, const char *fmt, ...) {
+  if (err_len) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+  }
+  return rc;
+}
 
 /* Loss scaling's bookkeeping (scale.c), the same for both backends. */
 typedef struct trn__scaler {
