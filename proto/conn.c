@@ -379,8 +379,27 @@ static uint64_t flight_gap_ns(const proto_conn *c) {
 }
 
 double proto_conn_take_rx_mbit(proto_conn *c) {
-  return proto__flight_take(&c->flight, uv_hrtime(), flight_gap_ns(c)) * 8 /
-         1e6;
+  uint64_t now = uv_hrtime(), gap = flight_gap_ns(c);
+  double own = proto__flight_take(&c->flight, now, gap);
+  double peer = proto__flight_take(&c->peer_flight, now, gap);
+  return (own > peer ? own : peer) * 8 / 1e6;
+}
+
+/* A read of bytes on c: into its own meter and, when its peer has a
+ * control connection with us, into that one's meter of the peer. */
+static void meter_read(proto_conn *c, size_t bytes) {
+  uint64_t now = uv_hrtime(), gap = flight_gap_ns(c);
+  proto_conn *pc = proto_host_find(c->h, c->peer.id);
+  uint64_t pgap = pc ? flight_gap_ns(pc) : 0;
+  bool starts = proto__flight_starts(&c->flight, now, gap);
+  bool joins = pc && (proto__flight_starts(&pc->peer_flight, now, pgap) ||
+                      pc->peer_flight.start_ns != c->peer_joined_ns);
+  size_t queued = starts || joins ? kernel_queued(c) : 0;
+  proto__flight_add(&c->flight, now, bytes, gap, starts ? queued : 0, false);
+  if (pc) {
+    proto__flight_add(&pc->peer_flight, now, bytes, pgap, queued, joins);
+    c->peer_joined_ns = pc->peer_flight.start_ns;
+  }
 }
 
 /* ---- receiving ---------------------------------------------------------- */
@@ -647,12 +666,8 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   }
   c->rlen += (size_t)nread;
   c->last_rx_ms = proto__now_ms(c->h);
-  if (c->state != CONN_HANDSHAKE) {
-    uint64_t now = uv_hrtime(), gap = flight_gap_ns(c);
-    proto__flight_add(
-        &c->flight, now, (size_t)nread, gap,
-        proto__flight_starts(&c->flight, now, gap) ? kernel_queued(c) : 0);
-  }
+  if (c->state != CONN_HANDSHAKE)
+    meter_read(c, (size_t)nread);
   size_t off = 0;
   while (c->rlen - off >= PROTO_FRAME_HDR) {
     uint32_t blen = proto__get_u32(c->rbuf + off);

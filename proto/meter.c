@@ -1,7 +1,8 @@
-/* meter.c: the rate data reaches us at on a connection, from the times
- * of its reads (proto.h, proto_conn_take_rx_mbit).  Each connection has
- * its own: a round striped over several streams gives each stream's
- * share of the link, and the caller takes the best of a peer's.
+/* meter.c: the rate data reaches us at, from the times of reads
+ * (proto.h, proto_conn_take_rx_mbit).  Each connection has a meter of
+ * its own, and a peer's control connection has one more fed by all our
+ * connections to that peer: a round striped over several streams gives
+ * each stream's share of the link, the streams together the link.
  *
  * TCP sends in flights: a window's worth of segments at once, which the
  * slowest link on the path spaces out at its own rate, then a wait for
@@ -19,7 +20,10 @@
  * comes no earlier than its last byte), which can lower the figure but
  * never raise it; at a flight's start the burst would look like a fast
  * link, so what was waiting in the kernel at the first read (the
- * backlog, FIONREAD) is passed over, as that read's own bytes are.
+ * backlog, FIONREAD) is passed over, as that read's own bytes are.  In a
+ * meter of several connections the same holds for each connection's
+ * first read in a flight: its bytes and its backlog may predate the
+ * flight.
  */
 #include "proto-int.h"
 
@@ -39,7 +43,7 @@ bool proto__flight_starts(const proto__flight *f, uint64_t now_ns,
 }
 
 void proto__flight_add(proto__flight *f, uint64_t now_ns, size_t bytes,
-                       uint64_t gap_ns, uint64_t backlog) {
+                       uint64_t gap_ns, uint64_t backlog, bool joins) {
   if (f->start_ns && proto__flight_starts(f, now_ns, gap_ns))
     flight_close(f);
   if (!f->start_ns) { /* its first read's bytes came before it began */
@@ -48,6 +52,10 @@ void proto__flight_add(proto__flight *f, uint64_t now_ns, size_t bytes,
     return;
   }
   f->last_ns = now_ns;
+  if (joins) { /* the same for a source's first read within the flight */
+    f->skip += backlog;
+    return;
+  }
   if (f->skip >= bytes) {
     f->skip -= bytes;
     return;

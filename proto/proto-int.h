@@ -234,8 +234,12 @@ typedef struct proto__flight {
 /* Whether a read at now_ns starts a flight: then pass its backlog. */
 bool proto__flight_starts(const proto__flight *f, uint64_t now_ns,
                           uint64_t gap_ns);
+/* A read of bytes at now_ns.  joins: the first read of one of several
+ * sources feeding f (a peer's connections) in the flight under way: its
+ * bytes and its backlog may have come before the flight began, so they
+ * are passed over as a flight's first read's are. */
 void proto__flight_add(proto__flight *f, uint64_t now_ns, size_t bytes,
-                       uint64_t gap_ns, uint64_t backlog);
+                       uint64_t gap_ns, uint64_t backlog, bool joins);
 /* The best since the last take (closing a flight paused over the gap),
  * bytes/s, or 0; starts again from nothing. */
 double proto__flight_take(proto__flight *f, uint64_t now_ns, uint64_t gap_ns);
@@ -276,6 +280,10 @@ struct proto_conn {
   uint64_t ping_sent_ns, hs_sent_ns; /* the same two, uv_hrtime */
   uint64_t rtt_us;      /* least round trip seen (handshake, ping) */
   proto__flight flight; /* the rate data reaches us at (meter.c) */
+  /* A control connection's: the rate its peer's data reaches us at on
+   * all our connections to it together (stripes share one link). */
+  proto__flight peer_flight;
+  uint64_t peer_joined_ns; /* start of the peer flight c last fed */
   bool has_rtt;
   uint64_t next_call_id;
   proto_call *calls;

@@ -1177,11 +1177,12 @@ uint64_t proto_conn_rtt_ms(const proto_conn *c);
 uint64_t proto_conn_rtt_us(const proto_conn *c);
 /* The rate data reached us at on c, Mbit/s, since the last call (0: no
  * measure): the best of its flights (a window's worth of segments, timed
- * from the reads; proto/meter.c) that moved 256 KiB or more.  It is the
- * rate of the slowest link on the path, or what the sender's pacing
- * allows of it (a stream that shares the link with others: its share),
- * also while TCP's window is still growing; a loop busy elsewhere can
- * lower it, never raise it. */
+ * from the reads; proto/meter.c) that moved 256 KiB or more.  On a
+ * control connection, flights over all our connections to its peer
+ * (stripes) count too.  It is the rate of the slowest link on the path,
+ * or what the sender's pacing allows of it (one stream of several that
+ * share the link: its share), also while TCP's window is still growing;
+ * a loop busy elsewhere can lower it, never raise it. */
 double proto_conn_take_rx_mbit(proto_conn *c);
 /* Memory held by c's write queue: queued frames and their bookkeeping. */
 size_t proto_conn_queued(const proto_conn *c);
