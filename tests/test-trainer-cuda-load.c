@@ -6,7 +6,8 @@
  * without the entry, a module of another layout (each: no backend, the
  * reason said, auto on the CPU, cuda:0 refused with it), the fake
  * module (tests/cuda-fake-module.c: its device seen, calls forwarded
- * both ways), and the build tree's own module where the build has one.
+ * both ways, each of the table's functions reached through its own
+ * forwarder), and the build tree's own module where the build has one.
  * argv: the fake module built working, of another layout, without the
  * entry. */
 #include "test.h"
@@ -15,7 +16,9 @@
 
 #include "bee-config.h"
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +84,108 @@ static void case_other_layout(const char *module) {
   check_absent("is from beed 9.9.9, built for another layout");
 }
 
+/* As tests/cuda-fake-module.c notes them. */
+typedef struct fake_seen {
+  int fn;
+  uintptr_t a, b;
+} fake_seen;
+
+static const fake_seen *seen;
+
+/* The call just made reached the module's function number fn (its place
+ * in trn__cuda_api), with the arguments that give a and b there. */
+static void saw(int line, int fn, uintptr_t a, uintptr_t b) {
+  if (seen->fn != fn || seen->a != a || seen->b != b)
+    FAIL("line %d: the module saw function %d (%#jx, %#jx), not %d "
+         "(%#jx, %#jx)",
+         line, seen->fn, (uintmax_t)seen->a, (uintmax_t)seen->b, fn,
+         (uintmax_t)a, (uintmax_t)b);
+}
+#define SAW(fn, a, b) saw(__LINE__, fn, (uintptr_t)(a), (uintptr_t)(b))
+
+/* Every function of the table, called through its forwarder: each
+ * reaches its own, arguments and result carried both ways. */
+static void check_forwarding(const char *module) {
+  void *h = dlopen(module, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT(h != NULL);
+  seen = dlsym(h, "trn__fake_seen");
+  ASSERT(seen != NULL);
+  trn__gpu *g = (trn__gpu *)(uintptr_t)0x5000;
+  trn__dbuf *db = (trn__dbuf *)(uintptr_t)0x6000;
+  float buf[8], x[4];
+  char why[64];
+  int n = 0;
+  ASSERT_EQ(trn__cuda_count(&n, why, sizeof why), 0);
+  SAW(1, &n, sizeof why);
+  trn_device d;
+  ASSERT_EQ(trn__cuda_props(0, &d), 0);
+  SAW(2, 0, &d);
+  ASSERT_EQ(trn__cuda_bind(3), 0);
+  SAW(3, 3, 0);
+  void *p = NULL;
+  ASSERT_EQ(trn__cuda_host_alloc(4096, &p), -ENOMEM);
+  SAW(4, 4096, &p);
+  trn__cuda_host_free(buf);
+  SAW(5, buf, 0);
+  trn__bn bn;
+  ASSERT_EQ(trn__cuda_bn_run(2, &bn, 5, x, x, x, buf, buf, buf, buf, x, buf,
+                             true, buf, buf + 1),
+            -107);
+  SAW(7, 7, buf + 1);
+  char err[64];
+  ASSERT_EQ(trn__gpu_new(1, NULL, 0, 10, 0, 1, TRN_FP32, &g, err, sizeof err),
+            -ENOMEM);
+  SAW(8, 11, sizeof err);
+  trn_model_config mc;
+  g = (trn__gpu *)(uintptr_t)0x5000;
+  ASSERT_EQ(trn__gpu_new_gpt(4, &mc, 99, TRN_FP32, &g, err, sizeof err), -109);
+  ASSERT(g == NULL && strcmp(err, "fake: gpt") == 0);
+  SAW(9, 103, &mc);
+  g = (trn__gpu *)(uintptr_t)0x5000;
+  trn__gpu_free(g);
+  SAW(10, g, 0);
+  ASSERT_UEQ(trn__gpu_bytes(g), 1011);
+  SAW(11, g, 0);
+  ASSERT_EQ(trn__gpu_put(g, 2, buf), -112);
+  SAW(12, g, buf + 2);
+  ASSERT_EQ(trn__gpu_get(g, 3, buf), -113);
+  SAW(13, g, buf + 3);
+  ASSERT_EQ(trn__gpu_zero_grads(g), -114);
+  SAW(14, g, 0);
+  uint32_t arg[2];
+  ASSERT_EQ(trn__gpu_layer_out(g, 5, 6, buf, arg), -115);
+  SAW(15, g, (uintptr_t)arg + 11);
+  int32_t y[2];
+  uint64_t calls = 0;
+  double loss = 0;
+  size_t correct = 0;
+  ASSERT_EQ(trn__gpu_pass(g, x, y, 7, true, 40, &calls, buf, &loss, &correct),
+            -116);
+  SAW(16, g, (uintptr_t)&correct + 47);
+  ASSERT_EQ(trn__gpu_set_scale(g, 256.0f, err, sizeof err), -117);
+  SAW(17, g, 1024 + sizeof err);
+  ASSERT(trn__gpu_overflow(g));
+  SAW(18, g, 0);
+  ASSERT_EQ(trn__gpu_tokens(g, y, y, 3, 5, false, &loss, &correct), -119);
+  SAW(19, g, (uintptr_t)&correct + 15);
+  size_t nl = 0;
+  ASSERT_EQ(trn__gpu_logits(g, buf, &nl), -120);
+  ASSERT_UEQ(nl, 20);
+  SAW(20, g, buf);
+  trn__step st;
+  ASSERT_EQ(trn__gpu_step(g, buf, &st), -121);
+  SAW(21, g, &st);
+  ASSERT_EQ(trn__gpu_index(g), 22);
+  SAW(22, g, 0);
+  ASSERT_EQ(trn__dbuf_put(db, 1, buf, 4), -123);
+  SAW(23, db, (uintptr_t)buf + 5);
+  ASSERT_EQ(trn__dbuf_get(db, buf), -124);
+  SAW(24, db, buf);
+  trn__dbuf_free(db);
+  SAW(25, db, 0);
+  dlclose(h);
+}
+
 static void case_fake(const char *module) {
   setenv(TRN__CUDA_MODULE_ENV, module, 1);
   trn_log_set(on_log, NULL);
@@ -113,6 +218,7 @@ static void case_fake(const char *module) {
   void *p = trn_host_alloc(4096, true);
   ASSERT(p != NULL && !trn_host_pinned(p));
   trn_host_free(p);
+  check_forwarding(module);
 }
 
 /* No variable: a program in the build tree opens the build's module. */
