@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "proto.h"
 
@@ -94,7 +95,9 @@ typedef struct bee_config {
   unsigned revocation_interval_s; /* poll the DHT's revocation list */
   /* Training (train.c): on when run is set. */
   char run[PROTO_RUN_MAX + 1];
-  char model[8];                /* "mlp", "cnn", "resnet" or "gpt" */
+  char model[16];                    /* "mlp", "cnn", "resnet", "gpt", or
+                                   "external": a trainer process's */
+  char trainer_socket[BEE_PATH_MAX]; /* --model external: where it comes */
   char data[BEE_PATH_MAX];      /* images: IDX or CIFAR-10 directory */
   bool batchnorm;               /* cnn: its batch-norm variant */
   bool augment;                 /* images: random crop (pad 4) and flip */
@@ -154,6 +157,11 @@ typedef struct bee_config {
   bool help;    /* --help was given: print usage, nothing else is checked */
   bool version; /* --version was given */
 } bee_config;
+
+/* Whether the model is a trainer process's (--model external). */
+static inline bool bee_external(const bee_config *cfg) {
+  return strcmp(cfg->model, "external") == 0;
+}
 
 /* Formats an error line into err (errlen bytes; NULL or 0: none) and
  * returns code: how config.c and ckpt.c report what went wrong. */
@@ -595,6 +603,81 @@ size_t bee_links_list(const bee_links *L, uint64_t now_ms, proto_link *out,
                       size_t cap);
 
 /* ------------------------------------------------------------------------ */
+/* A trainer process's session (local.c): --model external.                  */
+
+/* The trainer's tensors live in memory it shares with beed (a memfd that
+ * came with its HELLO, sealed against shrinking), float32, in regions:
+ * the parameters, their gradients (the same layout), the optimizer's
+ * state, the buffers; each the tensors of its role in HELLO's order.
+ * Whoever waits for the other's message leaves the memory alone: the
+ * trainer between sending a BATCH (or STEPPED) and its answer, beed
+ * (the worker) between answering and the next. */
+typedef struct bee_local {
+  int fd;   /* the connection, blocking: the worker's once it trains */
+  long pid; /* the trainer's, and its user's (SO_PEERCRED) */
+  unsigned uid;
+  uint8_t *mem; /* the mapping */
+  size_t mem_len;
+  float *params, *grads, *state, *buffers;
+  size_t nparams, nstate, nbuffers, ntensors;
+  int mode;           /* PROTO_LOCAL_GRADIENTS or _DILOCO */
+  uint64_t batch;     /* samples a BATCH counts, as the trainer said */
+  uint8_t schema[32]; /* BLAKE2b-256 of the tensors' names, roles, shapes */
+  char desc[48];      /* "external:" and the schema's first bytes in hex */
+  uint8_t *rbuf;      /* its messages, as they come */
+  size_t rcap;
+  bool owe;      /* a message of the trainer waits for beed's answer */
+  bool welcomed; /* the answer to HELLO went */
+  bool loaded;   /* a state went into the memory since the last answer */
+  /* The trainer's last EVAL, for the worker to pass on. */
+  bool evaluated;
+  uint64_t eval_epoch;
+  double eval_loss, eval_acc;
+} bee_local;
+
+typedef struct bee_local_server bee_local_server;
+
+/* Listens on cfg->trainer_socket (mode 0600; a socket file no daemon
+ * answers on is replaced) for trainer processes, one at a time: each
+ * HELLO is read and checked off the loop (a trainer that sends none in
+ * BEE_LOCAL_HELLO_MS is dropped), and a good one, with its memory
+ * mapped, goes to on_session(l, arg) on the loop, which owns it from
+ * then on.  A trainer that comes while a session is on is refused.
+ * Errors are logged; returns 0 or an error. */
+#define BEE_LOCAL_HELLO_MS 10000
+int bee_local_listen(uv_loop_t *loop, const bee_config *cfg,
+                     void (*on_session)(bee_local *l, void *arg), void *arg,
+                     bee_local_server **out);
+/* Closes the socket and removes its file; NULL is ignored. */
+void bee_local_close(bee_local_server *s);
+/* The session handed out is over: the next trainer may come. */
+void bee_local_idle(bee_local_server *s);
+
+/* The worker's side of a session; each call blocks, polling stopped(arg)
+ * every BEE_LOCAL_POLL_MS, and returns 1 when it says stop, 0 when done,
+ * or an error: the trainer left (BEE_ECLOSED), sent what it may not
+ * (BEE_EMALFORMED, -EPROTO), logged with the reason. */
+#define BEE_LOCAL_POLL_MS 100
+/* Answers the trainer's last message, if it waits for one: WELCOME (the
+ * first time: epoch, whether a state was loaded, the run's target and
+ * peers), then LOADED when a state was loaded since, else GO. */
+int bee_local_answer(bee_local *l, uint64_t epoch, uint64_t target,
+                     uint64_t samples, uint64_t peers, int mode);
+/* Waits for the trainer's next BATCH (EVALs on the way are kept in l):
+ * its samples and mean loss. */
+int bee_local_batch(bee_local *l, bool (*stopped)(void *arg), void *arg,
+                    uint64_t *samples, double *loss);
+/* The step of epoch: STEP (apply: the trainer's optimizer steps with the
+ * mean gradients in the memory; else beed stepped the parameters), then
+ * its STEPPED, which waits for an answer in turn. */
+int bee_local_step(bee_local *l, uint64_t epoch, bool apply,
+                   bool (*stopped)(void *arg), void *arg);
+/* Unmaps the memory and closes the connection, keeping l's counts;
+ * then frees l too.  NULL is ignored. */
+void bee_local_release(bee_local *l);
+void bee_local_free(bee_local *l);
+
+/* ------------------------------------------------------------------------ */
 /* The bee's training and its progress in the DHT (train.c).                 */
 
 typedef struct bee_train bee_train;
@@ -605,6 +688,21 @@ typedef struct bee_train bee_train;
  * bee_train_free.  Returns 0 or a negative error. */
 int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
                   const proto_identity *id, bee_train **out);
+/* The same for --model external: the model is the trainer's of session
+ * l, which t owns from now on (freed with it, even on failure).  state
+ * (len bytes, of epoch; NULL: none) is what bee_train_last_state gave
+ * of the session before, taken over: the trainer goes on from it when
+ * its model is the same. */
+int bee_train_new_local(uv_loop_t *loop, const bee_config *cfg,
+                        const proto_identity *id, bee_local *l, uint8_t *state,
+                        size_t len, uint64_t epoch, bee_train **out);
+/* A copy of the latest state (a snapshot: its len and epoch), or NULL:
+ * for the session after this one.  Loop thread, the threads stopped. */
+uint8_t *bee_train_last_state(bee_train *t, size_t *len, uint64_t *epoch);
+/* After bee_train_stop: lets go of what the stopped training holds that
+ * is large (the trainer's memory, snapshots, steps), keeping what a DHT
+ * answer still under way may reach, until bee_train_free. */
+void bee_train_shed(bee_train *t);
 /* Starts the averager on host (its "avg.m" and "avg.r" methods), the
  * worker and evaluator threads and the progress timer; publishes under
  * dht's node; port is the one we listen on (0: none).  on_fatal(arg) runs
@@ -748,6 +846,11 @@ typedef struct bee_control {
   void *arg;
 } bee_control;
 
+/* Makes path ready for a unix socket of ours to be bound there: a path
+ * too long, a file that is no socket, or a socket a live daemon answers
+ * on are refused (logged under comp); a socket file left by a daemon
+ * that died is removed.  Returns 0 or an error. */
+int bee_unix_path_claim(const char *comp, const char *path);
 /* Listens on the unix socket path (mode 0600), replacing a socket file no
  * daemon answers on.  Errors are logged; returns 0 or an error. */
 int bee_control_start(bee_control *c, uv_loop_t *loop, const char *path,

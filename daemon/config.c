@@ -80,6 +80,7 @@ enum opt_id {
   O_KEEP_CHECKPOINTS,
   O_RESUME,
   O_CONTROL,
+  O_TRAINER_SOCKET,
   O_PEERS_FILE,
   O_MAX_STATE_UPLOADS,
   O_LR_SCHEDULE,
@@ -167,6 +168,7 @@ static const struct opt {
     {"keep-checkpoints", O_KEEP_CHECKPOINTS, K_VALUE, true},
     {"resume", O_RESUME, K_BOOL, true},
     {"control", O_CONTROL, K_VALUE, true},
+    {"trainer-socket", O_TRAINER_SOCKET, K_VALUE, true},
     {"peers-file", O_PEERS_FILE, K_VALUE, true},
     {"check", O_CHECK, K_BOOL, false},
     {"help", O_HELP, K_ACTION, false},
@@ -526,9 +528,12 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
   }
   case O_MODEL:
     if (strcmp(v, "mlp") != 0 && strcmp(v, "cnn") != 0 &&
-        strcmp(v, "resnet") != 0 && strcmp(v, "gpt") != 0)
+        strcmp(v, "resnet") != 0 && strcmp(v, "gpt") != 0 &&
+        strcmp(v, "external") != 0)
       return bee_failf(msg, cap, BEE_ECONFIG,
-                       "bad model '%.80s' (want mlp, cnn, resnet or gpt)", v);
+                       "bad model '%.80s' (want mlp, cnn, resnet, gpt or "
+                       "external)",
+                       v);
     snprintf(cfg->model, sizeof cfg->model, "%s", v);
     return 0;
   case O_DATA: return set_path(cfg->data, v, msg, cap);
@@ -751,6 +756,7 @@ static int apply(bee_config *cfg, const struct opt *o, const char *v, char *msg,
     return 0;
   case O_CHECKPOINT_DIR: return set_path(cfg->checkpoint_dir, v, msg, cap);
   case O_CONTROL: return set_path(cfg->control, v, msg, cap);
+  case O_TRAINER_SOCKET: return set_path(cfg->trainer_socket, v, msg, cap);
   case O_PEERS_FILE: return set_path(cfg->peers_file, v, msg, cap);
   case O_CHECKPOINT_EVERY:
   case O_KEEP_CHECKPOINTS:
@@ -1031,6 +1037,17 @@ int bee_config_check(const bee_config *cfg, char *err, size_t errlen) {
   if (cfg->resume && !cfg->checkpoint_dir[0])
     return bee_failf(err, errlen, BEE_ECONFIG,
                 "--resume needs --checkpoint-dir to resume from");
+  bool external = strcmp(cfg->model, "external") == 0;
+  if (external != (cfg->trainer_socket[0] != 0))
+    return bee_failf(err, errlen, BEE_ECONFIG,
+                     external ? "--model external needs --trainer-socket "
+                                "PATH, where its trainer connects"
+                              : "--trainer-socket is for --model external");
+  if (external && cfg->delay_averaging)
+    return bee_failf(err, errlen, BEE_ECONFIG,
+                     "--delay-averaging is not available with --model "
+                     "external yet: a trainer's gradients live in one "
+                     "buffer");
   bool gpt = strcmp(cfg->model, "gpt") == 0;
   if (gpt && !cfg->tokens[0] && cfg->run[0])
     return bee_failf(err, errlen, BEE_ECONFIG,
@@ -1176,9 +1193,16 @@ void bee_config_usage(FILE *f) {
   fprintf(
       f,
       "Training (on with --run-id; every bee of a run uses the same run id):\n"
-      "  --run-id NAME            the run to train in: 1..%d of A-Z a-z 0-9 . _ -\n"
-      "  --model NAME             mlp, cnn, resnet or gpt (default mlp)\n"
-      "  --data DIR               images: Fashion-MNIST or MNIST IDX files, or\n"
+      "  --run-id NAME            the run to train in: 1..%d of A-Z a-z 0-9 . "
+      "_ -\n"
+      "  --model NAME             mlp, cnn, resnet or gpt (default mlp); or\n"
+      "                           external: the model of a trainer process\n"
+      "                           (PyTorch through tools/client) that\n"
+      "                           connects to --trainer-socket\n"
+      "  --trainer-socket PATH    --model external: a unix socket (mode\n"
+      "                           0600) where the trainer connects\n"
+      "  --data DIR               images: Fashion-MNIST or MNIST IDX files, "
+      "or\n"
       "                           CIFAR-10's binary batches (default\n"
       "                           %s)\n"
       "  --augment                images: random crops (padding 4) and flips\n"
@@ -1186,7 +1210,8 @@ void bee_config_usage(FILE *f) {
       "  --depth N, --width W     resnet: 18 (ImageNet's) or 6n + 2 (CIFAR's\n"
       "                           ResNet-20, -56...; default 20); the first\n"
       "                           stage's channels (default 16)\n"
-      "  --tokens FILE            gpt: the training tokens (tools/train/tokenize)\n"
+      "  --tokens FILE            gpt: the training tokens "
+      "(tools/train/tokenize)\n"
       "  --val-tokens FILE        gpt: held-out tokens for the test lines\n"
       "  --vocab V, --ctx T       gpt: vocabulary (default 256) and window\n"
       "                           (default 64); a sample is one window\n"

@@ -165,6 +165,28 @@ static bool live(const char *path) {
   return up;
 }
 
+int bee_unix_path_claim(const char *comp, const char *path) {
+  struct sockaddr_un sa;
+  if (strlen(path) >= sizeof sa.sun_path) {
+    bee_err(comp, "%s: longer than a unix socket path may be (%zu bytes)", path,
+            sizeof sa.sun_path - 1);
+    return BEE_ETOOBIG;
+  }
+  struct stat st;
+  if (lstat(path, &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      bee_err(comp, "%s exists and is not a socket", path);
+      return -EEXIST;
+    }
+    if (live(path)) {
+      bee_err(comp, "%s: another beed answers there", path);
+      return -EADDRINUSE;
+    }
+    unlink(path); /* left by a daemon that died */
+  }
+  return 0;
+}
+
 int bee_control_start(bee_control *c, uv_loop_t *loop, const char *path,
                       size_t (*status)(void *arg, char *buf, size_t cap),
                       void (*leave)(void *arg), void *arg) {
@@ -174,29 +196,14 @@ int bee_control_start(bee_control *c, uv_loop_t *loop, const char *path,
   c->leave = leave;
   c->arg = arg;
   snprintf(c->path, sizeof c->path, "%s", path);
-  struct sockaddr_un sa;
-  if (strlen(path) >= sizeof sa.sun_path) {
-    bee_err(COMP, "%s: longer than a unix socket path may be (%zu bytes)",
-            path, sizeof sa.sun_path - 1);
-    return BEE_ETOOBIG;
-  }
-  struct stat st;
-  if (lstat(path, &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      bee_err(COMP, "%s exists and is not a socket", path);
-      return -EEXIST;
-    }
-    if (live(path)) {
-      bee_err(COMP, "%s: another beed answers there", path);
-      return -EADDRINUSE;
-    }
-    unlink(path); /* left by a daemon that died */
-  }
+  int rc = bee_unix_path_claim(COMP, path);
+  if (rc)
+    return rc;
   uv_pipe_init(loop, &c->pipe, 0);
   c->pipe.data = c;
   c->open = true;
   mode_t old = umask(0077); /* owner only from the start, no window */
-  int rc = uv_pipe_bind(&c->pipe, path);
+  rc = uv_pipe_bind(&c->pipe, path);
   umask(old);
   if (rc == 0 && chmod(path, 0600) < 0)
     rc = uv_translate_sys_error(errno);

@@ -57,7 +57,20 @@ struct bee_daemon {
   dht_glue *dht;
   bee_revoke revoke;
   bee_members members;
-  bee_train *train; /* NULL without --run-id */
+  bee_train *train;           /* NULL without --run-id (--model external: until
+                       its trainer came) */
+  bee_local_server *trainers; /* --model external: where it comes */
+  /* Sessions of trainers gone, stopped: a DHT answer under way may
+   * still reach them, so they are freed at exit. */
+  bee_train **gone;
+  size_t ngone;
+  bool session_ending; /* the trainer left: leaving the run */
+  uint8_t *carry;      /* the state its session left (bee_train_last_state) */
+  size_t carry_len;
+  uint64_t carry_epoch;
+  bool joined;      /* bee_train_joined's moment has come */
+  bool expect_join; /* and bee_train_expect_join's applies */
+  unsigned port;    /* the one we listen on (0: none) */
   bee_control control;
   uv_signal_t sigint, sigterm, sighup;
   uv_timer_t token_timer;  /* --token: renewals, expiry warnings */
@@ -88,6 +101,12 @@ static uint64_t jitter(uint64_t delay_ms) {
 }
 
 static void join_dial(bee_join *j);
+
+/* The node joined the swarm (or found none to join): training may start. */
+static void daemon_joined(bee_daemon *d) {
+  d->joined = true;
+  bee_train_joined(d->train);
+}
 
 static void join_timer_cb(uv_timer_t *t) { join_dial(t->data); }
 
@@ -130,7 +149,7 @@ static void join_connect_cb(proto_host *h, proto_conn *c, int status,
     for (size_t i = 0; i < d->cfg.njoin; i++)
       all_self &= d->joins[i].self;
     if (all_self)
-      bee_train_joined(d->train);
+      daemon_joined(d);
     return;
   }
   if (status || !c) {
@@ -454,7 +473,7 @@ static void known_wait_cb(uv_timer_t *t) {
   bee_daemon *d = t->data;
   bee_info(COMP, "no known peer answered in %.0f s; training may start "
            "on its own", KNOWN_WAIT_MS / 1000.0);
-  bee_train_joined(d->train);
+  daemon_joined(d);
 }
 
 static void dht_boot_cb(dht_node *n, int status, const dht_stats *st,
@@ -470,7 +489,7 @@ static void dht_boot_cb(dht_node *n, int status, const dht_stats *st,
   bee_info(COMP, "dht: joined in %llu ms: %zu contacts", (unsigned long long)st->ms,
            in.contacts);
   uv_timer_stop(&d->known_wait);
-  bee_train_joined(d->train);
+  daemon_joined(d);
   known_save(d);
 }
 
@@ -481,6 +500,8 @@ static void daemon_stop(bee_daemon *d) {
   d->stopping = true;
   bee_notify("STOPPING=1\nSTATUS=stopping");
   bee_control_stop(&d->control);
+  bee_local_close(d->trainers);
+  d->trainers = NULL;
   bee_train_stop(d->train); /* before the DHT it publishes in */
   bee_members_stop(&d->members);
   bee_revoke_stop(&d->revoke);
@@ -503,8 +524,49 @@ static void daemon_stop(bee_daemon *d) {
     uv_close((uv_handle_t *)&d->joins[i].timer, NULL);
 }
 
+/* --model external: the session of a trainer that left has left the
+ * run; beed keeps its state for the next trainer and waits for it. */
+static void session_left(void *arg) {
+  bee_daemon *d = arg;
+  bee_train *t = d->train;
+  d->session_ending = false;
+  if (d->stopping || !t)
+    return; /* daemon_stop has it */
+  free(d->carry);
+  d->carry = bee_train_last_state(t, &d->carry_len, &d->carry_epoch);
+  bee_train_stop(t);
+  bee_train_shed(t);
+  bee_train **g = realloc(d->gone, (d->ngone + 1) * sizeof *g);
+  if (!g) {
+    d->exit_code = 1;
+    daemon_stop(d);
+    return;
+  }
+  d->gone = g;
+  d->gone[d->ngone++] = t;
+  d->train = NULL;
+  bee_local_idle(d->trainers);
+  if (d->carry)
+    bee_info(COMP,
+             "the trainer is gone; this beed left the run and keeps its "
+             "state of epoch %llu for the next trainer on %s",
+             (unsigned long long)d->carry_epoch, d->cfg.trainer_socket);
+  else
+    bee_info(COMP,
+             "the trainer is gone; this beed left the run and waits "
+             "for the next trainer on %s",
+             d->cfg.trainer_socket);
+}
+
 static void train_fatal(void *arg) {
   bee_daemon *d = arg;
+  if (bee_external(&d->cfg) && d->train && !d->stopping && !d->leaving) {
+    if (!d->session_ending) {
+      d->session_ending = true;
+      bee_train_leave(d->train, session_left, d);
+    }
+    return;
+  }
   d->exit_code = 1;
   daemon_stop(d);
 }
@@ -671,6 +733,33 @@ static void early_hup_cb(int signum) { (void)signum; }
 
 /* Creates the host, listens and starts dialing.  Returns 0 or a code
  * already logged. */
+/* --model external: the trainer process's HELLO checked, its memory
+ * mapped; the training starts on its model, as it would on a built-in
+ * one at start. */
+static void trainer_came(bee_local *l, void *arg) {
+  bee_daemon *d = arg;
+  if (d->stopping || d->leaving) {
+    bee_local_free(l);
+    return;
+  }
+  int rc = bee_train_new_local(&d->loop, &d->cfg, &d->id, l, d->carry,
+                               d->carry_len, d->carry_epoch, &d->train);
+  d->carry = NULL;
+  if (rc == 0) {
+    if (d->expect_join)
+      bee_train_expect_join(d->train);
+    bee_train_set_members(d->train, &d->members);
+    rc = bee_train_start(d->train, d->host, d->port, dht_glue_node(d->dht),
+                         train_fatal, d);
+  }
+  if (rc) {
+    train_fatal(d);
+    return;
+  }
+  if (d->joined)
+    bee_train_joined(d->train);
+}
+
 static int daemon_start(bee_daemon *d) {
   const bee_config *cfg = &d->cfg;
   proto_host_config hc;
@@ -743,10 +832,12 @@ static int daemon_start(bee_daemon *d) {
     if (!dup)
       targets[ntargets++] = d->known.addr[i];
   }
-  if (d->train && !cfg->njoin && ntargets) {
+  d->expect_join = !cfg->njoin && ntargets;
+  d->port = (unsigned)port;
+  if (d->train && d->expect_join)
     bee_train_expect_join(d->train);
+  if ((d->train || bee_external(cfg)) && d->expect_join)
     uv_timer_start(&d->known_wait, known_wait_cb, KNOWN_WAIT_MS, 0);
-  }
   bee_train_set_members(d->train, &d->members);
   if (d->train &&
       (rc = bee_train_start(d->train, d->host, (unsigned)port,
@@ -772,6 +863,9 @@ static int daemon_start(bee_daemon *d) {
   if (cfg->control[0] &&
       (rc = bee_control_start(&d->control, &d->loop, cfg->control,
                               control_status, control_leave, d)))
+    return rc;
+  if (bee_external(cfg) &&
+      (rc = bee_local_listen(&d->loop, cfg, trainer_came, d, &d->trainers)))
     return rc;
   /* systemd: serving now; then STATUS every 5 s, and WATCHDOG=1 at half
    * the unit's watchdog interval when it has one. */
@@ -817,7 +911,14 @@ static int check_only(bee_daemon *d) {
     if (check_dir("--control", dir, false))
       bad++;
   }
-  if (cfg->run[0] && bee_train_new(&d->loop, cfg, &d->id, &d->train))
+  if (cfg->trainer_socket[0]) {
+    char dir[BEE_PATH_MAX];
+    bee_dir_of(cfg->trainer_socket, dir, sizeof dir);
+    if (check_dir("--trainer-socket", dir, false))
+      bad++;
+  }
+  if (cfg->run[0] && !bee_external(cfg) &&
+      bee_train_new(&d->loop, cfg, &d->id, &d->train))
     bad++;
   if (bad)
     return 1;
@@ -849,7 +950,7 @@ static int run(bee_daemon *d) {
     d->exit_code = check_only(d);
   else if (d->cfg.peers_file[0] && known_load(d))
     d->exit_code = 1;
-  else if (d->cfg.run[0] &&
+  else if (d->cfg.run[0] && !bee_external(&d->cfg) &&
            bee_train_new(&d->loop, &d->cfg, &d->id, &d->train))
     d->exit_code = 1;
   else if (daemon_start(d))
@@ -862,6 +963,10 @@ static int run(bee_daemon *d) {
     bee_warn(COMP, "event loop not empty at exit: %s", uv_strerror(rc));
   bee_members_close(&d->members);
   bee_train_free(d->train);
+  for (size_t i = 0; i < d->ngone; i++)
+    bee_train_free(d->gone[i]);
+  free(d->gone);
+  free(d->carry);
   if (!d->exit_code && !d->cfg.check)
     bee_info(COMP, "stopped");
   return d->exit_code;

@@ -198,6 +198,13 @@ struct bee_train {
   bool ckpt_started;
   train_shared shared; /* under mu */
   /* the worker's */
+  bee_local *ext;       /* --model external: the trainer process's session,
+                       whose memory holds the model; then model, optim
+                       and src are NULL */
+  uint64_t ext_batches; /* its BATCHes in this epoch */
+  uint8_t *carry;       /* the state the last trainer left (new_local) */
+  size_t carry_len;
+  uint64_t carry_epoch;
   trn_model *model;
   trn_model *eval_model; /* the evaluator's copy, filled by the worker */
   trn_optim *optim;
@@ -279,6 +286,39 @@ static inline uint64_t wall_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* The model's arrays: the built-in trainer's, or the trainer process's
+ * in the memory it shares (t->ext). */
+static inline float *bee__params(bee_train *t) {
+  return t->ext ? t->ext->params : trn_model_params(t->model);
+}
+static inline float *bee__grads(bee_train *t) {
+  return t->ext ? t->ext->grads : trn_model_grads(t->model);
+}
+static inline size_t bee__nparams(const bee_train *t) {
+  return t->ext ? t->ext->nparams : trn_model_nparams(t->model);
+}
+static inline float *bee__buffers(bee_train *t, size_t *n) {
+  if (!t->ext)
+    return trn_model_buffers(t->model, n);
+  *n = t->ext->nbuffers;
+  return t->ext->buffers;
+}
+static inline float *bee__optim_state(bee_train *t, size_t *n) {
+  if (!t->ext)
+    return trn_optim_state(t->optim, n);
+  *n = t->ext->nstate;
+  return t->ext->state;
+}
+/* The optimizer's name in schemas and lines: a trainer process's is its
+ * own, beyond beed's sight. */
+static inline const char *bee__optim_name(const bee_train *t) {
+  return t->ext ? "external" : bee_optimizer_name(t->cfg->optimizer);
+}
+/* Samples a local step takes. */
+static inline uint64_t bee__batch(const bee_train *t) {
+  return t->ext ? t->ext->batch : t->cfg->batch_size;
 }
 
 /* ---- train-state.c ---------------------------------------------------- */

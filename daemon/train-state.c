@@ -15,14 +15,14 @@
  * floats of the first k. */
 size_t bee__state_parts(bee_train *t, size_t k, float *part[STATE_PARTS],
                         size_t len[STATE_PARTS]) {
-  part[0] = trn_model_params(t->model);
-  len[0] = trn_model_nparams(t->model);
-  part[1] = trn_optim_state(t->optim, &len[1]);
+  part[0] = bee__params(t);
+  len[0] = bee__nparams(t);
+  part[1] = bee__optim_state(t, &len[1]);
   part[2] = NULL;
   len[2] = 0;
   if (t->outer)
     part[2] = trn_optim_state(t->outer, &len[2]);
-  part[3] = trn_model_buffers(t->model, &len[3]);
+  part[3] = bee__buffers(t, &len[3]);
   size_t n = 0;
   for (size_t i = 0; i < k && i < STATE_PARTS; i++)
     n += len[i];
@@ -91,9 +91,8 @@ static void snapshot_counts(bee_train *t, uint64_t c[3]) {
 static void snapshot_schema(bee_train *t, uint8_t out[32]) {
   char s[256];
   snprintf(s, sizeof s, "beed snapshot fp32 %s %s %s %zu",
-           bee_averaging_name(t->cfg->averaging),
-           bee_optimizer_name(t->cfg->optimizer), t->desc,
-           trn_model_nparams(t->model));
+           bee_averaging_name(t->cfg->averaging), bee__optim_name(t), t->desc,
+           bee__nparams(t));
   crypto_generichash(out, 32, (const uint8_t *)s, strlen(s), NULL, 0);
 }
 
@@ -130,7 +129,7 @@ void bee__make_snapshot(bee_train *t, uint64_t epoch) {
   snapshot_counts(t, c);
   for (int i = 0; i < 3; i++)
     put_u64(b + 8 * i, c[i]);
-  put_u64(b + 24, trn_optim_steps(t->optim));
+  put_u64(b + 24, t->ext ? 0 : trn_optim_steps(t->optim));
   snapshot_schema(t, b + 32);
   /* The data order as of the next batch (the loader's batches made ahead
    * do not count), for this bee's checkpoints. */
@@ -141,8 +140,8 @@ void bee__make_snapshot(bee_train *t, uint64_t epoch) {
     s->local[1] = o.pos;
     trn_order_free(&o);
   }
-  s->local[2] = trn_model_dropout_calls(t->model);
-  float scale = trn_model_loss_scale(t->model, NULL);
+  s->local[2] = t->ext ? 0 : trn_model_dropout_calls(t->model);
+  float scale = t->ext ? 0 : trn_model_loss_scale(t->model, NULL);
   uint32_t bits;
   memcpy(&bits, &scale, sizeof bits);
   s->local[3] = bits;
@@ -164,7 +163,8 @@ void bee__ckpt_local(const uint8_t *b, size_t n, uint64_t local[CKPT_NLOCAL]) {
  * gradients, no samples. */
 void bee__load_snapshot(bee_train *t, const uint8_t *b, uint64_t epoch) {
   bee__state_unpack(t, STATE_PARTS, b + STATE_HDR);
-  trn_optim_set_steps(t->optim, get_u64(b + 24));
+  if (!t->ext) /* a trainer process's steps are in its state */
+    trn_optim_set_steps(t->optim, get_u64(b + 24));
   if (t->outer) /* the snapshot is taken right after an outer step */
     trn_optim_set_steps(t->outer, epoch);
   uv_mutex_lock(&t->mu);

@@ -43,9 +43,19 @@ static void worker_fail(bee_train *t, int rc, const char *what) {
   uv_mutex_lock(&t->mu);
   t->shared.err = rc ? rc : -EIO;
   snprintf(t->shared.errmsg, sizeof t->shared.errmsg, "%s: %s", what,
-           strerror(rc < 0 ? -rc : EIO));
+           bee_strerror(rc < 0 ? rc : -EIO));
   uv_mutex_unlock(&t->mu);
   uv_async_send(&t->async);
+}
+
+/* Whether the worker is to stop (a trainer process's session polls it
+ * while it waits). */
+static bool worker_stopped(void *arg) {
+  bee_train *t = arg;
+  uv_mutex_lock(&t->mu);
+  bool stop = t->shared.stop;
+  uv_mutex_unlock(&t->mu);
+  return stop;
 }
 
 /* What a round gave the worker. */
@@ -138,18 +148,32 @@ static float lr_at(const bee_train *t, uint64_t epoch) {
  * the same optimizer, the same learning rate, the same bits.  DiLoCo's
  * outer step goes from the anchor. */
 static int take_step(bee_train *t, uint64_t epoch, const float *g) {
-  float *p = trn_model_params(t->model);
-  size_t np = trn_model_nparams(t->model);
+  float *p = bee__params(t);
+  size_t np = bee__nparams(t);
   int rc = 0;
   if (g && t->outer) {
     memcpy(p, t->anchor, np * sizeof(float));
     rc = trn_optim_step(t->outer, p, g, 1.0f);
     memcpy(t->anchor, p, np * sizeof(float));
+    if (rc == 0 && t->ext) /* the trainer's inner steps go on from here */
+      rc = bee_local_step(t->ext, epoch, false, worker_stopped, t);
+  } else if (g && t->ext) { /* the trainer's optimizer, on the mean */
+    if (g != t->ext->grads)
+      memcpy(t->ext->grads, g, np * sizeof(float));
+    rc = bee_local_step(t->ext, epoch, true, worker_stopped, t);
   } else if (g) {
     trn_optim_set_lr(t->optim, lr_at(t, epoch));
     rc = trn_optim_step(t->optim, p, g, 1.0f);
   }
   return rc;
+}
+
+/* Clean gradients for the next epoch's batches. */
+static void zero_grads(bee_train *t) {
+  if (t->ext)
+    memset(t->ext->grads, 0, t->ext->nparams * sizeof(float));
+  else
+    trn_model_zero_grad(t->model);
 }
 
 /* The second half of the epoch step, once the round is over: the
@@ -158,20 +182,21 @@ static int take_step(bee_train *t, uint64_t epoch, const float *g) {
  * and the evaluation.  s holds what the first half gathered. */
 static int finish_step(bee_train *t, const struct pend *s, float *g,
                        const avg_out *a) {
-  float *p = trn_model_params(t->model);
-  size_t np = trn_model_nparams(t->model);
+  float *p = bee__params(t);
+  size_t np = bee__nparams(t);
   uint64_t epoch = s->epoch, n = s->n;
   double sq_avg = 0;
   for (size_t i = 0; i < np; i++)
     sq_avg += (double)g[i] * g[i];
+  /* For peers whose state is of this epoch (a download that the swarm's
+   * step overtook, a round they missed): the step as taken, kept before
+   * a trainer process's optimizer has the buffer. */
+  bee__log_step(t, epoch, n || a->status == 0 ? g : NULL, np);
   /* Nothing here and nothing averaged in: no step (momentum would still
    * move the weights). */
   int rc = n || a->status == 0 ? take_step(t, epoch, g) : 0;
   if (rc)
     return rc;
-  /* For peers whose state is of this epoch (a download that the swarm's
-   * step overtook, a round they missed): the step as taken. */
-  bee__log_step(t, epoch, n || a->status == 0 ? g : NULL, np);
   struct step_report rep = {.epoch = epoch,
                             .samples = n,
                             .loss = n ? s->loss / (double)n : 0,
@@ -189,7 +214,7 @@ static int finish_step(bee_train *t, const struct pend *s, float *g,
                             .grad_sq_avg = sq_avg,
                             .batch_avg = a->status == 0 ? a->batch : n};
   uint64_t skipped = 0;
-  rep.loss_scale = trn_model_loss_scale(t->model, &skipped);
+  rep.loss_scale = t->ext ? 0 : trn_model_loss_scale(t->model, &skipped);
   rep.skipped = skipped - t->skipped_told;
   t->skipped_told = skipped;
   unsigned se = t->cfg->average_state_every;
@@ -299,7 +324,11 @@ static void take_state(bee_train *t, uint8_t *load, uint64_t epoch) {
   free(load);
   bee__forget_steps(t); /* its own, of a line that is no more */
   if (t->residual)
-    memset(t->residual, 0, trn_model_nparams(t->model) * sizeof *t->residual);
+    memset(t->residual, 0, bee__nparams(t) * sizeof *t->residual);
+  if (t->ext) { /* the trainer hears of it in its next answer */
+    t->ext->loaded = true;
+    t->ext_batches = 0;
+  }
 }
 
 /* The swarm's steps after a state just loaded, which the loop fetched
@@ -315,7 +344,7 @@ static int replay_steps(bee_train *t) {
   t->shared.nreplay = 0;
   uint64_t epoch = t->shared.epoch, from = epoch;
   uv_mutex_unlock(&t->mu);
-  size_t np = trn_model_nparams(t->model), i = 0;
+  size_t np = bee__nparams(t), i = 0;
   int rc = 0;
   for (; i < n && rc == 0; i++) {
     if (r[i].epoch != epoch || (r[i].buf && r[i].len != np * sizeof(float)))
@@ -400,17 +429,19 @@ static int epoch_step(bee_train *t) {
   uv_mutex_unlock(&t->mu);
   /* A model on a GPU: the gradients come back to the host here; a device
    * that failed stops the worker (the last checkpoint stays). */
-  if ((rc = trn_model_sync(t->model)))
+  if (!t->ext && (rc = trn_model_sync(t->model)))
     return rc;
-  float *g = trn_model_grads(t->model), *p = trn_model_params(t->model);
-  size_t np = trn_model_nparams(t->model);
+  float *g = bee__grads(t), *p = bee__params(t);
+  size_t np = bee__nparams(t);
   if (t->outer) { /* the change: anchor - now, a gradient's sign */
     for (size_t i = 0; i < np; i++) {
       g[i] = t->anchor[i] - p[i];
       s.sq_local += (double)g[i] * g[i];
     }
   } else if (s.n) { /* sums to means: the round weighs them by n */
-    float inv = 1.0f / ((float)s.n * (float)t->per_sample);
+    /* A trainer process's gradients add up each batch's mean. */
+    float inv = t->ext ? 1.0f / (float)t->ext_batches
+                       : 1.0f / ((float)s.n * (float)t->per_sample);
     for (size_t i = 0; i < np; i++) {
       g[i] *= inv;
       s.sq_local += (double)g[i] * g[i];
@@ -420,7 +451,7 @@ static int epoch_step(bee_train *t) {
   avg_out a;
   if (t->dgrad) { /* the round goes on while the next epoch is computed */
     memcpy(t->dgrad, g, np * sizeof(float));
-    trn_model_zero_grad(t->model);
+    zero_grads(t);
     request_round(t, s.epoch, t->dgrad, np, (double)s.n, false);
     t->delayed = s;
     t->delayed.active = true;
@@ -439,10 +470,11 @@ static int epoch_step(bee_train *t) {
   t->shared.loss_sum = 0;
   t->shared.compute_s = 0;
   uv_mutex_unlock(&t->mu);
+  t->ext_batches = 0;
   if (t->dgrad)
     return 0;
   rc = finish_step(t, &s, g, &a);
-  trn_model_zero_grad(t->model);
+  zero_grads(t);
   return rc;
 }
 
@@ -480,9 +512,40 @@ static void evaluator(void *arg) {
   }
 }
 
+/* A trainer process's next batch: the answer its last message waits for
+ * (with the swarm as the last view saw it), then its BATCH, whose
+ * gradients it added in the shared memory; its test results on the way
+ * go to the loop.  Returns as bee_local_batch. */
+static int ext_batch(bee_train *t, uint64_t *samples, double *loss) {
+  bee_local *l = t->ext;
+  uv_mutex_lock(&t->mu);
+  uint64_t epoch = t->shared.epoch;
+  uint64_t swarm = t->shared.guide.view.samples;
+  uint64_t peers = t->shared.guide.view.peers;
+  uv_mutex_unlock(&t->mu);
+  int mode = t->outer ? PROTO_LOCAL_DILOCO : PROTO_LOCAL_GRADIENTS;
+  int rc =
+      bee_local_answer(l, epoch, t->cfg->target_batch_size, swarm, peers, mode);
+  if (rc == 0)
+    rc = bee_local_batch(l, worker_stopped, t, samples, loss);
+  if (l->evaluated) {
+    l->evaluated = false;
+    uv_mutex_lock(&t->mu);
+    t->shared.evaluated = true;
+    t->shared.eval_epoch = l->eval_epoch;
+    t->shared.eval_loss = l->eval_loss;
+    t->shared.eval_acc = l->eval_acc;
+    uv_mutex_unlock(&t->mu);
+    uv_async_send(&t->async);
+  }
+  if (rc == 0)
+    t->ext_batches++;
+  return rc;
+}
+
 static void worker(void *arg) {
   bee_train *t = arg;
-  size_t b = t->cfg->batch_size;
+  uint64_t b = bee__batch(t);
   trn_cpu_threads_set((int)t->cfg->threads);
   /* Training starts once the loop has seen the swarm: from a peer's
    * state when the swarm is ahead, else from the run's first weights. */
@@ -514,13 +577,17 @@ static void worker(void *arg) {
         t->delayed.active = false;
       }
       take_state(t, load, load_epoch);
-      trn_model_zero_grad(t->model); /* what was gathered is not the state's */
+      zero_grads(t); /* what was gathered is not the state's */
       bee__make_snapshot(t, load_epoch);
       int rr = replay_steps(t);
-      if (rr) {
+      if (rr < 0) {
         worker_fail(t, rr, "the swarm's steps");
         return;
       }
+      if (rr)
+        return; /* stopped */
+      if (t->ext)
+        zero_grads(t); /* the steps went through them */
       continue;
     }
     uv_mutex_lock(&t->mu);
@@ -545,12 +612,24 @@ static void worker(void *arg) {
       continue;
     }
     double t0 = mono_s(), loss = 0;
-    rc = trn_source_train(t->src, t->model, &loss);
-    loss /= (double)t->per_sample; /* gpt's: the mean over a window's tokens */
+    uint64_t counted = b;
+    if (t->ext) { /* the trainer's batch: its mean loss, summed here */
+      rc = ext_batch(t, &counted, &loss);
+      if (rc == 1)
+        return; /* stopped */
+      if (rc) {
+        worker_fail(t, rc, "the trainer process");
+        return;
+      }
+      loss *= (double)counted;
+    } else {
+      rc = trn_source_train(t->src, t->model, &loss);
+      loss /= (double)t->per_sample; /* gpt's: the mean over a window */
+    }
     /* A batch whose scaled gradients overflowed added nothing (fp16's
      * loss scaling has halved its scale): its samples do not count, and
      * DiLoCo takes no local step for it. */
-    bool dropped = rc == 0 && trn_model_skipped(t->model);
+    bool dropped = rc == 0 && !t->ext && trn_model_skipped(t->model);
     if (dropped && ++t->skip_streak == SKIP_STREAK_WARN)
       bee_warn(COMP,
                "%u batches in a row dropped for gradients that overflowed "
@@ -559,7 +638,8 @@ static void worker(void *arg) {
                SKIP_STREAK_WARN, ilogbf(trn_model_loss_scale(t->model, NULL)));
     if (rc == 0 && !dropped)
       t->skip_streak = 0;
-    if (rc == 0 && t->outer && !dropped) { /* DiLoCo: a local step */
+    if (rc == 0 && t->outer && !dropped && !t->ext) {        /* DiLoCo: a local
+                                                         step */
       trn_optim_set_lr(t->optim, lr_at(t, t->shared.epoch)); /* ours to write */
       rc = trn_model_step(t->model, t->optim, /* on its device */
                           1.0f / ((float)b * (float)t->per_sample));
@@ -570,7 +650,8 @@ static void worker(void *arg) {
       return;
     }
     double dt = mono_s() - t0;
-    uint64_t counted = dropped ? 0 : b;
+    if (dropped)
+      counted = 0;
     uv_mutex_lock(&t->mu);
     t->shared.samples += counted;
     t->shared.pend_samples += counted;
@@ -629,7 +710,7 @@ static void async_cb(uv_async_t *h) {
   for (uint64_t i = s.steps_tail; i != s.steps_head; i++) {
     const struct step_report *r = &s.steps[i % STEP_RING];
     char how[192], hash[17], lag[64] = "";
-    uint64_t steps = r->samples / t->cfg->batch_size;
+    uint64_t steps = r->samples / bee__batch(t);
     if (t->outer && steps < bee_config_inner_steps(t->cfg))
       snprintf(lag, sizeof lag, ", after %llu of its %u local steps",
                (unsigned long long)steps, bee_config_inner_steps(t->cfg));
@@ -714,7 +795,10 @@ static void async_cb(uv_async_t *h) {
              (unsigned long long)s.eval_epoch, 100 * s.eval_acc, s.eval_loss,
              (unsigned long long)s.eval_skipped);
   if (s.err && !t->stopped) {
-    bee_err(COMP, "training stopped: %s", s.errmsg);
+    if (t->ext) /* the daemon goes on, for the next trainer */
+      bee_info(COMP, "the trainer's session is over (%s)", s.errmsg);
+    else
+      bee_err(COMP, "training stopped: %s", s.errmsg);
     if (t->on_fatal)
       t->on_fatal(t->fatal_arg);
   }
@@ -746,16 +830,11 @@ static void resume_loss_scale(bee_train *t, uint64_t bits, const char *path) {
              path);
 }
 
-int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
-                  const proto_identity *id, bee_train **out) {
+/* The built-in trainer: the data, the device, the model (and its copy
+ * for tests), the optimizer. */
+static int build_model(bee_train *t) {
+  const bee_config *cfg = t->cfg;
   char err[256];
-  bee_train *t = calloc(1, sizeof *t);
-  if (!t)
-    return -ENOMEM;
-  t->loop = loop;
-  t->cfg = cfg;
-  t->id = id;
-  *out = t;
   trn_model_config mc;
   trn_model_config_default(&mc);
   mc.name = cfg->model;
@@ -852,6 +931,21 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     bee_err(COMP, "optimizer: %s", strerror(-rc));
     return rc;
   }
+  return 0;
+}
+
+/* What the run needs beside the model, the built-in trainer's or a
+ * trainer process's: DiLoCo's outer step, the buffers of the options,
+ * the run core, the threads' locks, the checkpoint to resume from, the
+ * loader; then the run's lines in the log. */
+static int train_init(bee_train *t) {
+  const bee_config *cfg = t->cfg;
+  const proto_identity *id = t->id;
+  char err[256];
+  int rc;
+  trn_optim_config oc;
+  size_t np = bee__nparams(t);
+  bool tokens = strcmp(cfg->model, "gpt") == 0;
   if (cfg->averaging == BEE_AVG_DILOCO) {
     trn_optim_config_default(&oc, TRN_SGD);
     oc.lr = (float)bee_config_outer_lr(cfg);
@@ -863,7 +957,7 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     }
     if (!(t->anchor = malloc(np * sizeof *t->anchor)))
       return -ENOMEM;
-    memcpy(t->anchor, trn_model_params(t->model), np * sizeof *t->anchor);
+    memcpy(t->anchor, bee__params(t), np * sizeof *t->anchor);
   }
   if (cfg->delay_averaging &&
       !(t->dgrad = malloc(np * sizeof *t->dgrad)))
@@ -886,10 +980,12 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     if (!(t->state_buf = malloc(t->state_len * sizeof *t->state_buf)))
       return -ENOMEM;
   }
-  /* Each bee its own stream: the order's seed is its peer id. */
-  size_t items = trn_source_items(t->src);
+  /* Each bee its own stream: the order's seed is its peer id.  (A
+   * trainer process keeps its own data.) */
+  size_t items = t->src ? trn_source_items(t->src) : 0;
   trn_order ord = {0};
-  if ((rc = trn_order_init(&ord, items, id->id, PROTO_ID_BYTES, 0, 0))) {
+  if (t->src &&
+      (rc = trn_order_init(&ord, items, id->id, PROTO_ID_BYTES, 0, 0))) {
     bee_err(COMP, "data order: %s", strerror(-rc));
     return rc;
   }
@@ -928,8 +1024,8 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     uv_mutex_destroy(&t->mu);
     return -ENOMEM;
   }
-  uv_timer_init(loop, &t->timer);
-  uv_async_init(loop, &t->async, async_cb);
+  uv_timer_init(t->loop, &t->timer);
+  uv_async_init(t->loop, &t->async, async_cb);
   t->timer.data = t->async.data = t;
   t->handles = true;
   proto_record_key(PROTO_REC_PROGRESS, cfg->run, 0, NULL, t->key);
@@ -954,7 +1050,7 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     uint64_t local[CKPT_NLOCAL] = {0};
     if (rc == 0)
       bee__ckpt_local(blob + snap, blen - snap, local);
-    if (!bad && rc == 0 && local[1] > items)
+    if (!bad && rc == 0 && t->src && local[1] > items)
       bad = "a data position past the training set's end (another "
             "dataset?)";
     if (bad) {
@@ -963,7 +1059,7 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
       trn_order_free(&ord);
       return -EINVAL;
     }
-    if (rc == 0) {
+    if (rc == 0 && t->src) {
       /* The data order and the dropout masks go on where they were. */
       trn_order_free(&ord);
       if ((rc = trn_order_init(&ord, items, id->id, PROTO_ID_BYTES,
@@ -973,6 +1069,8 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
       }
       trn_model_set_dropout_calls(t->model, local[2]);
       resume_loss_scale(t, local[3], path);
+    }
+    if (rc == 0) {
       t->shared.load = blob;
       t->shared.load_epoch = epoch;
       t->shared.epoch = epoch; /* what the first view compares */
@@ -988,11 +1086,36 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
       return rc;
     }
   }
+  /* A trainer process that comes after another goes on from the state
+   * its beed had when that one left (newer than any checkpoint), unless
+   * its model is another. */
+  if (t->carry) {
+    const char *bad = t->carry_len != bee__snapshot_size(t)
+                          ? "another size"
+                          : bee__snapshot_mismatch(t, t->carry);
+    if (bad) {
+      bee_warn(COMP,
+               "the trainer's model is not the last trainer's (a state of "
+               "%s): it starts from its own weights or the swarm's",
+               bad);
+      free(t->carry);
+    } else {
+      free(t->shared.load);
+      t->shared.load = t->carry;
+      t->shared.load_epoch = t->shared.epoch = t->carry_epoch;
+      bee_info(COMP,
+               "the trainer goes on from the state of epoch %llu this beed "
+               "kept",
+               (unsigned long long)t->carry_epoch);
+    }
+    t->carry = NULL;
+  }
   /* Images are made on the loader's thread, a few batches ahead, while
    * the model trains (on a GPU the pass would otherwise wait for each),
    * in pinned memory for a GPU (copied without a staging copy). */
-  rc = trn_source_start(t->src, &ord,
-                        trn_model_device(t->model) == TRN_DEV_CUDA);
+  rc = t->src ? trn_source_start(t->src, &ord,
+                                 trn_model_device(t->model) == TRN_DEV_CUDA)
+              : 0;
   trn_order_free(&ord);
   if (rc) {
     bee_err(COMP, "data loader: %s", strerror(-rc));
@@ -1009,17 +1132,22 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
     snprintf(how, sizeof how, "target %u samples per epoch%s",
              cfg->target_batch_size,
              cfg->delay_averaging ? " (averaged behind the next)" : "");
-  bee_info(COMP,
-           "run '%s': %s (%zu parameters), %s: %zu training and %zu test "
-           "%s from %s, batch %u, %s, %s lr %g, %u thread%s",
-           cfg->run, t->desc, trn_model_nparams(t->model),
-           trn_source_kind(t->src), items, trn_source_test_items(t->src),
-           tokens ? "windows" : "images", tokens ? cfg->tokens : cfg->data,
-           cfg->batch_size, how,
-           bee_optimizer_name(cfg->optimizer), bee_config_lr(cfg),
-           cfg->threads, cfg->threads == 1 ? "" : "s");
-  float scale = trn_model_loss_scale(t->model, NULL);
-  bool cpu = trn_model_device(t->model) == TRN_DEV_CPU;
+  if (t->ext)
+    bee_info(COMP,
+             "run '%s': %s (%zu parameters), the trainer process's data, "
+             "batch %llu, %s, its own optimizer",
+             cfg->run, t->desc, np, (unsigned long long)t->ext->batch, how);
+  else
+    bee_info(COMP,
+             "run '%s': %s (%zu parameters), %s: %zu training and %zu test "
+             "%s from %s, batch %u, %s, %s lr %g, %u thread%s",
+             cfg->run, t->desc, np, trn_source_kind(t->src), items,
+             trn_source_test_items(t->src), tokens ? "windows" : "images",
+             tokens ? cfg->tokens : cfg->data, cfg->batch_size, how,
+             bee_optimizer_name(cfg->optimizer), bee_config_lr(cfg),
+             cfg->threads, cfg->threads == 1 ? "" : "s");
+  float scale = t->ext ? 0 : trn_model_loss_scale(t->model, NULL);
+  bool cpu = t->ext || trn_model_device(t->model) == TRN_DEV_CPU;
   t->loss_scale = scale;
   if (scale || strcmp(cfg->precision, "fp32") != 0)
     bee_info(COMP, "precision %s%s, %s", cfg->precision,
@@ -1042,7 +1170,7 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
              t->outer ? "changes" : "gradients", cfg->clip);
   else
     bee_info(COMP, "clip: off (--clip off): every contribution counts whole");
-  if (cfg->eval_every && !t->eval_model)
+  if (cfg->eval_every && !t->eval_model && !t->ext)
     bee_info(COMP, "no test set (--val-tokens): no test lines");
   if (cfg->average_state_every)
     bee_info(COMP, "state averaging: every %u epochs",
@@ -1055,6 +1183,44 @@ int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
   else if (cfg->warmup_epochs)
     bee_info(COMP, "learning rate: %u epochs of warmup", cfg->warmup_epochs);
   return 0;
+}
+
+static bee_train *train_alloc(uv_loop_t *loop, const bee_config *cfg,
+                              const proto_identity *id) {
+  bee_train *t = calloc(1, sizeof *t);
+  if (!t)
+    return NULL;
+  t->loop = loop;
+  t->cfg = cfg;
+  t->id = id;
+  t->per_sample = 1;
+  return t;
+}
+
+int bee_train_new(uv_loop_t *loop, const bee_config *cfg,
+                  const proto_identity *id, bee_train **out) {
+  bee_train *t = *out = train_alloc(loop, cfg, id);
+  if (!t)
+    return -ENOMEM;
+  int rc = build_model(t);
+  return rc ? rc : train_init(t);
+}
+
+int bee_train_new_local(uv_loop_t *loop, const bee_config *cfg,
+                        const proto_identity *id, bee_local *l, uint8_t *state,
+                        size_t len, uint64_t epoch, bee_train **out) {
+  bee_train *t = *out = train_alloc(loop, cfg, id);
+  if (!t) {
+    bee_local_free(l);
+    free(state);
+    return -ENOMEM;
+  }
+  t->ext = l;
+  t->carry = state;
+  t->carry_len = len;
+  t->carry_epoch = epoch;
+  snprintf(t->desc, sizeof t->desc, "%s", l->desc);
+  return train_init(t);
 }
 
 /* A name of --announce being resolved: the request, what to say, and
@@ -1175,14 +1341,13 @@ int bee_train_start(bee_train *t, proto_host *host, unsigned port,
   snprintf(schema, sizeof schema, "beed %s %s %s %s %zu",
            t->outer ? "diloco" : "grads",
            codec == AVG_NONE ? "fp32" : avg_codec_name(codec),
-           bee_optimizer_name(t->cfg->optimizer), t->desc,
-           trn_model_nparams(t->model));
+           bee__optim_name(t), t->desc, bee__nparams(t));
   crypto_generichash(t->schema, sizeof t->schema, (const uint8_t *)schema,
                      strlen(schema), NULL, 0);
   /* State rounds: the optimizer and the mode decide the layout. */
   snprintf(schema, sizeof schema, "beed state fp32 %s %s %s %zu",
-           bee_averaging_name(t->cfg->averaging),
-           bee_optimizer_name(t->cfg->optimizer), t->desc, t->state_len);
+           bee_averaging_name(t->cfg->averaging), bee__optim_name(t), t->desc,
+           t->state_len);
   crypto_generichash(t->state_schema, sizeof t->state_schema,
                      (const uint8_t *)schema, strlen(schema), NULL, 0);
   uint8_t self_id[PROTO_ID_BYTES];
@@ -1408,5 +1573,44 @@ void bee_train_free(bee_train *t) {
     free(t->shared.step_log[i]);
   bee_run_free(t->run);
   trn_source_free(t->src);
+  bee_local_free(t->ext);
+  free(t->carry);
   free(t);
+}
+
+uint8_t *bee_train_last_state(bee_train *t, size_t *len, uint64_t *epoch) {
+  if (!t || !t->handles)
+    return NULL;
+  uint8_t *b = NULL;
+  uv_mutex_lock(&t->mu);
+  const bee_snap *s = t->shared.snap;
+  if (s && (b = malloc(s->len))) {
+    memcpy(b, s->data, s->len);
+    *len = s->len;
+    *epoch = s->epoch;
+  }
+  uv_mutex_unlock(&t->mu);
+  return b;
+}
+
+void bee_train_shed(bee_train *t) {
+  if (!t || !t->stopped)
+    return;
+  bee_local_release(t->ext);
+  uv_mutex_lock(&t->mu);
+  bee__snap_unref(t->shared.snap);
+  t->shared.snap = NULL;
+  for (size_t i = 0; i < t->shared.nstep_log; i++)
+    free(t->shared.step_log[i]);
+  t->shared.nstep_log = 0;
+  uv_mutex_unlock(&t->mu);
+  for (size_t i = 0; i < t->uploads.n; i++)
+    bee__snap_unref(t->uploads.u[i].pin);
+  t->uploads.n = 0;
+  free(t->state_buf);
+  t->state_buf = NULL;
+  free(t->anchor);
+  t->anchor = NULL;
+  free(t->residual);
+  t->residual = NULL;
 }

@@ -417,6 +417,71 @@ static void gen_statemsg(void) {
   put("statemsg", "ok-chunk-900", buf, len);
 }
 
+/* DIR/localmsg/: one of each message, a HELLO of a small conv net with
+ * its optimizer state and a buffer, and refused ones (a dimension 0, a
+ * BATCH of 0 samples). */
+static void gen_localmsg(void) {
+  static uint8_t buf[8192];
+  size_t len;
+  proto_local_tensor t[] = {
+      {{(const uint8_t *)"conv.weight", 11},
+       PROTO_LOCAL_PARAM,
+       0,
+       4,
+       {16, 1, 3, 3},
+       144},
+      {{(const uint8_t *)"conv.bias", 9}, PROTO_LOCAL_PARAM, 0, 1, {16}, 16},
+      {{(const uint8_t *)"state.0.exp_avg", 15},
+       PROTO_LOCAL_STATE,
+       0,
+       4,
+       {16, 1, 3, 3},
+       144},
+      {{(const uint8_t *)"state.0.step", 12}, PROTO_LOCAL_STATE, 0, 0, {0}, 1},
+      {{(const uint8_t *)"bn.running_var", 14},
+       PROTO_LOCAL_BUFFER,
+       0,
+       1,
+       {16},
+       16},
+  };
+  proto_local_msg h = {
+      .type = PROTO_T_LOCAL_HELLO, .batch = 64, .list = t, .n = 5};
+  snprintf(h.run, sizeof h.run, "fuzz-run");
+  must(proto_local_encode(&h, buf, sizeof buf, &len), "local hello");
+  put("localmsg", "hello", buf, len);
+  for (size_t i = 0; i + 2 < len; i++) /* [16] -> [0]: the bias's dims */
+    if (buf[i] == 0x91 && buf[i + 1] == 16) {
+      buf[i + 1] = 0;
+      break;
+    }
+  put("localmsg", "bad-hello-dim0", buf, len);
+  const proto_local_msg others[] = {
+      {.type = PROTO_T_LOCAL_WELCOME,
+       .epoch = 3,
+       .loaded = true,
+       .target = 4096,
+       .peers = 3},
+      {.type = PROTO_T_LOCAL_BATCH, .samples = 64, .loss = 0.5},
+      {.type = PROTO_T_LOCAL_GO, .epoch = 3, .samples = 1024, .peers = 3},
+      {.type = PROTO_T_LOCAL_STEP, .epoch = 3, .apply = true},
+      {.type = PROTO_T_LOCAL_STEPPED, .epoch = 3},
+      {.type = PROTO_T_LOCAL_LOADED, .epoch = 9},
+      {.type = PROTO_T_LOCAL_BYE},
+      {.type = PROTO_T_LOCAL_REFUSED, .code = BEE_ERANGE, .text = "no"},
+      {.type = PROTO_T_LOCAL_EVAL, .epoch = 3, .loss = 0.4, .accuracy = 0.9},
+  };
+  const char *names[] = {"welcome", "batch", "go",      "step", "stepped",
+                         "loaded",  "bye",   "refused", "eval"};
+  for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+    must(proto_local_encode(&others[i], buf, sizeof buf, &len), names[i]);
+    put("localmsg", names[i], buf, len);
+  }
+  must(proto_local_encode(&others[1], buf, sizeof buf, &len), "batch");
+  buf[3] = 0; /* [1, 82, 0, loss]: no samples */
+  put("localmsg", "bad-batch0", buf, len);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: gen-corpus DIR\n");
@@ -431,5 +496,6 @@ int main(int argc, char **argv) {
   gen_records();
   gen_groupmsg();
   gen_statemsg();
+  gen_localmsg();
   return 0;
 }

@@ -979,6 +979,100 @@ int proto_state_encode(const proto_state_msg *m, uint8_t *buf, size_t cap,
 int proto_state_decode(const uint8_t *buf, size_t len, proto_state_msg *m);
 
 /* ------------------------------------------------------------------------ */
+/* The local trainer protocol (issue 31): a trainer process on beed's host
+ * (PyTorch, or any program, through the client library) and its beed,
+ * over a unix stream socket (local-msg.c, docs/PROTOCOL.md section 13).
+ * Frames as on the network, a big-endian u32 length then the body, not
+ * sealed: the socket's mode and the peer's credentials guard it.  The
+ * tensors live in memory the trainer shares with beed (a memfd sent with
+ * HELLO), never in messages:
+ *   HELLO    [1, 80, run, mode, batch, tensors]  trainer, with the fd
+ *   WELCOME  [1, 81, epoch, loaded, mode, target, peers]
+ *   BATCH    [1, 82, samples, loss]          trainer: gradients added
+ *   GO       [1, 83, epoch, samples, peers]  beed: train on
+ *   STEP     [1, 84, epoch, apply]           beed: the round is in place
+ *   STEPPED  [1, 85, epoch]                  trainer: stepped
+ *   LOADED   [1, 86, epoch]                  beed: the swarm's state in place
+ *   BYE      [1, 87]                         trainer: leaving
+ *   REFUSED  [1, 88, code, text]             beed, then it closes
+ *   EVAL     [1, 89, epoch, loss, accuracy]  trainer: a test result
+ * A tensor is [name, role, dtype, [dims...]].                             */
+
+enum {
+  PROTO_T_LOCAL_HELLO = 80,
+  PROTO_T_LOCAL_WELCOME = 81,
+  PROTO_T_LOCAL_BATCH = 82,
+  PROTO_T_LOCAL_GO = 83,
+  PROTO_T_LOCAL_STEP = 84,
+  PROTO_T_LOCAL_STEPPED = 85,
+  PROTO_T_LOCAL_LOADED = 86,
+  PROTO_T_LOCAL_BYE = 87,
+  PROTO_T_LOCAL_REFUSED = 88,
+  PROTO_T_LOCAL_EVAL = 89,
+};
+#define PROTO_LOCAL_TYPES 10
+
+/* How the swarm averages (HELLO asks, WELCOME says). */
+enum { PROTO_LOCAL_GRADIENTS = 0, PROTO_LOCAL_DILOCO = 1 };
+/* What a tensor is to the run. */
+enum {
+  PROTO_LOCAL_PARAM = 0,  /* a parameter: it has a gradient too */
+  PROTO_LOCAL_STATE = 1,  /* the optimizer's state */
+  PROTO_LOCAL_BUFFER = 2, /* neither (batch norm's running statistics) */
+};
+enum { PROTO_LOCAL_F32 = 0 };
+
+#define PROTO_LOCAL_FRAME_MAX (4u << 20) /* bytes of one message */
+#define PROTO_LOCAL_TENSORS_MAX 16384
+#define PROTO_LOCAL_NAME_MAX 200 /* bytes of a tensor's name */
+#define PROTO_LOCAL_DIMS_MAX 8
+#define PROTO_LOCAL_ELEMS_MAX (1ull << 38) /* of one tensor, and of all */
+
+typedef struct proto_local_tensor {
+  proto_bytes name; /* 1..NAME_MAX printable ASCII bytes; a view */
+  int role;         /* PROTO_LOCAL_PARAM, _STATE, _BUFFER */
+  int dtype;        /* PROTO_LOCAL_F32 */
+  unsigned ndim;    /* 0 (a scalar) .. DIMS_MAX */
+  uint64_t dims[PROTO_LOCAL_DIMS_MAX]; /* each >= 1 */
+  uint64_t elems;                      /* their product */
+} proto_local_tensor;
+
+typedef struct proto_local_msg {
+  int type;                    /* PROTO_T_LOCAL_* */
+  char run[PROTO_RUN_MAX + 1]; /* HELLO */
+  int mode;                    /* HELLO, WELCOME */
+  uint64_t batch;              /* HELLO: samples a BATCH counts, >= 1 */
+  /* HELLO, to encode: the tensors, list[0..n); decoded: n and tensors,
+   * the list as it came (checked whole; proto_local_tensor_next reads
+   * it), list NULL. */
+  const proto_local_tensor *list;
+  size_t n;
+  proto_bytes tensors;
+  uint64_t epoch;   /* WELCOME, GO, STEP, STEPPED, LOADED, EVAL */
+  bool loaded;      /* WELCOME: the memory holds a state beed loaded */
+  uint64_t target;  /* WELCOME: the run's global batch */
+  uint64_t peers;   /* WELCOME, GO: bees in the swarm's view */
+  uint64_t samples; /* BATCH: this batch's; GO: the swarm's in the epoch */
+  double loss;      /* BATCH: the batch's mean; EVAL */
+  bool apply;       /* STEP: the trainer's optimizer steps with the mean
+                       gradients; false: beed stepped the parameters */
+  double accuracy;  /* EVAL: 0..1 */
+  int64_t code;     /* REFUSED: a BEE_E* code */
+  char text[PROTO_TEXT_MAX + 1]; /* REFUSED */
+} proto_local_msg;
+
+/* Encodes m; BEE_EUNKNOWN for another type, BEE_ERANGE for what the
+ * decoder would refuse, BEE_ETOOBIG for a small buf. */
+int proto_local_encode(const proto_local_msg *m, uint8_t *buf, size_t cap,
+                       size_t *len);
+/* Strictly decodes one message that fills buf (views into buf).  On
+ * failure *m is all zero. */
+int proto_local_decode(const uint8_t *buf, size_t len, proto_local_msg *m);
+/* The next of a decoded HELLO's tensors: *it starts at m->tensors and
+ * moves on; returns 0 with *t filled, 1 after the last. */
+int proto_local_tensor_next(proto_bytes *it, proto_local_tensor *t);
+
+/* ------------------------------------------------------------------------ */
 /* Session core: handshake and sealed frames, no I/O.                        */
 
 enum proto_cipher {

@@ -134,8 +134,15 @@ if [ -r "$fm/train-images-idx3-ubyte.gz" ]; then
 fi
 expect 2 "--precision: bad precision 'fp8' .want fp32, tf32, bf16 or fp16." \
   --open --run-id r --precision fp8
-expect 2 "--model: bad model 'vgg' .want mlp, cnn, resnet or gpt." --open \
-  --run-id r --model vgg
+expect 2 "--model: bad model 'vgg' .want mlp, cnn, resnet, gpt or external." \
+  --open --run-id r --model vgg
+expect 2 "--model external needs --trainer-socket PATH" --open --run-id r \
+  --model external
+expect 2 "--trainer-socket is for --model external" --open --run-id r \
+  --trainer-socket /tmp/t.sock
+expect 2 "--delay-averaging is not available with --model external yet" \
+  --open --run-id r --model external --trainer-socket /tmp/t.sock \
+  --delay-averaging
 expect 2 "--run-id: bad run name" --open --run-id 'a b'
 
 # ---- --check: everything loaded and checked, nothing made, no socket -------
