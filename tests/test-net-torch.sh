@@ -1,0 +1,106 @@
+#!/bin/bash
+# test-net-torch.sh: PyTorch trainers in a beed swarm (beed.Optimizer,
+# tools/client/python), three beeds on loopback with --model external.
+#
+# Each trainer (tests/torch-trainer.py) trains a small conv net with
+# batch norm, a model beed's own trainer does not have, on its shard of
+# Fashion-MNIST, read by the test itself, with AdamW through
+# beed.Optimizer.  Checks:
+#   - every epoch is averaged in one group of three, and the parameters'
+#     hash after each step is the same on the three beeds (beed hashes
+#     the torch tensors where they live);
+#   - each trainer's own hash of its parameters at the end is its beed's
+#     of the last step;
+#   - the training loss falls, and the test accuracy each trainer
+#     reports (in its own log and its beed's) is over 70%;
+#   - a trainer whose target_batch_size is not the run's is told so.
+# Exits 77 (skipped) without Debian's python3-torch or the data set.
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
+: "${CLIENT_LIB:?CLIENT_LIB must name libbeed-client.so}"
+PY=/usr/bin/python3
+DATA=/usr/share/datasets/fashion-mnist
+if ! "$PY" -c 'import torch' 2>/dev/null; then
+  echo "SKIP: no python3-torch"
+  exit 77
+fi
+[ -f "$DATA/train-images-idx3-ubyte.gz" ] || {
+  echo "SKIP: no $DATA"
+  exit 77
+}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export BEED_CLIENT_LIB=$CLIENT_LIB PYTHONPATH=$here/../tools/client/python
+py=("$PY")
+if [ "${BEE_TEST_SANITIZED:-0}" = 1 ]; then
+  # The sanitized client library in a Python that is not: its runtime
+  # goes first (and Python's own allocations are not leaks to report).
+  rt=$(clang -print-file-name="libclang_rt.asan-$(uname -m).so" 2>/dev/null || true)
+  [ -f "$rt" ] || rt=$(gcc -print-file-name=libasan.so 2>/dev/null || true)
+  [ -f "$rt" ] || { echo "SKIP: no sanitizer runtime for Python"; exit 77; }
+  py=(env LD_PRELOAD="$rt" ASAN_OPTIONS=detect_leaks=0 "$PY")
+fi
+
+RUN=torch
+EPOCHS=10
+# Batches of 32 in 40 ms at least: about 800 samples/s a trainer, so
+# that an epoch of the three takes about 2.5 s.
+TARGET=2048
+for b in b0 b1 b2; do key "$b"; done
+common=(--open --run-id "$RUN" --model external --eval-every 0
+  --target-batch-size "$TARGET")
+start b0 "$base" "${common[@]}" --trainer-socket b0.sock
+wait_log b0 'waiting for a trainer process on' 10
+for i in 1 2; do
+  start "b$i" $((base + i)) "${common[@]}" --trainer-socket "b$i.sock" \
+    --join "127.0.0.1:$base"
+done
+for i in 1 2; do wait_log "b$i" 'waiting for a trainer process on' 10; done
+
+# target_batch_size must be the run's.
+"${py[@]}" "$here/torch-trainer.py" --socket "$work/b0.sock" --run "$RUN" \
+  --data "$DATA" --shard 0 --shards 3 --target 4096 >"$work/wrong.out" 2>&1 &&
+  fail "a trainer with another target was taken"
+grep -q "beed.BeedError: target_batch_size=4096, but beed's run 'torch' gathers $TARGET samples an epoch" \
+  "$work/wrong.out" || fail "the trainer with another target heard: $(tail -3 "$work/wrong.out")"
+wait_log b0 'the trainer is gone; this beed left the run' 10
+
+declare -A tpid
+for i in 0 1 2; do
+  "${py[@]}" "$here/torch-trainer.py" --socket "$work/b$i.sock" --run "$RUN" \
+    --data "$DATA" --shard "$i" --shards 3 --epochs $((EPOCHS + 1)) \
+    --target "$TARGET" --lr 0.01 --batch-ms 40 >"$work/t$i.out" 2>&1 &
+  tpid[t$i]=$!
+done
+for i in 0 1 2; do
+  rc=0
+  wait "${tpid[t$i]}" || rc=$?
+  [ "$rc" = 0 ] || fail "trainer t$i exited $rc: $(tail -5 "$work/t$i.out")"
+done
+for ((e = 1; e <= EPOCHS; e++)); do
+  l=$(done_line b0 "$e")
+  [[ $l = *"averaged in a group of 3 (100.0% by all)"* ]] ||
+    fail "epoch $e: b0's step: '$l'"
+  for b in b1 b2; do
+    [ "$(hash_of "$b" "$e")" = "$(hash_of b0 "$e")" ] ||
+      fail "epoch $e: $b's parameters $(hash_of "$b" "$e") differ from b0's $(hash_of b0 "$e")"
+  done
+done
+echo "epochs 1 to $EPOCHS: one hash on all three each time, the last $(hash_of b0 "$EPOCHS")"
+for i in 0 1 2; do
+  th=$(sed -nE 's/^torch: parameters ([0-9a-f]+)$/\1/p' "$work/t$i.out")
+  [ "$th" = "$(hash_of "b$i" "$EPOCHS")" ] ||
+    fail "t$i's parameters '$th' are not b$i's of epoch $EPOCHS ($(hash_of "b$i" "$EPOCHS"))"
+done
+loss() { sed -nE "s/.*train: epoch $2 done: [0-9]+ local samples, training loss ([0-9.]+),.*/\1/p" "$work/$1.log"; }
+awk -v a="$(loss b0 1)" -v b="$(loss b0 "$EPOCHS")" 'BEGIN { exit !(b < a) }' ||
+  fail "b0's training loss went from $(loss b0 1) to $(loss b0 "$EPOCHS")"
+# One model, but each trainer's batch-norm statistics are its own data's
+# (buffers are not averaged): the accuracies differ a little.
+accs=
+for i in 0 1 2; do
+  acc=$(sed -nE 's/^torch: test accuracy ([0-9.]+)%.*/\1/p' "$work/t$i.out")
+  awk -v a="$acc" 'BEGIN { exit !(a > 70) }' || fail "t$i: test accuracy '$acc'%"
+  wait_log "b$i" "train: epoch $((EPOCHS + 1)): test accuracy $acc%" 10
+  accs+=" $acc%"
+done
+echo "torch: loss at b0 $(loss b0 1) -> $(loss b0 "$EPOCHS"), test accuracy$accs"
