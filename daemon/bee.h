@@ -658,11 +658,11 @@ void bee_local_idle(bee_local_server *s);
  * or an error: the trainer left (BEE_ECLOSED), sent what it may not
  * (BEE_EMALFORMED, -EPROTO), logged with the reason. */
 #define BEE_LOCAL_POLL_MS 100
-/* Answers the trainer's last message, if it waits for one: WELCOME (the
- * first time: epoch, whether a state was loaded, the run's target and
- * peers), then LOADED when a state was loaded since, else GO. */
-int bee_local_answer(bee_local *l, uint64_t epoch, uint64_t target,
-                     uint64_t samples, uint64_t peers, int mode);
+/* Answers the trainer's last message, if it waits for one, from what w
+ * says of the run (epoch, target, peers, samples, mode and DiLoCo's
+ * settings): WELCOME the first time (and whether a state was loaded),
+ * then LOADED when a state was loaded since, else GO. */
+int bee_local_answer(bee_local *l, const proto_local_msg *w);
 /* Waits for the trainer's next BATCH (EVALs on the way are kept in l):
  * its samples and mean loss. */
 int bee_local_batch(bee_local *l, bool (*stopped)(void *arg), void *arg,

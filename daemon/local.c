@@ -500,21 +500,20 @@ void bee_local_free(bee_local *l) {
   free(l);
 }
 
-int bee_local_answer(bee_local *l, uint64_t epoch, uint64_t target,
-                     uint64_t samples, uint64_t peers, int mode) {
+int bee_local_answer(bee_local *l, const proto_local_msg *w) {
   if (!l->owe)
     return 0;
-  proto_local_msg m = {.epoch = epoch, .peers = peers};
+  proto_local_msg m = {.epoch = w->epoch, .peers = w->peers};
   if (!l->welcomed) {
+    m = *w;
     m.type = PROTO_T_LOCAL_WELCOME;
     m.loaded = l->loaded;
-    m.mode = mode;
-    m.target = target;
+    m.samples = 0;
   } else if (l->loaded) {
     m.type = PROTO_T_LOCAL_LOADED;
   } else {
     m.type = PROTO_T_LOCAL_GO;
-    m.samples = samples;
+    m.samples = w->samples;
   }
   int rc = send_msg(l->fd, &m);
   if (rc) {

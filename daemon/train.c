@@ -523,9 +523,18 @@ static int ext_batch(bee_train *t, uint64_t *samples, double *loss) {
   uint64_t swarm = t->shared.guide.view.samples;
   uint64_t peers = t->shared.guide.view.peers;
   uv_mutex_unlock(&t->mu);
-  int mode = t->outer ? PROTO_LOCAL_DILOCO : PROTO_LOCAL_GRADIENTS;
-  int rc =
-      bee_local_answer(l, epoch, t->cfg->target_batch_size, swarm, peers, mode);
+  proto_local_msg w = {.epoch = epoch,
+                       .target = t->cfg->target_batch_size,
+                       .samples = swarm,
+                       .peers = peers,
+                       .mode = PROTO_LOCAL_GRADIENTS};
+  if (t->outer) {
+    w.mode = PROTO_LOCAL_DILOCO;
+    w.inner_steps = bee_config_inner_steps(t->cfg);
+    w.outer_lr = bee_config_outer_lr(t->cfg);
+    w.outer_momentum = bee_config_outer_momentum(t->cfg);
+  }
+  int rc = bee_local_answer(l, &w);
   if (rc == 0)
     rc = bee_local_batch(l, worker_stopped, t, samples, loss);
   if (l->evaluated) {

@@ -11,11 +11,13 @@
  */
 #include "proto-int.h"
 
+#include <math.h>
 #include <string.h>
 
 static const uint8_t nfields_of[PROTO_LOCAL_TYPES] = {
     4, /* HELLO: run, mode, batch, tensors */
-    5, /* WELCOME: epoch, loaded, mode, target, peers */
+    8, /* WELCOME: epoch, loaded, mode, target, peers, inner_steps,
+          outer_lr, outer_momentum */
     2, /* BATCH: samples, loss */
     3, /* GO: epoch, samples, peers */
     2, /* STEP: epoch, apply */
@@ -122,7 +124,11 @@ static int check(const proto_local_msg *m, size_t *run_n, size_t *text_n) {
     }
     return param && mode_ok(m->mode) ? 0 : BEE_ERANGE;
   }
-  case PROTO_T_LOCAL_WELCOME: return mode_ok(m->mode) ? 0 : BEE_ERANGE;
+  case PROTO_T_LOCAL_WELCOME:
+    return mode_ok(m->mode) && isfinite(m->outer_lr) && m->outer_lr >= 0 &&
+                   isfinite(m->outer_momentum) && m->outer_momentum >= 0
+               ? 0
+               : BEE_ERANGE;
   case PROTO_T_LOCAL_BATCH: return m->samples >= 1 ? 0 : BEE_ERANGE;
   case PROTO_T_LOCAL_REFUSED:
     if ((rc = proto__str_check(m->text, sizeof m->text, text_ok, text_n)))
@@ -171,6 +177,9 @@ int proto_local_encode(const proto_local_msg *m, uint8_t *buf, size_t cap,
     proto__wr_uint(&w, (uint64_t)m->mode);
     proto__wr_uint(&w, m->target);
     proto__wr_uint(&w, m->peers);
+    proto__wr_uint(&w, m->inner_steps);
+    proto__wr_f64(&w, m->outer_lr);
+    proto__wr_f64(&w, m->outer_momentum);
     break;
   case PROTO_T_LOCAL_BATCH:
     proto__wr_uint(&w, m->samples);
@@ -267,7 +276,10 @@ int proto_local_decode(const uint8_t *buf, size_t len, proto_local_msg *m) {
     if ((rc = proto__rd_uint(&r, &m->epoch)) ||
         (rc = proto__rd_bool(&r, &m->loaded)) || (rc = rd_mode(&r, &m->mode)) ||
         (rc = proto__rd_uint(&r, &m->target)) ||
-        (rc = proto__rd_uint(&r, &m->peers)))
+        (rc = proto__rd_uint(&r, &m->peers)) ||
+        (rc = proto__rd_uint(&r, &m->inner_steps)) ||
+        (rc = proto__rd_f64(&r, &m->outer_lr)) ||
+        (rc = proto__rd_f64(&r, &m->outer_momentum)))
       goto fail;
     break;
   case PROTO_T_LOCAL_BATCH:

@@ -987,7 +987,8 @@ int proto_state_decode(const uint8_t *buf, size_t len, proto_state_msg *m);
  * tensors live in memory the trainer shares with beed (a memfd sent with
  * HELLO), never in messages:
  *   HELLO    [1, 80, run, mode, batch, tensors]  trainer, with the fd
- *   WELCOME  [1, 81, epoch, loaded, mode, target, peers]
+ *   WELCOME  [1, 81, epoch, loaded, mode, target, peers, inner_steps,
+ *             outer_lr, outer_momentum]
  *   BATCH    [1, 82, samples, loss]          trainer: gradients added
  *   GO       [1, 83, epoch, samples, peers]  beed: train on
  *   STEP     [1, 84, epoch, apply]           beed: the round is in place
@@ -1052,6 +1053,10 @@ typedef struct proto_local_msg {
   bool loaded;      /* WELCOME: the memory holds a state beed loaded */
   uint64_t target;  /* WELCOME: the run's global batch */
   uint64_t peers;   /* WELCOME, GO: bees in the swarm's view */
+  /* WELCOME, in DiLoCo mode (else 0): the local steps between rounds
+   * and the outer step's rate and momentum, finite and >= 0 */
+  uint64_t inner_steps;
+  double outer_lr, outer_momentum;
   uint64_t samples; /* BATCH: this batch's; GO: the swarm's in the epoch */
   double loss;      /* BATCH: the batch's mean; EVAL */
   bool apply;       /* STEP: the trainer's optimizer steps with the mean

@@ -13,7 +13,10 @@
 #     of the last step;
 #   - the training loss falls, and the test accuracy each trainer
 #     reports (in its own log and its beed's) is over 70%;
-#   - a trainer whose target_batch_size is not the run's is told so.
+#   - a trainer whose target_batch_size is not the run's is told so;
+#   - then DiLoCo (beed.DiLoCo) with two: beed's outer steps give one
+#     hash on both, which is each trainer's own at the end, and a trainer
+#     that says other inner steps than the run's is told so.
 # Exits 77 (skipped) without Debian's python3-torch or the data set.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
@@ -104,3 +107,47 @@ for i in 0 1 2; do
   accs+=" $acc%"
 done
 echo "torch: loss at b0 $(loss b0 1) -> $(loss b0 "$EPOCHS"), test accuracy$accs"
+
+# DiLoCo (beed.DiLoCo): two beeds, each trainer's AdamW the inner
+# optimizer, beed's outer steps alike on both; a trainer that says other
+# inner steps than the run's is told so.
+for i in 0 1 2; do stop "b$i"; done
+RUN=tdl
+dl=(--open --run-id "$RUN" --model external --eval-every 0 --averaging diloco
+  --inner-steps 60 --outer-lr 0.7)
+key d0
+key d1
+start d0 $((base + 4)) "${dl[@]}" --trainer-socket d0.sock
+wait_log d0 'waiting for a trainer process on' 10
+start d1 $((base + 5)) "${dl[@]}" --trainer-socket d1.sock \
+  --join "127.0.0.1:$((base + 4))"
+wait_log d1 'waiting for a trainer process on' 10
+"${py[@]}" "$here/torch-trainer.py" --socket "$work/d0.sock" --run "$RUN" \
+  --data "$DATA" --shard 0 --shards 2 --diloco 50 >"$work/wrong-dl.out" 2>&1 &&
+  fail "a DiLoCo trainer of 50 inner steps was taken"
+grep -q "beed.BeedError: inner_steps=50, but beed's run has 60 (--inner-steps)" \
+  "$work/wrong-dl.out" || fail "the 50-step trainer heard: $(tail -3 "$work/wrong-dl.out")"
+wait_log d0 'the trainer is gone; this beed left the run' 10
+for i in 0 1; do
+  "${py[@]}" "$here/torch-trainer.py" --socket "$work/d$i.sock" --run "$RUN" \
+    --data "$DATA" --shard "$i" --shards 2 --epochs 4 --diloco 60 \
+    --lr 0.002 --batch-ms 40 >"$work/u$i.out" 2>&1 &
+  tpid[u$i]=$!
+done
+for i in 0 1; do
+  rc=0
+  wait "${tpid[u$i]}" || rc=$?
+  [ "$rc" = 0 ] || fail "trainer u$i exited $rc: $(tail -5 "$work/u$i.out")"
+done
+for e in 1 2 3; do
+  l=$(done_line d0 "$e")
+  [[ $l = *"averaged in a group of 2"* ]] || fail "DiLoCo epoch $e: d0: '$l'"
+  [ "$(hash_of d1 "$e")" = "$(hash_of d0 "$e")" ] ||
+    fail "DiLoCo epoch $e: d1 $(hash_of d1 "$e"), d0 $(hash_of d0 "$e")"
+done
+for i in 0 1; do
+  th=$(sed -nE 's/^torch: parameters ([0-9a-f]+)$/\1/p' "$work/u$i.out")
+  [ "$th" = "$(hash_of "d$i" 3)" ] ||
+    fail "u$i's parameters '$th' are not d$i's of outer step 3 ($(hash_of "d$i" 3))"
+done
+echo "DiLoCo: outer steps 1 to 3 alike on both, the last $(hash_of d0 3); test accuracy $(sed -nE 's/^torch: test accuracy ([0-9.]+%).*/\1/p' "$work/u0.out")"

@@ -6,7 +6,8 @@
  * limits allow; and every refusal: a tensor list that is empty, too long
  * or without a parameter; a name empty, too long or with a space; a role
  * or type unknown; a dimension 0; too many dimensions; elements past the
- * limit in one tensor or all; batch 0; an accuracy over 1 or NaN; a REFUSED code that is no error; a frame over the
+ * limit in one tensor or all; batch 0; an accuracy over 1 or NaN; an
+ * outer rate NaN or momentum below 0; a REFUSED code that is no error; a frame over the
  * limit; a truncated message (every prefix) and trailing bytes.
  */
 #include "proto.h"
@@ -126,8 +127,13 @@ static void test_others(void) {
                         .loaded = true,
                         .mode = PROTO_LOCAL_GRADIENTS,
                         .target = 32768,
-                        .peers = 3};
+                        .peers = 3,
+                        .inner_steps = 500,
+                        .outer_lr = 0.7,
+                        .outer_momentum = 0.9};
   roundtrip(&m, &d);
+  ASSERT_UEQ(d.inner_steps, 500);
+  ASSERT(d.outer_lr == 0.7 && d.outer_momentum == 0.9);
   ASSERT_UEQ(d.epoch, 17);
   ASSERT(d.loaded);
   ASSERT_UEQ(d.target, 32768);
@@ -236,6 +242,10 @@ static void test_refused(void) {
   ASSERT_RC(proto_local_encode(&e, buf, sizeof buf, &len), BEE_ERANGE);
   e.accuracy = NAN;
   ASSERT_RC(proto_local_encode(&e, buf, sizeof buf, &len), BEE_ERANGE);
+  proto_local_msg w = {.type = PROTO_T_LOCAL_WELCOME, .outer_lr = NAN};
+  ASSERT_RC(proto_local_encode(&w, buf, sizeof buf, &len), BEE_ERANGE);
+  w.outer_lr = 0, w.outer_momentum = -0.5;
+  ASSERT_RC(proto_local_encode(&w, buf, sizeof buf, &len), BEE_ERANGE);
   proto_local_msg r = {.type = PROTO_T_LOCAL_REFUSED, .code = 0};
   ASSERT_RC(proto_local_encode(&r, buf, sizeof buf, &len), BEE_ERANGE);
   proto_local_msg b = {.type = PROTO_T_LOCAL_BATCH, .samples = 0};

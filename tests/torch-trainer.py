@@ -12,7 +12,9 @@ as beed's step lines print it.
 
   torch-trainer.py --socket PATH --run RUN --data DIR --shard K --shards N
                    [--epochs E] [--batch B] [--target T] [--lr LR]
-                   [--batch-ms MS]
+                   [--batch-ms MS] [--diloco INNER_STEPS]
+--diloco trains with beed.DiLoCo (AdamW as the inner optimizer), saying
+INNER_STEPS as the run's.
 --batch-ms makes each batch take that long at least, so that the
 swarm's epochs last the seconds its records need on a shared machine.
 """
@@ -70,6 +72,7 @@ def main():
     ap.add_argument("--target", type=int)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--batch-ms", type=float, default=0)
+    ap.add_argument("--diloco", type=int)
     a = ap.parse_args()
     torch.set_num_threads(1)
     x = idx(os.path.join(a.data, "train-images-idx3-ubyte.gz"))
@@ -79,10 +82,16 @@ def main():
     x, y = x[a.shard::a.shards], y[a.shard::a.shards]
     torch.manual_seed(0)  # one set of first weights for the run
     model = Net()
-    opt = beed.Optimizer(model.named_parameters(), torch.optim.AdamW,
-                         lr=a.lr, run_id=a.run, batch_size_per_step=a.batch,
-                         target_batch_size=a.target, model=model,
-                         socket=a.socket)
+    if a.diloco:
+        opt = beed.DiLoCo(model, torch.optim.AdamW, lr=a.lr, run_id=a.run,
+                          batch_size_per_step=a.batch, inner_steps=a.diloco,
+                          socket=a.socket)
+    else:
+        opt = beed.Optimizer(model.named_parameters(), torch.optim.AdamW,
+                             lr=a.lr, run_id=a.run,
+                             batch_size_per_step=a.batch,
+                             target_batch_size=a.target, model=model,
+                             socket=a.socket)
     print(f"torch: welcome at epoch {opt.epoch}, "
           f"{'a state loaded' if opt.loaded else 'fresh'}", flush=True)
     g = torch.Generator().manual_seed(1000 + a.shard)

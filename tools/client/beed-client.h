@@ -65,6 +65,8 @@ typedef struct beed_answer {
   uint64_t target;  /* WELCOME: the run's global batch */
   uint64_t samples; /* GO: the swarm's samples in the epoch, as last seen */
   uint64_t peers;   /* WELCOME, GO: bees in the swarm */
+  uint64_t inner_steps; /* WELCOME, DiLoCo: local steps between rounds */
+  double outer_lr, outer_momentum; /* WELCOME, DiLoCo: the outer step's */
 } beed_answer;
 
 typedef struct beed_client beed_client;

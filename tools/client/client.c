@@ -308,7 +308,10 @@ static int answer(beed_client *c, beed_answer *a) {
                      .mode = m.mode,
                      .target = m.target,
                      .samples = m.samples,
-                     .peers = m.peers};
+                     .peers = m.peers,
+                     .inner_steps = m.inner_steps,
+                     .outer_lr = m.outer_lr,
+                     .outer_momentum = m.outer_momentum};
   return 0;
 }
 

@@ -29,7 +29,7 @@ import os
 
 import torch
 
-__all__ = ["Optimizer", "BeedError"]
+__all__ = ["Optimizer", "DiLoCo", "BeedError"]
 
 _GRADIENTS, _DILOCO = 0, 1
 _PARAM, _STATE, _BUFFER = 0, 1, 2
@@ -44,7 +44,10 @@ class _Answer(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int), ("epoch", ctypes.c_uint64),
                 ("loaded", ctypes.c_int), ("apply", ctypes.c_int),
                 ("mode", ctypes.c_int), ("target", ctypes.c_uint64),
-                ("samples", ctypes.c_uint64), ("peers", ctypes.c_uint64)]
+                ("samples", ctypes.c_uint64), ("peers", ctypes.c_uint64),
+                ("inner_steps", ctypes.c_uint64),
+                ("outer_lr", ctypes.c_double),
+                ("outer_momentum", ctypes.c_double)]
 
 
 _LIB = None
@@ -104,23 +107,11 @@ def _check(t, what):
                         "float32 tensors in the host's memory")
 
 
-class Optimizer:
-    """An optimizer whose steps are the swarm's (gradient averaging).
+class _Trainer:
+    """What Optimizer and DiLoCo share: the tensors in the shared memory,
+    the session with beed, and the answers."""
 
-    params: tensors, (name, tensor) pairs (``model.named_parameters()``)
-    or parameter groups, as torch optimizers take them.
-    optimizer: a torch optimizer class (made here with params and
-    ``**kwargs``), or a function of the params that makes one.
-    run_id, target_batch_size, batch_size_per_step: as hivemind's; the
-    run and its target are beed's (--run-id, --target-batch-size), and
-    a target given here must be that one.
-    model: its float32 buffers (batch norm's statistics) go with the
-    state that peers download.
-    scheduler: a function of the optimizer that makes a learning-rate
-    scheduler, stepped once per epoch of the swarm.
-    socket: beed's --trainer-socket (default $BEED_TRAINER_SOCKET, else
-    /run/beed/RUN.trainer); timeout: seconds any wait for beed may take.
-    """
+    _MODE = _GRADIENTS
 
     def __init__(self, params, optimizer, *, run_id, batch_size_per_step,
                  target_batch_size=None, model=None, scheduler=None,
@@ -151,7 +142,8 @@ class Optimizer:
                     tensors.append((n, _BUFFER, b))
                     self._buffers.append(b)
         self._open(tensors)
-        self._hello(run_id, _GRADIENTS, socket, timeout, target_batch_size)
+        self._hello(run_id, self._MODE, socket, timeout, target_batch_size)
+
 
     # ---- set-up -----------------------------------------------------------
 
@@ -245,13 +237,14 @@ class Optimizer:
             err = self._error()
             self.close()
             raise BeedError(err)
-        if target is not None and a.target != target:
+        if mode == _GRADIENTS and target is not None and a.target != target:
             self.close()
             raise BeedError(f"target_batch_size={target}, but beed's run "
                             f"'{run_id}' gathers {a.target} samples an epoch "
                             "(--target-batch-size)")
         self.target_batch_size = a.target
         self.loaded = bool(a.loaded)
+        self._welcome = a
         self._answered(a)
 
     # ---- training ---------------------------------------------------------
@@ -276,15 +269,15 @@ class Optimizer:
                     g.add_(p.grad)
                     p.grad = g
 
-    def step(self, closure=None, batch_size=None, loss=None):
-        """One local step: the batch's gradients (added in by backward) go
-        to the swarm's count; when the target is in, the round averages
-        them and the optimizer steps with the mean.  loss (or the
-        closure's): the batch's mean, for beed's lines."""
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._grads_home()
+    @staticmethod
+    def _closure(closure, loss):
+        if closure is None:
+            return loss
+        with torch.enable_grad():
+            return closure()
+
+    def _batch(self, batch_size, loss):
+        """The batch to beed; its STEPs taken; the answer kept."""
         value = float(loss) if loss is not None else float("nan")
         a = _Answer()
         n = int(batch_size or self.batch_size_per_step)
@@ -301,10 +294,6 @@ class Optimizer:
                 raise BeedError(self._error())
         self._answered(a)
         return loss
-
-    def zero_grad(self, set_to_none=False):
-        """Nothing: the gradients add up in the shared memory until the
-        swarm's step, and beed clears them then."""
 
     def load_state_from_peers(self):
         """beed loads the swarm's state into the shared memory by itself
@@ -355,3 +344,92 @@ class Optimizer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class Optimizer(_Trainer):
+    """An optimizer whose steps are the swarm's (gradient averaging).
+
+    params: tensors, (name, tensor) pairs (``model.named_parameters()``)
+    or parameter groups, as torch optimizers take them.
+    optimizer: a torch optimizer class (made here with params and
+    ``**kwargs``), or a function of the params that makes one.
+    run_id, target_batch_size, batch_size_per_step: as hivemind's; the
+    run and its target are beed's (--run-id, --target-batch-size), and
+    a target given here must be that one.
+    model: its float32 buffers (batch norm's statistics) go with the
+    state that peers download.
+    scheduler: a function of the optimizer that makes a learning-rate
+    scheduler, stepped once per epoch of the swarm.
+    socket: beed's --trainer-socket (default $BEED_TRAINER_SOCKET, else
+    /run/beed/RUN.trainer); timeout: seconds any wait for beed may take.
+    """
+
+    def step(self, closure=None, batch_size=None, loss=None):
+        """One local step: the batch's gradients (added in by backward) go
+        to the swarm's count; when the target is in, the round averages
+        them and the optimizer steps with the mean.  loss (or the
+        closure's): the batch's mean, for beed's lines."""
+        loss = self._closure(closure, loss)
+        self._grads_home()
+        return self._batch(batch_size, loss)
+
+    def zero_grad(self, set_to_none=False):
+        """Nothing: the gradients add up in the shared memory until the
+        swarm's step, and beed clears them then."""
+
+
+class DiLoCo(_Trainer):
+    """DiLoCo: the inner optimizer steps every batch on this trainer's
+    own, and every inner_steps steps the swarm averages the change since
+    the last round and beed takes the outer step (Nesterov SGD) on the
+    parameters in the shared memory.
+
+    model_or_params: a module (its named parameters and buffers) or
+    parameters as Optimizer takes them; inner_optimizer: a torch
+    optimizer class (with **kwargs) or a function of the params.
+    inner_steps, outer_lr, outer_momentum: beed's (--inner-steps,
+    --outer-lr, --outer-momentum); given here, they must be those.
+    The rest as Optimizer's.
+    """
+
+    _MODE = _DILOCO
+
+    def __init__(self, model_or_params, inner_optimizer, *, run_id,
+                 batch_size_per_step, inner_steps=None, outer_lr=None,
+                 outer_momentum=None, **kwargs):
+        if isinstance(model_or_params, torch.nn.Module):
+            kwargs.setdefault("model", model_or_params)
+            model_or_params = model_or_params.named_parameters()
+        super().__init__(model_or_params, inner_optimizer, run_id=run_id,
+                         batch_size_per_step=batch_size_per_step, **kwargs)
+        w = self._welcome
+        for name, want, have, flag in (
+                ("inner_steps", inner_steps, w.inner_steps, "--inner-steps"),
+                ("outer_lr", outer_lr, w.outer_lr, "--outer-lr"),
+                ("outer_momentum", outer_momentum, w.outer_momentum,
+                 "--outer-momentum")):
+            if want is not None and not math.isclose(want, have,
+                                                     rel_tol=1e-9):
+                self.close()
+                raise BeedError(f"{name}={want}, but beed's run has {have} "
+                                f"({flag})")
+        self.inner_steps = w.inner_steps
+        self.outer_lr = w.outer_lr
+        self.outer_momentum = w.outer_momentum
+
+    def step(self, closure=None, batch_size=None, loss=None):
+        """One inner step with the batch's gradients; then the batch goes
+        to beed, which takes the outer step when the round is due."""
+        loss = self._closure(closure, loss)
+        self._grads_home()
+        self.opt.step()
+        with torch.no_grad():
+            for g in self._grads:
+                g.zero_()
+        return self._batch(batch_size, loss)
+
+    def zero_grad(self, set_to_none=False):
+        """The gradients in the shared memory, zeroed in place."""
+        with torch.no_grad():
+            for g in self._grads:
+                g.zero_()
