@@ -118,6 +118,7 @@ class _Trainer:
                  socket=None, timeout=600.0, **kwargs):
         self._lib = _lib()
         self._client = None
+        self.grad_copies = 0  # gradients added back (_grads_home)
         self.batch_size_per_step = int(batch_size_per_step)
         named, groups = self._params(params)
         self.opt = (optimizer(groups, **kwargs) if not isinstance(
@@ -268,6 +269,7 @@ class _Trainer:
                 elif p.grad.data_ptr() != g.data_ptr():
                     g.add_(p.grad)
                     p.grad = g
+                    self.grad_copies += 1
 
     @staticmethod
     def _closure(closure, loss):
