@@ -626,6 +626,8 @@ typedef struct bee_local {
   char desc[48];      /* "external:" and the schema's first bytes in hex */
   uint8_t *rbuf;      /* its messages, as they come */
   size_t rcap;
+  uint8_t *hello; /* its HELLO's body, as it came (the model's tensors) */
+  size_t hello_len;
   bool owe;      /* a message of the trainer waits for beed's answer */
   bool welcomed; /* the answer to HELLO went */
   bool loaded;   /* a state went into the memory since the last answer */
@@ -672,6 +674,9 @@ int bee_local_batch(bee_local *l, bool (*stopped)(void *arg), void *arg,
  * its STEPPED, which waits for an answer in turn. */
 int bee_local_step(bee_local *l, uint64_t epoch, bool apply,
                    bool (*stopped)(void *arg), void *arg);
+/* Refuses the session (the loop's, before training took it): REFUSED
+ * with code and text to the trainer, and a line in the log. */
+void bee_local_refuse(bee_local *l, int code, const char *text);
 /* Unmaps the memory and closes the connection, keeping l's counts;
  * then frees l too.  NULL is ignored. */
 void bee_local_release(bee_local *l);

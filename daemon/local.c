@@ -319,6 +319,10 @@ static void hello_work(uv_work_t *req) {
     refuse(l->fd, rc, why);
     goto out;
   }
+  if ((l->hello = malloc(len))) {
+    memcpy(l->hello, buf, len);
+    l->hello_len = len;
+  }
   l->owe = true;
   proto_local_tensor t;
   proto_bytes it = m.tensors;
@@ -493,6 +497,13 @@ void bee_local_release(bee_local *l) {
   free(l->rbuf);
   l->rbuf = NULL;
   l->rcap = 0;
+  free(l->hello);
+  l->hello = NULL;
+}
+
+void bee_local_refuse(bee_local *l, int code, const char *text) {
+  if (l->fd >= 0)
+    refuse(l->fd, code, text);
 }
 
 void bee_local_free(bee_local *l) {

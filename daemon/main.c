@@ -28,6 +28,12 @@
 #define ASK_MAX_MS 30000 /* refreshes slow down to this */
 #define STABLE_MS 10000  /* a connection this old resets the backoff */
 #define KNOWN_SAVE_MS 30000 /* --peers-file rewritten (when changed) */
+/* --model external: a new trainer's model, checked against the swarm's
+ * peers of its run: this many asked at most, each answer awaited so
+ * long. */
+#define SCHEMA_METHOD "run.schema"
+#define SCHEMA_ASK_MAX 8
+#define SCHEMA_CALL_MS 3000
 #define TOKEN_CHECK_MS 5000 /* --token's file looked at for a renewal */
 #define KNOWN_WAIT_MS 5000  /* a bee without --join waits so long for the
                                known peers before it trains on its own */
@@ -65,6 +71,14 @@ struct bee_daemon {
   bee_train **gone;
   size_t ngone;
   bool session_ending; /* the trainer left: leaving the run */
+  /* A trainer whose model is being checked against the swarm's: the
+   * peers asked (SCHEMA_METHOD), the calls still out, the round of asking
+   * (answers of an earlier round are dropped). */
+  bee_local *pending;
+  unsigned schema_calls;
+  uint64_t schema_round;
+  uint8_t *hello; /* the last trainer's HELLO, for peers that ask */
+  size_t hello_len;
   uint8_t *carry;      /* the state its session left (bee_train_last_state) */
   size_t carry_len;
   uint64_t carry_epoch;
@@ -502,6 +516,9 @@ static void daemon_stop(bee_daemon *d) {
   bee_control_stop(&d->control);
   bee_local_close(d->trainers);
   d->trainers = NULL;
+  bee_local_free(d->pending);
+  d->pending = NULL;
+  d->schema_round++;
   bee_train_stop(d->train); /* before the DHT it publishes in */
   bee_members_stop(&d->members);
   bee_revoke_stop(&d->revoke);
@@ -731,16 +748,18 @@ static volatile sig_atomic_t early_stop;
 static void early_stop_cb(int signum) { early_stop = signum; }
 static void early_hup_cb(int signum) { (void)signum; }
 
-/* Creates the host, listens and starts dialing.  Returns 0 or a code
- * already logged. */
-/* --model external: the trainer process's HELLO checked, its memory
- * mapped; the training starts on its model, as it would on a built-in
- * one at start. */
-static void trainer_came(bee_local *l, void *arg) {
-  bee_daemon *d = arg;
-  if (d->stopping || d->leaving) {
-    bee_local_free(l);
-    return;
+/* --model external: the trainer's model is the swarm's (or nobody could
+ * say): the training starts on it, as it would on a built-in one at
+ * start. */
+static void session_start(bee_daemon *d, bee_local *l) {
+  if (l->hello && (!d->hello || d->hello_len != l->hello_len ||
+                   memcmp(d->hello, l->hello, l->hello_len) != 0)) {
+    free(d->hello);
+    d->hello_len = 0;
+    if ((d->hello = malloc(l->hello_len))) {
+      memcpy(d->hello, l->hello, l->hello_len);
+      d->hello_len = l->hello_len;
+    }
   }
   int rc = bee_train_new_local(&d->loop, &d->cfg, &d->id, l, d->carry,
                                d->carry_len, d->carry_epoch, &d->train);
@@ -760,6 +779,107 @@ static void trainer_came(bee_local *l, void *arg) {
     bee_train_joined(d->train);
 }
 
+/* A peer asks for the model of our trainer of its run: our last
+ * trainer's HELLO, which lists the tensors. */
+static void schema_req_cb(proto_conn *c, uint64_t id, proto_bytes method,
+                          proto_bytes payload, void *data) {
+  bee_daemon *d = data;
+  (void)method;
+  size_t n = strlen(d->cfg.run);
+  if (!d->hello || payload.n != n || memcmp(payload.p, d->cfg.run, n) != 0)
+    proto_conn_reply_error(c, id, BEE_ERANGE, "no trainer of that run here");
+  else if (proto_conn_reply(c, id, d->hello, d->hello_len))
+    proto_conn_reply_error(c, id, BEE_ETOOBIG, "the model's list is too long");
+}
+
+typedef struct schema_ask {
+  bee_daemon *d;
+  uint64_t round;
+} schema_ask;
+
+static void schema_decided(bee_daemon *d, const char *refusal) {
+  bee_local *l = d->pending;
+  d->pending = NULL;
+  d->schema_round++; /* the answers still out are of no use now */
+  if (!refusal) {
+    session_start(d, l);
+    return;
+  }
+  bee_local_refuse(l, BEE_ERANGE, refusal);
+  bee_local_free(l);
+  bee_local_idle(d->trainers);
+}
+
+static void schema_cb(proto_conn *c, int status, int64_t remote_code,
+                      proto_bytes payload, void *arg) {
+  schema_ask *a = arg;
+  bee_daemon *d = a->d;
+  bool mine = a->round == d->schema_round && d->pending;
+  free(a);
+  (void)remote_code;
+  if (!mine)
+    return;
+  d->schema_calls--;
+  proto_local_msg ours, theirs;
+  if (status == 0 && proto_local_decode(payload.p, payload.n, &theirs) == 0 &&
+      theirs.type == PROTO_T_LOCAL_HELLO &&
+      strcmp(theirs.run, d->cfg.run) == 0 &&
+      proto_local_decode(d->pending->hello, d->pending->hello_len, &ours) ==
+          0) {
+    char why[PROTO_TEXT_MAX - 64], text[PROTO_TEXT_MAX], peer[9];
+    if (proto_local_tensors_diff(&ours, &theirs, why, sizeof why) == 0) {
+      schema_decided(d, NULL);
+      return;
+    }
+    bee_id8(proto_conn_peer(c)->id, peer);
+    snprintf(text, sizeof text,
+             "the swarm's model is another: %s (as peer %s has it)", why, peer);
+    schema_decided(d, text);
+    return;
+  }
+  if (d->schema_calls == 0) /* nobody of the run could say */
+    schema_decided(d, NULL);
+}
+
+static void schema_ask_one(proto_conn *c, void *arg) {
+  bee_daemon *d = arg;
+  const proto_peer *p = proto_conn_peer(c);
+  if (d->schema_calls >= SCHEMA_ASK_MAX || p->role != PROTO_ROLE_BEE ||
+      p->purpose != PROTO_PURPOSE_CONTROL)
+    return;
+  schema_ask *a = malloc(sizeof *a);
+  if (!a)
+    return;
+  *a = (schema_ask){d, d->schema_round};
+  if (proto_conn_call(c, SCHEMA_METHOD, (const uint8_t *)d->cfg.run,
+                      strlen(d->cfg.run), SCHEMA_CALL_MS, schema_cb, a,
+                      NULL) == 0)
+    d->schema_calls++;
+  else
+    free(a);
+}
+
+/* --model external: a trainer's HELLO checked, its memory mapped.  Its
+ * model must be the swarm's: peers of the run are asked for theirs, and
+ * the first answer decides (a trainer with another model is refused with
+ * the first difference); with nobody to ask, or nobody of the run
+ * answering, this trainer's model is the run's. */
+static void trainer_came(bee_local *l, void *arg) {
+  bee_daemon *d = arg;
+  if (d->stopping || d->leaving) {
+    bee_local_free(l);
+    return;
+  }
+  d->pending = l;
+  d->schema_round++;
+  d->schema_calls = 0;
+  proto_host_foreach(d->host, schema_ask_one, d);
+  if (d->schema_calls == 0)
+    schema_decided(d, NULL);
+}
+
+/* Creates the host, listens and starts dialing.  Returns 0 or a code
+ * already logged. */
 static int daemon_start(bee_daemon *d) {
   const bee_config *cfg = &d->cfg;
   proto_host_config hc;
@@ -865,7 +985,8 @@ static int daemon_start(bee_daemon *d) {
                               control_status, control_leave, d)))
     return rc;
   if (bee_external(cfg) &&
-      (rc = bee_local_listen(&d->loop, cfg, trainer_came, d, &d->trainers)))
+      ((rc = proto_host_on(d->host, SCHEMA_METHOD, schema_req_cb, d)) ||
+       (rc = bee_local_listen(&d->loop, cfg, trainer_came, d, &d->trainers))))
     return rc;
   /* systemd: serving now; then STATUS every 5 s, and WATCHDOG=1 at half
    * the unit's watchdog interval when it has one. */
@@ -967,6 +1088,7 @@ static int run(bee_daemon *d) {
     bee_train_free(d->gone[i]);
   free(d->gone);
   free(d->carry);
+  free(d->hello);
   if (!d->exit_code && !d->cfg.check)
     bee_info(COMP, "stopped");
   return d->exit_code;

@@ -105,6 +105,65 @@ int proto_local_tensor_next(proto_bytes *it, proto_local_tensor *t) {
   return 0;
 }
 
+/* "[10, 128]" */
+static void dims_text(const proto_local_tensor *t, char *out, size_t cap) {
+  size_t n = (size_t)snprintf(out, cap, "[");
+  for (unsigned d = 0; d < t->ndim && n < cap; d++)
+    n += (size_t)snprintf(out + n, cap - n, "%s%llu", d ? ", " : "",
+                          (unsigned long long)t->dims[d]);
+  if (n < cap)
+    snprintf(out + n, cap - n, "]");
+}
+
+static const char *role_text(int role) {
+  return role == PROTO_LOCAL_PARAM   ? "a parameter"
+         : role == PROTO_LOCAL_STATE ? "optimizer state"
+                                     : "a buffer";
+}
+
+int proto_local_tensors_diff(const proto_local_msg *ours,
+                             const proto_local_msg *swarm, char *why,
+                             size_t cap) {
+  proto_bytes a = ours->tensors, b = swarm->tensors;
+  proto_local_tensor x, y;
+  for (size_t i = 0;; i++) {
+    int ra = proto_local_tensor_next(&a, &x);
+    int rb = proto_local_tensor_next(&b, &y);
+    if (ra && rb)
+      return 0;
+    if (ra || rb) {
+      const proto_local_tensor *more = ra ? &y : &x;
+      snprintf(why, cap,
+               "%zu tensors here, %zu in the swarm (the first %s: "
+               "%.*s)",
+               ours->n, swarm->n, ra ? "not here" : "not there",
+               (int)more->name.n, (const char *)more->name.p);
+      return 1;
+    }
+    char dx[128], dy[128];
+    if (x.name.n != y.name.n || memcmp(x.name.p, y.name.p, x.name.n) != 0) {
+      snprintf(why, cap, "tensor %zu is %.*s here and %.*s in the swarm", i,
+               (int)x.name.n, (const char *)x.name.p, (int)y.name.n,
+               (const char *)y.name.p);
+      return 1;
+    }
+    if (x.role != y.role || x.dtype != y.dtype) {
+      snprintf(why, cap, "tensor %zu (%.*s) is %s here and %s in the swarm", i,
+               (int)x.name.n, (const char *)x.name.p, role_text(x.role),
+               role_text(y.role));
+      return 1;
+    }
+    if (x.ndim != y.ndim ||
+        memcmp(x.dims, y.dims, x.ndim * sizeof x.dims[0]) != 0) {
+      dims_text(&x, dx, sizeof dx);
+      dims_text(&y, dy, sizeof dy);
+      snprintf(why, cap, "tensor %zu (%.*s) is %s here and %s in the swarm", i,
+               (int)x.name.n, (const char *)x.name.p, dx, dy);
+      return 1;
+    }
+  }
+}
+
 static int check(const proto_local_msg *m, size_t *run_n, size_t *text_n) {
   int rc;
   switch (m->type) {

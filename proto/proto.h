@@ -1076,6 +1076,13 @@ int proto_local_decode(const uint8_t *buf, size_t len, proto_local_msg *m);
 /* The next of a decoded HELLO's tensors: *it starts at m->tensors and
  * moves on; returns 0 with *t filled, 1 after the last. */
 int proto_local_tensor_next(proto_bytes *it, proto_local_tensor *t);
+/* Whether two decoded HELLOs' tensor lists (ours, and the swarm's from
+ * a peer) describe the same model: 0, or 1 with why (cap bytes) naming
+ * the first difference, e.g. "tensor 2 (fc.weight) is [10, 128] here
+ * and [10, 64] in the swarm". */
+int proto_local_tensors_diff(const proto_local_msg *ours,
+                             const proto_local_msg *swarm, char *why,
+                             size_t cap);
 
 /* ------------------------------------------------------------------------ */
 /* Session core: handshake and sealed frames, no I/O.                        */

@@ -18,6 +18,8 @@
 #   - each trainer's parameters at the end, hashed by the trainer over
 #     its memory, are what its beed hashed after the last step;
 #   - the training loss falls;
+#   - a trainer whose model is not the swarm's is refused, with the
+#     first difference its beed's peers show;
 #   - a trainer that asks for another run, or for DiLoCo in a gradient
 #     run, or that comes while the beed has one, is refused with the
 #     reason, and so is each misbehaving client of tests/local-probe.c
@@ -86,6 +88,20 @@ done
   >"$work/busy.out" 2>&1 && fail "a second trainer at b0 was taken"
 grep -q 'beed refused: pid [0-9]*: another trainer is this beed.s' \
   "$work/busy.out" || fail "the second trainer heard: $(cat "$work/busy.out")"
+
+# A bee whose trainer's model is another (8 features, not 16): the
+# swarm's peers say theirs, and it is refused with the first difference.
+key b4
+start b4 $((base + 6)) "${common[@]}" --target-batch-size "$TARGET" \
+  --trainer-socket b4.sock --join "127.0.0.1:$base"
+wait_log b4 'waiting for a trainer process on' 10
+wait_log b4 'swarm: peer [0-9a-f]+ up' 10
+"$LOCAL_TRAINER" --socket "$work/b4.sock" --run "$RUN" --features 8 \
+  --epochs 1 >"$work/schema.out" 2>&1 && fail "a trainer of another model was taken"
+grep -Eq "beed refused: the swarm's model is another: tensor 0 \(fc.weight\) is \[4, 8\] here and \[4, 16\] in the swarm \(as peer [0-9a-f]{8} has it\)" \
+  "$work/schema.out" || fail "the trainer of another model heard: $(cat "$work/schema.out")"
+echo "another model: $(sed -n 's/^local-trainer: //p' "$work/schema.out")"
+stop b4
 
 for e in 1 2; do in_line "$e" b0 b1 b2; done
 

@@ -8,7 +8,9 @@
  * or type unknown; a dimension 0; too many dimensions; elements past the
  * limit in one tensor or all; batch 0; an accuracy over 1 or NaN; an
  * outer rate NaN or momentum below 0; a REFUSED code that is no error; a frame over the
- * limit; a truncated message (every prefix) and trailing bytes.
+ * limit; a truncated message (every prefix) and trailing bytes.  And
+ * the difference two tensor lists name first (a shape, a name, a role,
+ * a count).
  */
 #include "proto.h"
 #include "test.h"
@@ -284,7 +286,63 @@ static void test_refused(void) {
             BEE_ETOOBIG);
 }
 
+/* HELLO of list[0..n), encoded into b and decoded into *m. */
+static void hello_of(const proto_local_tensor *list, size_t n, uint8_t *b,
+                     size_t cap, proto_local_msg *m) {
+  proto_local_msg h = {
+      .type = PROTO_T_LOCAL_HELLO, .batch = 1, .list = list, .n = n};
+  snprintf(h.run, sizeof h.run, "r");
+  size_t len;
+  ASSERT_OK(proto_local_encode(&h, b, cap, &len));
+  ASSERT_OK(proto_local_decode(b, len, m));
+}
+
+static void test_diff(void) {
+  static uint8_t ba[4096], bb[4096];
+  const uint64_t w[] = {10, 128}, w2[] = {10, 64}, b10[] = {10};
+  proto_local_tensor ours[] = {tensor("fc.weight", PROTO_LOCAL_PARAM, 2, w),
+                               tensor("fc.bias", PROTO_LOCAL_PARAM, 1, b10),
+                               tensor("state.0.m", PROTO_LOCAL_STATE, 2, w)};
+  proto_local_tensor theirs[3];
+  memcpy(theirs, ours, sizeof ours);
+  proto_local_msg a, b;
+  char why[256];
+  hello_of(ours, 3, ba, sizeof ba, &a);
+  hello_of(theirs, 3, bb, sizeof bb, &b);
+  ASSERT_EQ(proto_local_tensors_diff(&a, &b, why, sizeof why), 0);
+  struct {
+    proto_local_tensor t;
+    size_t at;
+    const char *want;
+  } cases[] = {
+      {tensor("fc.weight", PROTO_LOCAL_PARAM, 2, w2), 0,
+       "tensor 0 (fc.weight) is [10, 128] here and [10, 64] in the swarm"},
+      {tensor("fc.b", PROTO_LOCAL_PARAM, 1, b10), 1,
+       "tensor 1 is fc.bias here and fc.b in the swarm"},
+      {tensor("state.0.m", PROTO_LOCAL_BUFFER, 2, w), 2,
+       "tensor 2 (state.0.m) is optimizer state here and a buffer in the "
+       "swarm"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    memcpy(theirs, ours, sizeof ours);
+    theirs[cases[i].at] = cases[i].t;
+    hello_of(theirs, 3, bb, sizeof bb, &b);
+    ASSERT_EQ(proto_local_tensors_diff(&a, &b, why, sizeof why), 1);
+    printf("diff: %s\n", why);
+    ASSERT_STREQ(why, cases[i].want);
+  }
+  memcpy(theirs, ours, sizeof ours);
+  hello_of(theirs, 2, bb, sizeof bb, &b);
+  ASSERT_EQ(proto_local_tensors_diff(&a, &b, why, sizeof why), 1);
+  ASSERT_STREQ(why, "3 tensors here, 2 in the swarm (the first not there: "
+                    "state.0.m)");
+  ASSERT_EQ(proto_local_tensors_diff(&b, &a, why, sizeof why), 1);
+  ASSERT_STREQ(why, "2 tensors here, 3 in the swarm (the first not here: "
+                    "state.0.m)");
+}
+
 int main(void) {
+  test_diff();
   test_hello();
   test_others();
   test_refused();
