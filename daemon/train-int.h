@@ -1,7 +1,9 @@
 /* train-int.h: what the files of beed's training share (daemon/).
  *
  *   train.c        the worker and evaluator threads, the epoch step, the
- *                  worker's news on the loop, life cycle and leaving
+ *                  worker's news on the loop, start, leaving and stop
+ *   train-init.c   the training made: the model (built in, or a trainer
+ *                  process's) and what the run needs beside it
  *   train-swarm.c  the run core's I/O (run.h's bee_run_io): the DHT's
  *                  records, the averager, the state's chunks, the worker's
  *                  shared state; the loop's tick
@@ -10,7 +12,7 @@
  *   train-links.c  the links to the peers: measured, published, declared
  *
  * train.c's head comment has the design; the decisions of the run are
- * the core's (run.h).  Nothing outside these four files includes this
+ * the core's (run.h).  Nothing outside these five files includes this
  * header.
  */
 #ifndef BEE_DAEMON_TRAIN_INT_H
@@ -366,6 +368,10 @@ void bee__ckpt_writer(void *arg);
 /* The "state.get" handler: the bytes of the latest snapshot. */
 void bee__state_req_cb(proto_conn *c, uint64_t id, proto_bytes method,
                        proto_bytes payload, void *data);
+
+/* ---- train.c ---------------------------------------------------------- */
+/* The worker's and evaluator's news, on the loop (t->async). */
+void bee__async_cb(uv_async_t *h);
 
 /* ---- train-swarm.c ---------------------------------------------------- */
 /* The run core's I/O for t (t->io). */
