@@ -43,7 +43,9 @@ struct bee_local_server {
   int fd; /* listening */
   uv_poll_t poll;
   bool polling;
-  bool busy; /* a HELLO being read, or a session given out */
+  bool closed;        /* the handle is: s is freed with the last HELLO read */
+  bool busy;          /* a HELLO being read, or a session given out */
+  bee_local *reading; /* the trainer whose HELLO is being read */
   char path[BEE_PATH_MAX];
   void (*on_session)(bee_local *l, void *arg);
   void *arg;
@@ -343,6 +345,12 @@ static void hello_done(uv_work_t *req, int status) {
   bee_local_server *s = j->s;
   bee_local *l = j->l;
   free(j);
+  s->reading = NULL;
+  if (s->closed) { /* closed while the HELLO was read: the last user */
+    bee_local_free(l);
+    free(s);
+    return;
+  }
   if (status || !l->mem || !s->polling) { /* refused, or closing */
     bee_local_free(l);
     s->busy = false;
@@ -412,6 +420,7 @@ static void accept_cb(uv_poll_t *p, int status, int events) {
     return;
   }
   s->busy = true;
+  s->reading = l;
 }
 
 int bee_local_listen(uv_loop_t *loop, const bee_config *cfg,
@@ -471,14 +480,20 @@ void bee_local_idle(bee_local_server *s) {
 static void server_closed(uv_handle_t *h) {
   bee_local_server *s = h->data;
   close(s->fd);
-  free(s);
+  s->closed = true;
+  if (!s->reading)
+    free(s);
 }
 
 void bee_local_close(bee_local_server *s) {
   if (!s || !s->polling)
     return;
-  s->polling = false; /* a HELLO under way is freed when it is read */
+  s->polling = false;
   unlink(s->path);
+  /* A HELLO being read ends now (its read sees the end of the stream),
+   * so that a stop does not wait for it; the job frees s after it. */
+  if (s->reading)
+    shutdown(s->reading->fd, SHUT_RDWR);
   uv_close((uv_handle_t *)&s->poll, server_closed);
 }
 

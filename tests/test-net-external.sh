@@ -26,7 +26,8 @@
 #     (bytes that are no message, a length over the limit, a HELLO
 #     without memory, with memory unsealed or too small, with two
 #     descriptors, another message first, nothing for 10 s); the beed
-#     goes on and takes a good trainer after them;
+#     goes on and takes a good trainer after them, and a client that
+#     says nothing does not hold up its stop;
 #   - then a DiLoCo run of two: the same hash at every outer step.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
@@ -184,7 +185,17 @@ kill -0 "${pid[b3]}" || fail "b3 died of the refusals"
   >"$work/late.out" 2>&1 || fail "b3 refused a good trainer: $(cat "$work/late.out")"
 grep -q "trainer: welcome at epoch 0 (fresh)" "$work/late.out" ||
   fail "the good trainer heard: $(cat "$work/late.out")"
+# A client that says nothing does not hold up a stop.
+wait_log b3 'the trainer is gone; this beed left the run' 10
+"$LOCAL_PROBE" "$work/b3.sock" "$RUN" nohello >"$work/silent.out" 2>&1 &
+silent=$!
+sleep 0.5
+t0=$(date +%s%N)
 stop b3
+ms=$((($(date +%s%N) - t0) / 1000000))
+[ "$ms" -lt 3000 ] || fail "b3 took $ms ms to stop with a silent client"
+wait "$silent" || true
+echo "b3 stopped in $ms ms with a silent client connected ($(cat "$work/silent.out"))"
 
 # DiLoCo: two beeds, each trainer taking its own inner steps; beed takes
 # the outer steps, the same on both.

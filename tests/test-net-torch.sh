@@ -10,7 +10,8 @@
 #     hash after each step is the same on the three beeds (beed hashes
 #     the torch tensors where they live);
 #   - each trainer's own hash of its parameters at the end is its beed's
-#     of the last step;
+#     of the last step, and its optimizer's state_dict, loaded back,
+#     lands in the shared memory unchanged;
 #   - the training loss falls, and the test accuracy each trainer
 #     reports (in its own log and its beed's) is over 70%;
 #   - a trainer whose target_batch_size is not the run's is told so;
@@ -89,6 +90,10 @@ for ((e = 1; e <= EPOCHS; e++)); do
   done
 done
 echo "epochs 1 to $EPOCHS: one hash on all three each time, the last $(hash_of b0 "$EPOCHS")"
+for i in 0 1 2; do
+  grep -q '^torch: state_dict round trip ok' "$work/t$i.out" ||
+    fail "t$i: $(grep 'state_dict' "$work/t$i.out")"
+done
 for i in 0 1 2; do
   th=$(sed -nE 's/^torch: parameters ([0-9a-f]+)$/\1/p' "$work/t$i.out")
   [ "$th" = "$(hash_of "b$i" "$EPOCHS")" ] ||

@@ -124,6 +124,17 @@ def main():
     h = hashlib.blake2b(params.numpy().tobytes(), digest_size=8).hexdigest()
     print(f"torch: test accuracy {100 * acc:.2f}% loss {tl:.4f}", flush=True)
     print(f"torch: parameters {h}", flush=True)
+    # state_dict and load_state_dict: the state comes back into the
+    # shared memory, values and places unchanged.
+    sd = opt.state_dict()
+    where = [opt.opt.state[p][k].data_ptr() for p, k in opt._state]
+    before = [opt.opt.state[p][k].clone() for p, k in opt._state]
+    opt.load_state_dict(sd)
+    ok = all(opt.opt.state[p][k].data_ptr() == w and
+             torch.equal(opt.opt.state[p][k], b)
+             for (p, k), w, b in zip(opt._state, where, before))
+    print(f"torch: state_dict round trip {'ok' if ok else 'BROKEN'} "
+          f"({len(where)} state tensors, epoch {sd['epoch']})", flush=True)
     opt.close()
     return 0
 
