@@ -63,8 +63,8 @@ struct bee_daemon {
   dht_glue *dht;
   bee_revoke revoke;
   bee_members members;
-  bee_train *train;           /* NULL without --run-id (--model external: until
-                       its trainer came) */
+  /* NULL without --run-id; with --model external, until a trainer came */
+  bee_train *train;
   bee_local_server *trainers; /* --model external: where it comes */
   /* Sessions of trainers gone, stopped: a DHT answer under way may
    * still reach them, so they are freed at exit. */

@@ -441,8 +441,9 @@ static int epoch_step(bee_train *t) {
     }
   } else if (s.n) { /* sums to means: the round weighs them by n */
     /* A trainer process's gradients add up each batch's mean. */
-    float inv = t->ext ? 1.0f / (float)t->ext_batches
-                       : 1.0f / ((float)s.n * (float)t->per_sample);
+    float inv = !t->ext          ? 1.0f / ((float)s.n * (float)t->per_sample)
+                : t->ext_batches ? 1.0f / (float)t->ext_batches
+                                 : 0.0f;
     for (size_t i = 0; i < np; i++) {
       g[i] *= inv;
       s.sq_local += (double)g[i] * g[i];
@@ -648,8 +649,8 @@ static void worker(void *arg) {
                SKIP_STREAK_WARN, ilogbf(trn_model_loss_scale(t->model, NULL)));
     if (rc == 0 && !dropped)
       t->skip_streak = 0;
-    if (rc == 0 && t->outer && !dropped && !t->ext) {        /* DiLoCo: a local
-                                                         step */
+    /* DiLoCo: a local step (a trainer process takes its own). */
+    if (rc == 0 && t->outer && !dropped && !t->ext) {
       trn_optim_set_lr(t->optim, lr_at(t, t->shared.epoch)); /* ours to write */
       rc = trn_model_step(t->model, t->optim, /* on its device */
                           1.0f / ((float)b * (float)t->per_sample));
