@@ -204,6 +204,8 @@ struct bee_train {
                        whose memory holds the model; then model, optim
                        and src are NULL */
   uint64_t ext_batches; /* its BATCHes in this epoch */
+  bool replay_later;    /* the swarm's steps after a state loaded before
+                           the trainer's WELCOME: after its first batch */
   uint8_t *carry;       /* the state the last trainer left (new_local) */
   size_t carry_len;
   uint64_t carry_epoch;

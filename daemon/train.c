@@ -590,6 +590,12 @@ static void worker(void *arg) {
       take_state(t, load, load_epoch);
       zero_grads(t); /* what was gathered is not the state's */
       bee__make_snapshot(t, load_epoch);
+      /* A trainer process waits for its WELCOME: it takes the swarm's
+       * steps (its optimizer's) once it has the state and the turn
+       * again, after its first batch, which they overwrite. */
+      t->replay_later = t->ext && !t->ext->welcomed;
+      if (t->replay_later)
+        continue;
       int rr = replay_steps(t);
       if (rr < 0) {
         worker_fail(t, rr, "the swarm's steps");
@@ -601,11 +607,25 @@ static void worker(void *arg) {
         zero_grads(t); /* the steps went through them */
       continue;
     }
+    if (t->replay_later && t->ext->welcomed && t->ext->owe) {
+      t->replay_later = false;
+      int rr = replay_steps(t);
+      if (rr < 0) {
+        worker_fail(t, rr, "the swarm's steps");
+        return;
+      }
+      if (rr)
+        return; /* stopped */
+      zero_grads(t);
+      continue;
+    }
     uv_mutex_lock(&t->mu);
     bool stop = t->shared.stop;
     bool step = bee_run_step_due(t->cfg, &t->shared.guide, t->shared.epoch,
                                  t->shared.samples, mono_ms());
     uv_mutex_unlock(&t->mu);
+    if (t->ext && !t->ext->welcomed)
+      step = false; /* a step is the trainer's: its WELCOME comes first */
     if (stop)
       return;
     int rc;

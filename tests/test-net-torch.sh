@@ -8,7 +8,11 @@
 # beed.Optimizer.  Checks:
 #   - every epoch is averaged in one group of three, and the parameters'
 #     hash after each step is the same on the three beeds (beed hashes
-#     the torch tensors where they live);
+#     the torch tensors where they live), but while one trainer is away:
+#     SIGKILLed after epoch 3, its beed stays up, keeps its state, and a
+#     new PyTorch trainer there starts from it (WELCOME with a state
+#     loaded into its torch tensors) and is in the group of three again
+#     by the last two epochs;
 #   - each trainer's own hash of its parameters at the end is its beed's
 #     of the last step, and its optimizer's state_dict, loaded back,
 #     lands in the shared memory unchanged;
@@ -69,35 +73,56 @@ grep -q "beed.BeedError: target_batch_size=4096, but beed's run 'torch' gathers 
 wait_log b0 'the trainer is gone; this beed left the run' 10
 
 declare -A tpid
-for i in 0 1 2; do
-  "${py[@]}" "$here/torch-trainer.py" --socket "$work/b$i.sock" --run "$RUN" \
-    --data "$DATA" --shard "$i" --shards 3 --epochs $((EPOCHS + 1)) \
-    --target "$TARGET" --lr 0.01 --batch-ms 40 >"$work/t$i.out" 2>&1 &
-  tpid[t$i]=$!
-done
-for i in 0 1 2; do
+trainer() { # NAME BEE SHARD: a PyTorch trainer at BEE's socket
+  "${py[@]}" "$here/torch-trainer.py" --socket "$work/$2.sock" --run "$RUN" \
+    --data "$DATA" --shard "$3" --shards 3 --epochs $((EPOCHS + 1)) \
+    --target "$TARGET" --lr 0.01 --batch-ms 40 >"$work/$1.out" 2>&1 &
+  tpid[$1]=$!
+}
+for i in 0 1 2; do trainer "t$i" "b$i" "$i"; done
+# t2 is SIGKILLed after epoch 3: b2 stays up and keeps its state; a new
+# PyTorch trainer there goes on from it (or the swarm's) into its torch
+# tensors and is back in line with the others.
+wait_log b2 'train: epoch 3 done' 60
+kill -9 "${tpid[t2]}"
+wait "${tpid[t2]}" 2>/dev/null || true
+wait_log b2 'the trainer is gone; this beed left the run and keeps its state of epoch [0-9]+' 10
+trainer t3 b2 2
+wait_log b2 'the trainer goes on from the state of epoch [0-9]+ this beed kept' 20
+for n in t0 t1 t3; do
   rc=0
-  wait "${tpid[t$i]}" || rc=$?
-  [ "$rc" = 0 ] || fail "trainer t$i exited $rc: $(tail -5 "$work/t$i.out")"
+  wait "${tpid[$n]}" || rc=$?
+  [ "$rc" = 0 ] || fail "trainer $n exited $rc: $(tail -5 "$work/$n.out")"
 done
-for ((e = 1; e <= EPOCHS; e++)); do
-  l=$(done_line b0 "$e")
-  [[ $l = *"averaged in a group of 3 (100.0% by all)"* ]] ||
-    fail "epoch $e: b0's step: '$l'"
-  for b in b1 b2; do
-    [ "$(hash_of "$b" "$e")" = "$(hash_of b0 "$e")" ] ||
-      fail "epoch $e: $b's parameters $(hash_of "$b" "$e") differ from b0's $(hash_of b0 "$e")"
+grep -q '^torch: welcome at epoch [0-9]*, a state loaded' "$work/t3.out" ||
+  fail "t3 heard: $(head -3 "$work/t3.out")"
+# in_line E BEES...: one group of them all at epoch E, one hash.
+in_line() {
+  local e=$1 b n=$(($# - 1))
+  shift
+  for b in "$@"; do
+    [[ $(done_line "$b" "$e") = *"averaged in a group of $n "* ]] ||
+      fail "epoch $e: $b's step: '$(done_line "$b" "$e")'"
+    [ "$(hash_of "$b" "$e")" = "$(hash_of "$1" "$e")" ] ||
+      fail "epoch $e: $b's parameters $(hash_of "$b" "$e") differ from $1's $(hash_of "$1" "$e")"
   done
+}
+for e in 1 2 3; do in_line "$e" b0 b1 b2; done
+for ((e = 4; e < EPOCHS - 1; e++)); do
+  [ "$(hash_of b1 "$e")" = "$(hash_of b0 "$e")" ] ||
+    fail "epoch $e: b1's parameters $(hash_of b1 "$e") differ from b0's $(hash_of b0 "$e")"
 done
-echo "epochs 1 to $EPOCHS: one hash on all three each time, the last $(hash_of b0 "$EPOCHS")"
-for i in 0 1 2; do
+for ((e = EPOCHS - 1; e <= EPOCHS; e++)); do in_line "$e" b0 b1 b2; done
+echo "t2 killed after epoch 3; $(sed -n 's/^torch: welcome/t3: welcome/p' "$work/t3.out"); epochs $((EPOCHS - 1)) and $EPOCHS in one group of three again"
+echo "epochs 1 to $EPOCHS: one hash on b0 and b1 each time, on all three but while t2 was away; the last $(hash_of b0 "$EPOCHS")"
+for i in 0 1 3; do
+  b=b$i
+  [ "$i" = 3 ] && b=b2
   grep -q '^torch: state_dict round trip ok' "$work/t$i.out" ||
     fail "t$i: $(grep 'state_dict' "$work/t$i.out")"
-done
-for i in 0 1 2; do
   th=$(sed -nE 's/^torch: parameters ([0-9a-f]+)$/\1/p' "$work/t$i.out")
-  [ "$th" = "$(hash_of "b$i" "$EPOCHS")" ] ||
-    fail "t$i's parameters '$th' are not b$i's of epoch $EPOCHS ($(hash_of "b$i" "$EPOCHS"))"
+  [ "$th" = "$(hash_of "$b" "$EPOCHS")" ] ||
+    fail "t$i's parameters '$th' are not $b's of epoch $EPOCHS ($(hash_of "$b" "$EPOCHS"))"
 done
 loss() { sed -nE "s/.*train: epoch $2 done: [0-9]+ local samples, training loss ([0-9.]+),.*/\1/p" "$work/$1.log"; }
 awk -v a="$(loss b0 1)" -v b="$(loss b0 "$EPOCHS")" 'BEGIN { exit !(b < a) }' ||
@@ -105,10 +130,12 @@ awk -v a="$(loss b0 1)" -v b="$(loss b0 "$EPOCHS")" 'BEGIN { exit !(b < a) }' ||
 # One model, but each trainer's batch-norm statistics are its own data's
 # (buffers are not averaged): the accuracies differ a little.
 accs=
-for i in 0 1 2; do
+for i in 0 1 3; do
+  b=b$i
+  [ "$i" = 3 ] && b=b2
   acc=$(sed -nE 's/^torch: test accuracy ([0-9.]+)%.*/\1/p' "$work/t$i.out")
   awk -v a="$acc" 'BEGIN { exit !(a > 70) }' || fail "t$i: test accuracy '$acc'%"
-  wait_log "b$i" "train: epoch $((EPOCHS + 1)): test accuracy $acc%" 10
+  wait_log "$b" "train: epoch $((EPOCHS + 1)): test accuracy $acc%" 10
   accs+=" $acc%"
 done
 echo "torch: loss at b0 $(loss b0 1) -> $(loss b0 "$EPOCHS"), test accuracy$accs"
