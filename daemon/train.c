@@ -379,6 +379,18 @@ static int replay_steps(bee_train *t) {
   return rc;
 }
 
+/* The swarm's steps after a state (replay_steps), then clean gradients
+ * for a trainer process (the steps went through them).  Nonzero: the
+ * worker ends (failed, said to the loop, or stopped). */
+static int replay_or_end(bee_train *t) {
+  int rr = replay_steps(t);
+  if (rr < 0)
+    worker_fail(t, rr, "the swarm's steps");
+  else if (rr == 0 && t->ext)
+    zero_grads(t);
+  return rr;
+}
+
 /* A state of the very epoch whose round just ended, downloaded while the
  * round ran (the bee was out of line, and its round had begun before the
  * state came; in a swarm whose epochs are mostly rounds, as they are when
@@ -594,29 +606,14 @@ static void worker(void *arg) {
        * steps (its optimizer's) once it has the state and the turn
        * again, after its first batch, which they overwrite. */
       t->replay_later = t->ext && !t->ext->welcomed;
-      if (t->replay_later)
-        continue;
-      int rr = replay_steps(t);
-      if (rr < 0) {
-        worker_fail(t, rr, "the swarm's steps");
+      if (!t->replay_later && replay_or_end(t))
         return;
-      }
-      if (rr)
-        return; /* stopped */
-      if (t->ext)
-        zero_grads(t); /* the steps went through them */
       continue;
     }
     if (t->replay_later && t->ext->welcomed && t->ext->owe) {
       t->replay_later = false;
-      int rr = replay_steps(t);
-      if (rr < 0) {
-        worker_fail(t, rr, "the swarm's steps");
+      if (replay_or_end(t))
         return;
-      }
-      if (rr)
-        return; /* stopped */
-      zero_grads(t);
       continue;
     }
     uv_mutex_lock(&t->mu);
