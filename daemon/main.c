@@ -79,7 +79,7 @@ struct bee_daemon {
   uint64_t schema_round;
   uint8_t *hello; /* the last trainer's HELLO, for peers that ask */
   size_t hello_len;
-  uint8_t *carry;      /* the state its session left (bee_train_last_state) */
+  uint8_t *carry; /* the state its session left (bee_train_last_state) */
   size_t carry_len;
   uint64_t carry_epoch;
   bool joined;      /* bee_train_joined's moment has come */

@@ -1049,10 +1049,10 @@ typedef struct proto_local_msg {
   const proto_local_tensor *list;
   size_t n;
   proto_bytes tensors;
-  uint64_t epoch;   /* WELCOME, GO, STEP, STEPPED, LOADED, EVAL */
-  bool loaded;      /* WELCOME: the memory holds a state beed loaded */
-  uint64_t target;  /* WELCOME: the run's global batch */
-  uint64_t peers;   /* WELCOME, GO: bees in the swarm's view */
+  uint64_t epoch;  /* WELCOME, GO, STEP, STEPPED, LOADED, EVAL */
+  bool loaded;     /* WELCOME: the memory holds a state beed loaded */
+  uint64_t target; /* WELCOME: the run's global batch */
+  uint64_t peers;  /* WELCOME, GO: bees in the swarm's view */
   /* WELCOME, in DiLoCo mode (else 0): the local steps between rounds
    * and the outer step's rate and momentum, finite and >= 0 */
   uint64_t inner_steps;

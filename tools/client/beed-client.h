@@ -56,15 +56,15 @@ enum {
 };
 
 typedef struct beed_answer {
-  int type;         /* BEED_WELCOME, _GO, _STEP, _LOADED */
-  uint64_t epoch;   /* the epoch it is about */
-  int loaded;       /* WELCOME: the memory holds a state beed loaded */
-  int apply;        /* STEP: 1, the optimizer steps with the mean gradients;
+  int type;             /* BEED_WELCOME, _GO, _STEP, _LOADED */
+  uint64_t epoch;       /* the epoch it is about */
+  int loaded;           /* WELCOME: the memory holds a state beed loaded */
+  int apply;            /* STEP: 1, the optimizer steps with the mean gradients;
                      0, beed stepped the parameters (DiLoCo) */
-  int mode;         /* WELCOME: the run's averaging */
-  uint64_t target;  /* WELCOME: the run's global batch */
-  uint64_t samples; /* GO: the swarm's samples in the epoch, as last seen */
-  uint64_t peers;   /* WELCOME, GO: bees in the swarm */
+  int mode;             /* WELCOME: the run's averaging */
+  uint64_t target;      /* WELCOME: the run's global batch */
+  uint64_t samples;     /* GO: the swarm's samples in the epoch, as last seen */
+  uint64_t peers;       /* WELCOME, GO: bees in the swarm */
   uint64_t inner_steps; /* WELCOME, DiLoCo: local steps between rounds */
   double outer_lr, outer_momentum; /* WELCOME, DiLoCo: the outer step's */
 } beed_answer;
