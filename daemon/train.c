@@ -380,14 +380,23 @@ static int replay_steps(bee_train *t) {
 }
 
 /* The swarm's steps after a state (replay_steps), then clean gradients
- * for a trainer process (the steps went through them).  Nonzero: the
- * worker ends (failed, said to the loop, or stopped). */
+ * for a trainer process (the steps went through them, after the batch it
+ * sent first), and with them its count: the samples and batches that
+ * are no longer in them.  Nonzero: the worker ends (failed, said to the
+ * loop, or stopped). */
 static int replay_or_end(bee_train *t) {
   int rr = replay_steps(t);
   if (rr < 0)
     worker_fail(t, rr, "the swarm's steps");
-  else if (rr == 0 && t->ext)
+  else if (rr == 0 && t->ext) {
     zero_grads(t);
+    t->ext_batches = 0;
+    uv_mutex_lock(&t->mu);
+    t->shared.samples = 0;
+    t->shared.loss_sum = 0;
+    t->shared.compute_s = 0;
+    uv_mutex_unlock(&t->mu);
+  }
   return rr;
 }
 
