@@ -1043,11 +1043,6 @@ int bee_config_check(const bee_config *cfg, char *err, size_t errlen) {
                      external ? "--model external needs --trainer-socket "
                                 "PATH, where its trainer connects"
                               : "--trainer-socket is for --model external");
-  if (external && cfg->delay_averaging)
-    return bee_failf(err, errlen, BEE_ECONFIG,
-                     "--delay-averaging is not available with --model "
-                     "external yet: a trainer's gradients live in one "
-                     "buffer");
   bool gpt = strcmp(cfg->model, "gpt") == 0;
   if (gpt && !cfg->tokens[0] && cfg->run[0])
     return bee_failf(err, errlen, BEE_ECONFIG,

@@ -164,6 +164,9 @@ static int train_init(bee_train *t) {
   }
   if (cfg->delay_averaging && !(t->dgrad = malloc(np * sizeof *t->dgrad)))
     return -ENOMEM;
+  if (cfg->delay_averaging && t->ext &&
+      !(t->dhold = malloc(np * sizeof *t->dhold)))
+    return -ENOMEM;
   if (cfg->error_feedback && !(t->residual = calloc(np, sizeof *t->residual)))
     return -ENOMEM;
   /* The steps kept for peers: within two snapshots' bytes, none where

@@ -215,6 +215,10 @@ struct bee_train {
   trn_optim *outer; /* DiLoCo's outer step (Nesterov SGD); else NULL */
   float *anchor;    /* DiLoCo: the parameters of the last outer step */
   float *dgrad;     /* --delay-averaging: the gradients in the round */
+  /* --delay-averaging with a trainer process: the next epoch's gradients
+   * so far, kept aside while its optimizer steps with dgrad's mean in the
+   * one gradient buffer it has */
+  float *dhold;
   float *residual;  /* --error-feedback: what the rounds' coding lost */
   struct pend delayed;
   float *state_buf; /* state averaging: parameters and optimizer states */

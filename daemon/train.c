@@ -159,9 +159,17 @@ static int take_step(bee_train *t, uint64_t epoch, const float *g) {
     if (rc == 0 && t->ext) /* the trainer's inner steps go on from here */
       rc = bee_local_step(t->ext, epoch, false, worker_stopped, t);
   } else if (g && t->ext) { /* the trainer's optimizer, on the mean */
-    if (g != t->ext->grads)
-      memcpy(t->ext->grads, g, np * sizeof(float));
+    /* A delayed round's mean steps while the next epoch's gradients add
+     * up in the same buffer: they wait aside, and come back after it. */
+    bool hold = g == t->dgrad && t->dhold;
+    float *gb = t->ext->grads;
+    if (hold)
+      memcpy(t->dhold, gb, np * sizeof(float));
+    if (g != gb)
+      memcpy(gb, g, np * sizeof(float));
     rc = bee_local_step(t->ext, epoch, true, worker_stopped, t);
+    if (hold)
+      memcpy(gb, t->dhold, np * sizeof(float));
   } else if (g) {
     trn_optim_set_lr(t->optim, lr_at(t, epoch));
     rc = trn_optim_step(t->optim, p, g, 1.0f);
@@ -550,7 +558,10 @@ static int ext_batch(bee_train *t, uint64_t *samples, double *loss) {
                        .target = t->cfg->target_batch_size,
                        .samples = swarm,
                        .peers = peers,
-                       .mode = PROTO_LOCAL_GRADIENTS};
+                       .mode = PROTO_LOCAL_GRADIENTS,
+                       .delayed = t->dgrad != NULL};
+  snprintf(w.compression, sizeof w.compression, "%s",
+           avg_codec_name(t->cfg->compression));
   if (t->outer) {
     w.mode = PROTO_LOCAL_DILOCO;
     w.inner_steps = bee_config_inner_steps(t->cfg);
@@ -1179,6 +1190,7 @@ void bee_train_free(bee_train *t) {
   trn_optim_free(t->outer);
   free(t->anchor);
   free(t->dgrad);
+  free(t->dhold);
   free(t->residual);
   free(t->state_buf);
   trn_model_free(t->model);

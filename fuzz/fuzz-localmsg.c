@@ -35,6 +35,8 @@ static bool msg_eq(const proto_local_msg *a, const proto_local_msg *b) {
          a->inner_steps == b->inner_steps &&
          same_f64(a->outer_lr, b->outer_lr) &&
          same_f64(a->outer_momentum, b->outer_momentum) &&
+         a->delayed == b->delayed &&
+         strcmp(a->compression, b->compression) == 0 &&
          a->samples == b->samples && same_f64(a->loss, b->loss) &&
          a->apply == b->apply && same_f64(a->accuracy, b->accuracy) &&
          a->code == b->code && strcmp(a->text, b->text) == 0;

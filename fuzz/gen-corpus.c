@@ -465,7 +465,14 @@ static void gen_localmsg(void) {
        .peers = 3,
        .inner_steps = 500,
        .outer_lr = 0.7,
-       .outer_momentum = 0.9},
+       .outer_momentum = 0.9,
+       .compression = "none"},
+      {.type = PROTO_T_LOCAL_WELCOME,
+       .mode = PROTO_LOCAL_GRADIENTS,
+       .target = 4096,
+       .peers = 2,
+       .delayed = true,
+       .compression = "b8"},
       {.type = PROTO_T_LOCAL_BATCH, .samples = 64, .loss = 0.5},
       {.type = PROTO_T_LOCAL_GO, .epoch = 3, .samples = 1024, .peers = 3},
       {.type = PROTO_T_LOCAL_STEP, .epoch = 3, .apply = true},
@@ -475,13 +482,14 @@ static void gen_localmsg(void) {
       {.type = PROTO_T_LOCAL_REFUSED, .code = BEE_ERANGE, .text = "no"},
       {.type = PROTO_T_LOCAL_EVAL, .epoch = 3, .loss = 0.4, .accuracy = 0.9},
   };
-  const char *names[] = {"welcome", "batch", "go",      "step", "stepped",
-                         "loaded",  "bye",   "refused", "eval"};
+  const char *names[] = {
+      "welcome", "welcome-delayed", "batch", "go",      "step",
+      "stepped", "loaded",          "bye",   "refused", "eval"};
   for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
     must(proto_local_encode(&others[i], buf, sizeof buf, &len), names[i]);
     put("localmsg", names[i], buf, len);
   }
-  must(proto_local_encode(&others[1], buf, sizeof buf, &len), "batch");
+  must(proto_local_encode(&others[2], buf, sizeof buf, &len), "batch");
   buf[3] = 0; /* [1, 82, 0, loss]: no samples */
   put("localmsg", "bad-batch0", buf, len);
 }

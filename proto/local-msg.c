@@ -15,17 +15,17 @@
 #include <string.h>
 
 static const uint8_t nfields_of[PROTO_LOCAL_TYPES] = {
-    4, /* HELLO: run, mode, batch, tensors */
-    8, /* WELCOME: epoch, loaded, mode, target, peers, inner_steps,
-          outer_lr, outer_momentum */
-    2, /* BATCH: samples, loss */
-    3, /* GO: epoch, samples, peers */
-    2, /* STEP: epoch, apply */
-    1, /* STEPPED: epoch */
-    1, /* LOADED: epoch */
-    0, /* BYE */
-    2, /* REFUSED: code, text */
-    3, /* EVAL: epoch, loss, accuracy */
+    4,  /* HELLO: run, mode, batch, tensors */
+    10, /* WELCOME: epoch, loaded, mode, target, peers, inner_steps,
+           outer_lr, outer_momentum, delayed, compression */
+    2,  /* BATCH: samples, loss */
+    3,  /* GO: epoch, samples, peers */
+    2,  /* STEP: epoch, apply */
+    1,  /* STEPPED: epoch */
+    1,  /* LOADED: epoch */
+    0,  /* BYE */
+    2,  /* REFUSED: code, text */
+    3,  /* EVAL: epoch, loss, accuracy */
 };
 
 static bool name_ok(const uint8_t *s, size_t n) {
@@ -164,6 +164,8 @@ int proto_local_tensors_diff(const proto_local_msg *ours,
   }
 }
 
+/* Checks m for encoding; *run_n: HELLO's run's length, *text_n: the
+ * length of REFUSED's text or WELCOME's compression. */
 static int check(const proto_local_msg *m, size_t *run_n, size_t *text_n) {
   int rc;
   switch (m->type) {
@@ -184,8 +186,12 @@ static int check(const proto_local_msg *m, size_t *run_n, size_t *text_n) {
     return param && mode_ok(m->mode) ? 0 : BEE_ERANGE;
   }
   case PROTO_T_LOCAL_WELCOME:
+    if ((rc = proto__str_check(m->compression, sizeof m->compression,
+                               proto__run_ok, text_n)))
+      return rc;
     return mode_ok(m->mode) && isfinite(m->outer_lr) && m->outer_lr >= 0 &&
-                   isfinite(m->outer_momentum) && m->outer_momentum >= 0
+                   isfinite(m->outer_momentum) && m->outer_momentum >= 0 &&
+                   (!m->delayed || m->mode == PROTO_LOCAL_GRADIENTS)
                ? 0
                : BEE_ERANGE;
   case PROTO_T_LOCAL_BATCH: return m->samples >= 1 ? 0 : BEE_ERANGE;
@@ -239,6 +245,8 @@ int proto_local_encode(const proto_local_msg *m, uint8_t *buf, size_t cap,
     proto__wr_uint(&w, m->inner_steps);
     proto__wr_f64(&w, m->outer_lr);
     proto__wr_f64(&w, m->outer_momentum);
+    proto__wr_bool(&w, m->delayed);
+    proto__wr_str(&w, m->compression, text_n);
     break;
   case PROTO_T_LOCAL_BATCH:
     proto__wr_uint(&w, m->samples);
@@ -338,7 +346,10 @@ int proto_local_decode(const uint8_t *buf, size_t len, proto_local_msg *m) {
         (rc = proto__rd_uint(&r, &m->peers)) ||
         (rc = proto__rd_uint(&r, &m->inner_steps)) ||
         (rc = proto__rd_f64(&r, &m->outer_lr)) ||
-        (rc = proto__rd_f64(&r, &m->outer_momentum)))
+        (rc = proto__rd_f64(&r, &m->outer_momentum)) ||
+        (rc = proto__rd_bool(&r, &m->delayed)) ||
+        (rc = proto__rd_cstr(&r, m->compression, PROTO_LOCAL_CODEC_MAX,
+                             proto__run_ok)))
       goto fail;
     break;
   case PROTO_T_LOCAL_BATCH:

@@ -988,7 +988,7 @@ int proto_state_decode(const uint8_t *buf, size_t len, proto_state_msg *m);
  * HELLO), never in messages:
  *   HELLO    [1, 80, run, mode, batch, tensors]  trainer, with the fd
  *   WELCOME  [1, 81, epoch, loaded, mode, target, peers, inner_steps,
- *             outer_lr, outer_momentum]
+ *             outer_lr, outer_momentum, delayed, compression]
  *   BATCH    [1, 82, samples, loss]          trainer: gradients added
  *   GO       [1, 83, epoch, samples, peers]  beed: train on
  *   STEP     [1, 84, epoch, apply]           beed: the round is in place
@@ -1027,6 +1027,7 @@ enum { PROTO_LOCAL_F32 = 0 };
 #define PROTO_LOCAL_TENSORS_MAX 16384
 #define PROTO_LOCAL_NAME_MAX 200 /* bytes of a tensor's name */
 #define PROTO_LOCAL_DIMS_MAX 8
+#define PROTO_LOCAL_CODEC_MAX 15           /* bytes of WELCOME's compression */
 #define PROTO_LOCAL_ELEMS_MAX (1ull << 38) /* of one tensor, and of all */
 
 typedef struct proto_local_tensor {
@@ -1057,6 +1058,14 @@ typedef struct proto_local_msg {
    * and the outer step's rate and momentum, finite and >= 0 */
   uint64_t inner_steps;
   double outer_lr, outer_momentum;
+  /* WELCOME, gradient averaging only: --delay-averaging, each epoch's
+   * STEP comes while the next epoch's batches add up (after one of its
+   * BATCHes), and the gradients the trainer added are still there after
+   * its STEPPED */
+  bool delayed;
+  /* WELCOME: the round's codec by name ("none", "fp16", ...; --compression),
+   * 1..PROTO_LOCAL_CODEC_MAX printable bytes without spaces */
+  char compression[PROTO_LOCAL_CODEC_MAX + 1];
   uint64_t samples; /* BATCH: this batch's; GO: the swarm's in the epoch */
   double loss;      /* BATCH: the batch's mean; EVAL */
   bool apply;       /* STEP: the trainer's optimizer steps with the mean

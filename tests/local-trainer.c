@@ -11,6 +11,11 @@
  * beed takes the outer steps.  After --epochs epochs it prints
  * "trainer: epoch E loss L parameters HASH" (HASH as beed's step lines
  * print it, over the shared memory) and says goodbye.
+ * With beed's --delay-averaging (WELCOME's delayed) a STEP answers a
+ * batch of the next epoch: after it the gradients must be those the
+ * trainer had added by then, bit for bit (beed kept them aside through
+ * the step); it checks that at each such STEP, exits 1 on the first
+ * that is not, and prints how many it checked.
  *
  *   local-trainer --socket PATH --run RUN [--batch B] [--epochs N]
  *                 [--seed S] [--diloco] [--features F] [--lr LR]
@@ -23,6 +28,7 @@
 #include "beed-client.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,6 +126,7 @@ int main(int argc, char **argv) {
    * run's seed (the same for all), the data from --seed. */
   float *centre = malloc(sizeof(float) * CLASSES * F);
   float *x = malloc(sizeof(float) * F * batch);
+  float *mine = malloc(sizeof(float) * np); /* the gradients at a BATCH */
   int *y = malloc(sizeof(int) * batch);
   rng_state = 0x9e3779b97f4a7c15ull;
   for (size_t i = 0; i < CLASSES * F; i++)
@@ -139,7 +146,9 @@ int main(int argc, char **argv) {
   fflush(stdout);
   uint64_t epoch = a.epoch;
   double loss = 0;
-  int rc = 0;
+  int rc = 0, delayed = a.delayed;
+  unsigned held = 0;
+  uint64_t cur = a.epoch; /* beed's epoch, by its last answer */
   while (epoch < epochs) {
     if (kill_at && epoch >= kill_at) {
       printf("trainer: dying at epoch %llu\n", (unsigned long long)epoch);
@@ -188,8 +197,11 @@ int main(int argc, char **argv) {
       struct timespec ts = {batch_ms / 1000, (long)(batch_ms % 1000) * 1000000};
       nanosleep(&ts, NULL);
     }
+    memcpy(mine, gw, sizeof(float) * np); /* w and b's gradients lie together */
+    uint64_t at = cur;
     if ((rc = beed_client_batch(c, batch, loss, &a)))
       break;
+    bool stepped = a.type == BEED_STEP;
     while (a.type == BEED_STEP) {
       if (a.apply) { /* momentum SGD with the swarm's mean gradient */
         for (size_t i = 0; i < np; i++) {
@@ -204,6 +216,20 @@ int main(int argc, char **argv) {
     }
     if (rc)
       break;
+    /* A delayed step within the epoch: the gradients are the trainer's
+     * again. */
+    if (delayed && stepped && a.type == BEED_GO && a.epoch == at) {
+      if (memcmp(mine, gw, sizeof(float) * np) != 0) {
+        printf("trainer: after the delayed step of epoch %llu the "
+               "gradients are not those added before it\n",
+               (unsigned long long)epoch - 1);
+        fflush(stdout);
+        rc = 1;
+        break;
+      }
+      held++;
+    }
+    cur = a.epoch;
     if (a.type == BEED_LOADED) {
       epoch = a.epoch;
       printf("trainer: the swarm's state of epoch %llu loaded\n",
@@ -212,18 +238,22 @@ int main(int argc, char **argv) {
     }
     (void)mb;
   }
-  if (rc) {
+  if (rc && rc != 1)
     fprintf(stderr, "local-trainer: %s\n", beed_client_error(c));
-    beed_client_close(c);
-    return 1;
+  if (rc == 0 && delayed)
+    printf("trainer: %u delayed steps, the gradients added before each "
+           "kept through it\n",
+           held);
+  if (rc == 0) {
+    char hex[17];
+    hash_hex(w, np, hex);
+    printf("trainer: epoch %llu loss %.4f parameters %s steps %.0f\n",
+           (unsigned long long)epoch, loss, hex, steps[0]);
   }
-  char hex[17];
-  hash_hex(w, np, hex);
-  printf("trainer: epoch %llu loss %.4f parameters %s steps %.0f\n",
-         (unsigned long long)epoch, loss, hex, steps[0]);
   beed_client_close(c);
   free(centre);
+  free(mine);
   free(x);
   free(y);
-  return 0;
+  return rc ? 1 : 0;
 }

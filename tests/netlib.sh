@@ -186,6 +186,20 @@ exit_text() {
   fi
 }
 
+# trainer_pair A B PORT FLAGS...: beeds A (at PORT) and B (at PORT + 1,
+# joining A) with --model external's FLAGS, a new key and the trainer
+# socket A.sock / B.sock each, both waiting for their trainer process.
+trainer_pair() {
+  local a=$1 b=$2 p=$3
+  shift 3
+  key "$a"
+  key "$b"
+  start "$a" "$p" "$@" --trainer-socket "$a.sock"
+  wait_log "$a" 'waiting for a trainer process on' 10
+  start "$b" $((p + 1)) "$@" --trainer-socket "$b.sock" --join "127.0.0.1:$p"
+  wait_log "$b" 'waiting for a trainer process on' 10
+}
+
 # stop NAME: SIGTERM to one node, which must exit 0.
 stop() {
   local rc=0

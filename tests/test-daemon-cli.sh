@@ -140,9 +140,6 @@ expect 2 "--model external needs --trainer-socket PATH" --open --run-id r \
   --model external
 expect 2 "--trainer-socket is for --model external" --open --run-id r \
   --trainer-socket /tmp/t.sock
-expect 2 "--delay-averaging is not available with --model external yet" \
-  --open --run-id r --model external --trainer-socket /tmp/t.sock \
-  --delay-averaging
 expect 2 "--run-id: bad run name" --open --run-id 'a b'
 
 # ---- --check: everything loaded and checked, nothing made, no socket -------

@@ -28,7 +28,12 @@
 #     descriptors, another message first, nothing for 10 s); the beed
 #     goes on and takes a good trainer after them, and a client that
 #     says nothing does not hold up its stop;
-#   - then a DiLoCo run of two: the same hash at every outer step.
+#   - then a DiLoCo run of two: the same hash at every outer step;
+#   - then a run of two with --delay-averaging: each round behind the
+#     next epoch's batches, the same hash on both at every step and each
+#     trainer's own at the end, and after every delayed STEP the
+#     gradients the trainer had added since its epoch began are in its
+#     memory again, bit for bit (the trainer checks).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/netlib.sh"
 : "${LOCAL_TRAINER:?LOCAL_TRAINER must name tests/local-trainer}"
@@ -202,13 +207,7 @@ echo "b3 stopped in $ms ms with a silent client connected ($(cat "$work/silent.o
 RUN=dl
 dl=(--open --run-id "$RUN" --model external --eval-every 0 --averaging diloco
   --inner-steps 400 --outer-lr 0.7)
-key d0
-key d1
-start d0 $((base + 4)) "${dl[@]}" --trainer-socket d0.sock
-wait_log d0 'waiting for a trainer process on' 10
-start d1 $((base + 5)) "${dl[@]}" --trainer-socket d1.sock \
-  --join "127.0.0.1:$((base + 4))"
-wait_log d1 'waiting for a trainer process on' 10
+trainer_pair d0 d1 $((base + 4)) "${dl[@]}"
 trainer u0 d0 --diloco --epochs 4 --seed 5 --lr 0.05
 trainer u1 d1 --diloco --epochs 4 --seed 6 --lr 0.05
 for n in u0 u1; do
@@ -223,4 +222,37 @@ for e in 1 2 3; do
     fail "DiLoCo epoch $e: d1 $(hash_of d1 "$e"), d0 $(hash_of d0 "$e")"
   echo "DiLoCo outer step $e: $(hash_of d0 "$e") on both"
 done
-echo "external: three trainers' models averaged to one hash every epoch; refusals said; DiLoCo's outer steps alike"
+
+# --delay-averaging: the round of each epoch runs while the trainers go
+# on with the next; its STEP comes amid their batches.
+stop d0
+stop d1
+RUN=dly
+dy=(--open --run-id "$RUN" --model external --eval-every 0 --delay-averaging
+  --target-batch-size 19200)
+trainer_pair y0 y1 $((base + 6)) "${dy[@]}"
+trainer v0 y0 --epochs 6 --seed 7
+trainer v1 y1 --epochs 6 --seed 8
+for n in v0 v1; do
+  rc=0
+  wait "${tpid[$n]}" || rc=$?
+  [ "$rc" = 0 ] || fail "trainer $n exited $rc: $(tail -3 "$work/$n.out")"
+done
+for e in 1 2 3 4; do
+  h=$(done_line y0 "$e")
+  [[ $h = *"averaged in a group of 2"*"behind the next epoch"* ]] ||
+    fail "delayed epoch $e: y0: '$h'"
+  [ "$(hash_of y1 "$e")" = "$(hash_of y0 "$e")" ] ||
+    fail "delayed epoch $e: y1 $(hash_of y1 "$e"), y0 $(hash_of y0 "$e")"
+done
+for i in 0 1; do
+  l=$(sed -nE 's/^trainer: epoch [0-9]+ loss [0-9.]+ parameters ([0-9a-f]+).*/\1/p' "$work/v$i.out")
+  e=$(sed -nE 's/^trainer: epoch ([0-9]+) loss.*/\1/p' "$work/v$i.out")
+  [ -n "$e" ] && [ "$l" = "$(hash_of "y$i" $((e - 1)))" ] ||
+    fail "v$i ends with '$l' at epoch '$e', y$i stepped to '$(hash_of "y$i" $((e - 1)))'"
+  n=$(sed -nE 's/^trainer: ([0-9]+) delayed steps, the gradients added before each kept through it$/\1/p' "$work/v$i.out")
+  [ "${n:-0}" -ge 3 ] || fail "v$i checked ${n:-no} delayed steps: $(tail -2 "$work/v$i.out")"
+  echo "delayed: v$i checked its gradients after $n delayed steps"
+done
+echo "delayed: epochs 1 to 4 behind the next epoch, one hash on both, the last $(hash_of y0 4)"
+echo "external: three trainers' models averaged to one hash every epoch; refusals said; DiLoCo's outer steps alike; delayed rounds kept the next epoch's gradients"

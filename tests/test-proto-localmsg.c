@@ -132,8 +132,12 @@ static void test_others(void) {
                         .peers = 3,
                         .inner_steps = 500,
                         .outer_lr = 0.7,
-                        .outer_momentum = 0.9};
+                        .outer_momentum = 0.9,
+                        .delayed = true,
+                        .compression = "b8"};
   roundtrip(&m, &d);
+  ASSERT(d.delayed);
+  ASSERT_STREQ(d.compression, "b8");
   ASSERT_UEQ(d.inner_steps, 500);
   ASSERT(d.outer_lr == 0.7 && d.outer_momentum == 0.9);
   ASSERT_UEQ(d.epoch, 17);
@@ -244,9 +248,20 @@ static void test_refused(void) {
   ASSERT_RC(proto_local_encode(&e, buf, sizeof buf, &len), BEE_ERANGE);
   e.accuracy = NAN;
   ASSERT_RC(proto_local_encode(&e, buf, sizeof buf, &len), BEE_ERANGE);
-  proto_local_msg w = {.type = PROTO_T_LOCAL_WELCOME, .outer_lr = NAN};
+  proto_local_msg w = {
+      .type = PROTO_T_LOCAL_WELCOME, .outer_lr = NAN, .compression = "none"};
   ASSERT_RC(proto_local_encode(&w, buf, sizeof buf, &len), BEE_ERANGE);
   w.outer_lr = 0, w.outer_momentum = -0.5;
+  ASSERT_RC(proto_local_encode(&w, buf, sizeof buf, &len), BEE_ERANGE);
+  /* a delayed step is gradient averaging's */
+  w.outer_momentum = 0.9, w.mode = PROTO_LOCAL_DILOCO, w.delayed = true;
+  ASSERT_RC(proto_local_encode(&w, buf, sizeof buf, &len), BEE_ERANGE);
+  w.mode = PROTO_LOCAL_GRADIENTS;
+  ASSERT_OK(proto_local_encode(&w, buf, sizeof buf, &len));
+  /* the codec's name: one word of printable bytes */
+  snprintf(w.compression, sizeof w.compression, "b 8");
+  ASSERT_RC(proto_local_encode(&w, buf, sizeof buf, &len), BEE_ERANGE);
+  w.compression[0] = 0;
   ASSERT_RC(proto_local_encode(&w, buf, sizeof buf, &len), BEE_ERANGE);
   proto_local_msg r = {.type = PROTO_T_LOCAL_REFUSED, .code = 0};
   ASSERT_RC(proto_local_encode(&r, buf, sizeof buf, &len), BEE_ERANGE);

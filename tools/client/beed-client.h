@@ -67,6 +67,11 @@ typedef struct beed_answer {
   uint64_t peers;       /* WELCOME, GO: bees in the swarm */
   uint64_t inner_steps; /* WELCOME, DiLoCo: local steps between rounds */
   double outer_lr, outer_momentum; /* WELCOME, DiLoCo: the outer step's */
+  /* WELCOME: 1, beed runs with --delay-averaging: an epoch's STEP comes
+   * after a BATCH of the next epoch, and the gradients added since stay
+   * in the memory through the step */
+  int delayed;
+  char compression[16]; /* WELCOME: the round's codec (--compression) */
 } beed_answer;
 
 typedef struct beed_client beed_client;

@@ -311,7 +311,11 @@ static int answer(beed_client *c, beed_answer *a) {
                      .peers = m.peers,
                      .inner_steps = m.inner_steps,
                      .outer_lr = m.outer_lr,
-                     .outer_momentum = m.outer_momentum};
+                     .outer_momentum = m.outer_momentum,
+                     .delayed = m.delayed};
+  _Static_assert(sizeof a->compression > PROTO_LOCAL_CODEC_MAX,
+                 "a codec's name fits beed_answer");
+  snprintf(a->compression, sizeof a->compression, "%s", m.compression);
   return 0;
 }
 

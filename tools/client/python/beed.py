@@ -47,7 +47,9 @@ class _Answer(ctypes.Structure):
                 ("samples", ctypes.c_uint64), ("peers", ctypes.c_uint64),
                 ("inner_steps", ctypes.c_uint64),
                 ("outer_lr", ctypes.c_double),
-                ("outer_momentum", ctypes.c_double)]
+                ("outer_momentum", ctypes.c_double),
+                ("delayed", ctypes.c_int),
+                ("compression", ctypes.c_char * 16)]
 
 
 _LIB = None
@@ -115,7 +117,8 @@ class _Trainer:
 
     def __init__(self, params, optimizer, *, run_id, batch_size_per_step,
                  target_batch_size=None, model=None, scheduler=None,
-                 socket=None, timeout=600.0, **kwargs):
+                 delay_averaging=None, compression=None, socket=None,
+                 timeout=600.0, **kwargs):
         self._lib = _lib()
         self._client = None
         self.grad_copies = 0  # gradients added back (_grads_home)
@@ -144,6 +147,21 @@ class _Trainer:
                     self._buffers.append(b)
         self._open(tensors)
         self._hello(run_id, self._MODE, socket, timeout, target_batch_size)
+        if (delay_averaging is not None
+                and bool(delay_averaging) != bool(self._welcome.delayed)):
+            self.close()
+            have = "runs" if self._welcome.delayed else "does not run"
+            raise BeedError(f"delay_averaging={bool(delay_averaging)}, but "
+                            f"beed {have} with --delay-averaging")
+        # Each epoch's step comes during the next epoch's batches, whose
+        # gradients beed keeps aside through it.
+        self.delay_averaging = bool(self._welcome.delayed)
+        self.compression = self._welcome.compression.decode()
+        if compression is not None and compression != self.compression:
+            self.close()
+            raise BeedError(f"compression={compression!r}, but beed's "
+                            f"rounds use {self.compression!r} "
+                            "(--compression)")
 
 
     # ---- set-up -----------------------------------------------------------
@@ -362,6 +380,11 @@ class Optimizer(_Trainer):
     state that peers download.
     scheduler: a function of the optimizer that makes a learning-rate
     scheduler, stepped once per epoch of the swarm.
+    delay_averaging: beed's --delay-averaging (the round of an epoch
+    runs while the next one's batches are computed, and its step comes
+    during them); given here, it must be beed's.
+    compression: the rounds' codec by name ("none", "fp16", "bf16",
+    "u8", "b8"), beed's --compression; given here, it must be beed's.
     socket: beed's --trainer-socket (default $BEED_TRAINER_SOCKET, else
     /run/beed/RUN.trainer); timeout: seconds any wait for beed may take.
     """
