@@ -9,16 +9,23 @@
 #   - every epoch is averaged in one group of three, and the parameters'
 #     hash after each step is the same on the three beeds (beed hashes
 #     the torch tensors where they live), but while one trainer is away:
-#     SIGKILLed after epoch 3, its beed stays up, keeps its state, and a
+#     SIGKILLed in epoch 8, its beed stays up, keeps its state, and a
 #     new PyTorch trainer there starts from it (WELCOME with a state
-#     loaded into its torch tensors) and is in the group of three again
-#     by the last two epochs;
+#     loaded into its torch tensors), has the others' parameters from
+#     its first step on, and is in a group of three again before the end;
 #   - each trainer's own hash of its parameters at the end is its beed's
 #     of the last step, and its optimizer's state_dict, loaded back,
 #     lands in the shared memory unchanged;
 #   - the training loss falls, and the test accuracy each trainer
 #     reports (in its own log and its beed's) is over 70%;
-#   - a trainer whose target_batch_size is not the run's is told so;
+#   - each trainer's test accuracy at epoch 8 is within 0.5 points of one
+#     PyTorch process's (tests/torch-reference.py) trained with the same
+#     optimizer on the very batches the swarm averaged (each trainer
+#     writes down its batches' epochs, each beed's log says how many of
+#     them went into each step);
+#   - a trainer whose target_batch_size is not the run's is told so, and
+#     one that asks for delay_averaging of a beed without it, or for
+#     another compression than the rounds';
 #   - then DiLoCo (beed.DiLoCo) with two: beed's outer steps give one
 #     hash on both, which is each trainer's own at the end, and a trainer
 #     that says other inner steps than the run's is told so.
@@ -49,7 +56,8 @@ if [ "${BEE_TEST_SANITIZED:-0}" = 1 ]; then
 fi
 
 RUN=torch
-EPOCHS=10
+EPOCHS=14
+Q=8 # the epoch of the quality check, then t2's end
 # Batches of 32 in 40 ms at least: about 800 samples/s a trainer, so
 # that an epoch of the three takes about 2.5 s.
 TARGET=2048
@@ -71,19 +79,48 @@ for i in 1 2; do wait_log "b$i" 'waiting for a trainer process on' 10; done
 grep -q "beed.BeedError: target_batch_size=4096, but beed's run 'torch' gathers $TARGET samples an epoch" \
   "$work/wrong.out" || fail "the trainer with another target heard: $(tail -3 "$work/wrong.out")"
 wait_log b0 'the trainer is gone; this beed left the run' 10
+# So must delay_averaging.
+"${py[@]}" "$here/torch-trainer.py" --socket "$work/b0.sock" --run "$RUN" \
+  --data "$DATA" --shard 0 --shards 3 --delay >"$work/wrong-delay.out" 2>&1 &&
+  fail "a trainer with delay_averaging was taken"
+grep -q "beed.BeedError: delay_averaging=True, but beed does not run with --delay-averaging" \
+  "$work/wrong-delay.out" || fail "the delaying trainer heard: $(tail -3 "$work/wrong-delay.out")"
+gone() { # N: b0 has left the run for the Nth trainer
+  local i
+  for ((i = 0; i < 100; i++)); do
+    [ "$(grep -c 'the trainer is gone; this beed left the run' "$work/b0.log" || true)" -ge "$1" ] && return 0
+    sleep 0.1
+  done
+  fail "b0 did not leave the run after trainer $1"
+}
+gone 2
+# And compression.
+"${py[@]}" "$here/torch-trainer.py" --socket "$work/b0.sock" --run "$RUN" \
+  --data "$DATA" --shard 0 --shards 3 --compression b8 >"$work/wrong-codec.out" 2>&1 &&
+  fail "a trainer with compression b8 was taken"
+grep -q "beed.BeedError: compression='b8', but beed's rounds use 'none' (--compression)" \
+  "$work/wrong-codec.out" || fail "the b8 trainer heard: $(tail -3 "$work/wrong-codec.out")"
+gone 3
 
 declare -A tpid
 trainer() { # NAME BEE SHARD: a PyTorch trainer at BEE's socket
   "${py[@]}" "$here/torch-trainer.py" --socket "$work/$2.sock" --run "$RUN" \
     --data "$DATA" --shard "$3" --shards 3 --epochs $((EPOCHS + 1)) \
-    --target "$TARGET" --lr 0.01 --batch-ms 40 >"$work/$1.out" 2>&1 &
+    --target "$TARGET" --compression none --lr 0.01 --batch-ms 40 --eval-at "$Q" \
+    --batches "$work/$1.batches.log" >"$work/$1.out" 2>&1 &
   tpid[$1]=$!
 }
 for i in 0 1 2; do trainer "t$i" "b$i" "$i"; done
-# t2 is SIGKILLed after epoch 3: b2 stays up and keeps its state; a new
-# PyTorch trainer there goes on from it (or the swarm's) into its torch
-# tensors and is back in line with the others.
-wait_log b2 'train: epoch 3 done' 60
+# t2 is SIGKILLed once it has tested the model of epoch Q: b2 stays up
+# and keeps its state; a new PyTorch trainer there goes on from it (or
+# the swarm's) into its torch tensors and is back in line with the
+# others.
+for ((i = 0; i < 600; i++)); do
+  grep -q "^torch: test accuracy at epoch $Q:" "$work/t2.out" && break
+  kill -0 "${tpid[t2]}" 2>/dev/null || fail "t2 exited: $(tail -3 "$work/t2.out")"
+  sleep 0.1
+done
+[ "$i" -lt 600 ] || fail "t2 did not reach epoch $Q in 60 s"
 kill -9 "${tpid[t2]}"
 wait "${tpid[t2]}" 2>/dev/null || true
 wait_log b2 'the trainer is gone; this beed left the run and keeps its state of epoch [0-9]+' 10
@@ -107,13 +144,35 @@ in_line() {
       fail "epoch $e: $b's parameters $(hash_of "$b" "$e") differ from $1's $(hash_of "$1" "$e")"
   done
 }
-for e in 1 2 3; do in_line "$e" b0 b1 b2; done
-for ((e = 4; e < EPOCHS - 1; e++)); do
+for ((e = 1; e < Q; e++)); do in_line "$e" b0 b1 b2; done
+for ((e = Q; e <= EPOCHS; e++)); do
   [ "$(hash_of b1 "$e")" = "$(hash_of b0 "$e")" ] ||
-    fail "epoch $e: b1's parameters $(hash_of b1 "$e") differ from b0's $(hash_of b0 "$e")"
+    fail "epoch $e: b1's parameters $(hash_of b1 "$e") differ from b0's $(hash_of b0 "$e"):
+$(N=3 epoch_lines "$e")"
 done
-for ((e = EPOCHS - 1; e <= EPOCHS; e++)); do in_line "$e" b0 b1 b2; done
-echo "t2 killed after epoch 3; $(sed -n 's/^torch: welcome/t3: welcome/p' "$work/t3.out"); epochs $((EPOCHS - 1)) and $EPOCHS in one group of three again"
+# Back in line: from b2's first step after t3 came (a state loaded, or
+# the swarm's step taken) its parameters are the others' at every epoch.
+# Back in a group of three: a bee that came late steps with the swarm's
+# steps until it is at an epoch before its group forms, which on two busy
+# cores may take a few epochs; one of the last three is enough here.
+back=
+for ((e = Q + 1; e <= EPOCHS; e++)); do
+  [ -n "$(done_line b2 "$e")" ] && { back=$e; break; }
+done
+[ -n "$back" ] && [ "$back" -le $((EPOCHS - 3)) ] ||
+  fail "b2's first step after t3 came is at epoch '${back}' of $EPOCHS"
+three=
+for ((e = back; e <= EPOCHS; e++)); do
+  for b in b1 b2; do
+    [ "$(hash_of "$b" "$e")" = "$(hash_of b0 "$e")" ] ||
+      fail "epoch $e: $b's parameters '$(hash_of "$b" "$e")' differ from b0's $(hash_of b0 "$e") after t3 came"
+  done
+  [[ $(done_line b2 "$e") = *"averaged in a group of 3 "* ]] && three+=" $e"
+done
+[[ " $three" = *" $((EPOCHS - 2))"* || " $three" = *" $((EPOCHS - 1))"* ||
+  " $three" = *" $EPOCHS"* ]] ||
+  fail "b2 was not in a group of three in the last three epochs (only at:${three:- none})"
+echo "t2 killed in epoch $Q; $(sed -n 's/^torch: welcome/t3: welcome/p' "$work/t3.out"); b2 in line from epoch $back, in a group of three at epochs$three"
 echo "epochs 1 to $EPOCHS: one hash on b0 and b1 each time, on all three but while t2 was away; the last $(hash_of b0 "$EPOCHS")"
 for i in 0 1 3; do
   b=b$i
@@ -139,6 +198,22 @@ for i in 0 1 3; do
   accs+=" $acc%"
 done
 echo "torch: loss at b0 $(loss b0 1) -> $(loss b0 "$EPOCHS"), test accuracy$accs"
+# One PyTorch process on the batches the swarm averaged (each trainer's
+# at each epoch, tests/torch-reference.py), the same optimizer: each
+# trainer's test accuracy at epoch Q within 0.5 points of its.
+"$PY" "$here/torch-reference.py" --data "$DATA" --shards 3 --epochs "$Q" \
+  --lr 0.01 --logs "$work/b0.log,$work/b1.log,$work/b2.log" \
+  --batches "$work/t0.batches.log,$work/t1.batches.log,$work/t2.batches.log" \
+  >"$work/reference.out" 2>&1 || fail "the reference: $(tail -3 "$work/reference.out")"
+ref=$(sed -nE 's/^reference: test accuracy ([0-9.]+)%.*/\1/p' "$work/reference.out")
+qaccs=
+for i in 0 1 2; do
+  a=$(sed -nE "s/^torch: test accuracy at epoch $Q: ([0-9.]+)%/\1/p" "$work/t$i.out")
+  awk -v a="$a" -v r="$ref" 'BEGIN { d = a - r; exit !(a != "" && d <= 0.5 && d >= -0.5) }' ||
+    fail "t$i's test accuracy at epoch $Q '$a'%, one PyTorch process's $ref% ($(head -1 "$work/reference.out"))"
+  qaccs+=" $a%"
+done
+echo "torch: at epoch $Q test accuracy$qaccs; one PyTorch process on the same batches $ref% ($(sed -n 's/^reference: batches/batches/p' "$work/reference.out"))"
 
 # DiLoCo (beed.DiLoCo): two beeds, each trainer's AdamW the inner
 # optimizer, beed's outer steps alike on both; a trainer that says other
@@ -147,13 +222,7 @@ for i in 0 1 2; do stop "b$i"; done
 RUN=tdl
 dl=(--open --run-id "$RUN" --model external --eval-every 0 --averaging diloco
   --inner-steps 60 --outer-lr 0.7)
-key d0
-key d1
-start d0 $((base + 4)) "${dl[@]}" --trainer-socket d0.sock
-wait_log d0 'waiting for a trainer process on' 10
-start d1 $((base + 5)) "${dl[@]}" --trainer-socket d1.sock \
-  --join "127.0.0.1:$((base + 4))"
-wait_log d1 'waiting for a trainer process on' 10
+trainer_pair d0 d1 $((base + 4)) "${dl[@]}"
 "${py[@]}" "$here/torch-trainer.py" --socket "$work/d0.sock" --run "$RUN" \
   --data "$DATA" --shard 0 --shards 2 --diloco 50 >"$work/wrong-dl.out" 2>&1 &&
   fail "a DiLoCo trainer of 50 inner steps was taken"
