@@ -11,8 +11,9 @@
  * arithmetic core (the part codecs with their exact byte layouts in
  * docs/AVERAGING.md, the checks and the weighted mean an owner runs, the
  * clip rule against outliers, the bandwidth-aware split into spans) and
- * the round (avg_round, at the end of this file), the protocol core that
- * runs one all-reduce among a group.  The matchmaking will build on it.
+ * the protocol cores: the round (avg_round), which runs one all-reduce
+ * among a group, and the matchmaking (avg_match), which forms the group
+ * through the DHT; avg_node ties them to a loop and the network.
  * See averager/README.md.
  *
  * Everything here is deterministic: the same inputs give the same bits on

@@ -1,12 +1,26 @@
 /* bee.h: the daemon's internal header.
  *
- * beed ties the libraries together: config.c turns flags and a config file
- * into a bee_config, members.c keeps the set of authenticated peers and
- * forms the swarm (until the DHT replaces it), progress.c decides what the
- * run's progress records say and when, train.c trains and publishes them,
- * main.c owns the loop, the signals, the join targets and the start-up
- * checks.  Nothing outside
- * daemon/ (except its tests) includes this file.
+ * beed ties the libraries together.  Its files:
+ *   main.c       the loop, the signals, the join targets, the start-up
+ *                checks, a trainer process's arrival and leaving
+ *   config.c     flags and the config file into a bee_config
+ *   members.c    the authenticated peers and the addresses they give
+ *   peers.c      the known-peers file (--peers-file)
+ *   revoke.c     the moderator's revocation list from the DHT
+ *   control.c    the local control socket (--control)
+ *   notify.c     the systemd notify protocol
+ *   ckpt.c       checkpoint files
+ *   uploads.c    the state downloads a donor serves at once
+ *   links.c      the table of a bee's links to its peers, without I/O
+ *   progress.c   what the progress records say and when, without I/O
+ *   local.c      a trainer process's session (--model external)
+ *   train.c      the bee's training: its threads and the epoch step, with
+ *                train-init.c, train-swarm.c, train-state.c and
+ *                train-links.c (train-int.h says what goes where)
+ *   run.c        the run core, decisions without I/O (run.h), with
+ *                run-view.c, run-round.c, run-fetch.c and run-line.c
+ *                (run-int.h)
+ * Nothing outside daemon/ (except its tests) includes this file.
  */
 #ifndef BEE_DAEMON_BEE_H
 #define BEE_DAEMON_BEE_H

@@ -3,8 +3,10 @@
  * The trainer runs the local half of a training step: it owns the compute
  * device, the model and its optimizer, and hands flat gradient buffers to
  * whoever averages them.  It knows nothing of the network; the daemon ties
- * it to the swarm.  For now it holds device discovery and selection: parse
- * a "--device" spec, count CUDA devices, open one (or the CPU).
+ * it to the swarm.  Here: logging, devices (a "--device" spec, the CUDA
+ * devices, one opened, or the CPU), the data (image and token files
+ * checked whole, and the sources a model trains and tests on), the
+ * models, the optimizers and the checkpoints.
  *
  * Functions return 0 or a negative errno.  See trainer/README.md.
  */
