@@ -1,17 +1,25 @@
 """bench-external.py: a PyTorch model's training alone, and through
-beed.Optimizer with a beed of its own (a swarm of one), in one run
-(issue 31's overhead benchmark; tools/bench/run-external starts beed).
+beed.Optimizer with its beed, in one run (issue 31's benchmarks;
+tools/bench/run-external starts the beeds).
 
 Both take the same steps: K batches of B samples, their gradients added
 up, then an AdamW step with the mean.  Alone, PyTorch does it by
-itself; with beed, every batch goes to beed (BATCH), and every K-th
-comes back as the swarm's step (beed's --target-batch-size is K * B).
-Runs alternate, R of each; prints the median samples/s of each, the
-ratio, and how many times beed.Optimizer had to copy gradients into
+itself; with beed, every batch goes to beed (BATCH), and the swarm's
+step comes back when the swarm has gathered its target (K * B samples a
+bee).  Runs alternate, R of each; prints the median samples/s of each,
+the ratio, and how many times beed.Optimizer had to copy gradients into
 the shared memory (0 when backward adds into it, as it should).
 
   bench-external.py --socket PATH --run RUN [--batches N] [--reps R]
                     [--batch B] [--per-step K] [--width W]
+                    [--start T --phase-s S --target N]
+Alone, R runs of N batches each.  With --start (several trainers, one
+per beed of a swarm, started together): the runs are phases of S
+seconds on the wall clock from time T (seconds since the epoch), alone
+and in the swarm in turn, so that every trainer is alone, or in the
+swarm, at the same time; --target is the swarm's (every bee's K * B
+times the bees).  Then it also prints "rates: alone A1 A2 ... swarm S1
+S2 ..." for run-external to gather.
 """
 
 import argparse
@@ -46,14 +54,24 @@ class Net(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
-def run(model, step, xs, ys, batches):
+def run(model, step, xs, ys, batches, until=None):
+    """samples/s over batches, or (until) over the batches begun before
+    that wall-clock time, the time of the last one's step included."""
     t0 = time.perf_counter()
-    for i in range(batches):
+    i = 0
+    while (i < batches) if until is None else (time.time() < until):
         x, y = xs[i % len(xs)], ys[i % len(ys)]
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         step(loss)
-    return batches * xs[0].shape[0] / (time.perf_counter() - t0)
+        i += 1
+    return i * xs[0].shape[0] / (time.perf_counter() - t0)
+
+
+def wait_until(t):
+    left = t - time.time()
+    if left > 0:
+        time.sleep(left)
 
 
 def main():
@@ -65,6 +83,9 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--per-step", type=int, default=256)
     ap.add_argument("--width", type=int, default=16)
+    ap.add_argument("--start", type=float)
+    ap.add_argument("--phase-s", type=float, default=20.0)
+    ap.add_argument("--target", type=int)
     a = ap.parse_args()
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
@@ -87,31 +108,47 @@ def main():
 
     opt = beed.Optimizer(beed_model.named_parameters(), torch.optim.AdamW,
                          lr=1e-3, run_id=a.run, batch_size_per_step=a.batch,
-                         target_batch_size=a.batch * a.per_step,
+                         target_batch_size=a.target or a.batch * a.per_step,
                          model=beed_model, socket=a.socket)
 
     def beed_step(loss):
         opt.step(loss=loss)
         opt.zero_grad()
 
-    run(alone_model, alone_step, xs, ys, a.per_step)  # warm-up, both
-    run(beed_model, beed_step, xs, ys, a.per_step)
     alone, swarm = [], []
-    e0 = opt.epoch
-    for _ in range(a.reps):
-        alone.append(run(alone_model, alone_step, xs, ys, a.batches))
-        swarm.append(run(beed_model, beed_step, xs, ys, a.batches))
+    if a.start is None:
+        run(alone_model, alone_step, xs, ys, a.per_step)  # warm-up, both
+        run(beed_model, beed_step, xs, ys, a.per_step)
+        e0 = opt.epoch
+        for _ in range(a.reps):
+            alone.append(run(alone_model, alone_step, xs, ys, a.batches))
+            swarm.append(run(beed_model, beed_step, xs, ys, a.batches))
+        runs = f"{a.reps} runs of {a.batches} batches each"
+    else:  # phases on the wall clock, as every trainer of the swarm has
+        e0 = opt.epoch
+        t = a.start
+        for _ in range(a.reps):
+            wait_until(t)
+            t += a.phase_s
+            alone.append(run(alone_model, alone_step, xs, ys, 0, until=t))
+            wait_until(t)
+            t += a.phase_s
+            swarm.append(run(beed_model, beed_step, xs, ys, 0, until=t))
+        runs = f"{a.reps} phases of {a.phase_s:g} s each"
     ma, ms = statistics.median(alone), statistics.median(swarm)
     params = sum(p.numel() for p in beed_model.parameters())
     print(f"model: {params} parameters, batch {a.batch}, a step every "
-          f"{a.per_step} batches; {a.reps} runs of {a.batches} batches each")
+          f"{a.per_step} batches; {runs}")
     print(f"alone:             {ma:10.1f} samples/s (runs: "
           + ", ".join(f"{v:.0f}" for v in alone) + ")")
     print(f"beed.Optimizer:    {ms:10.1f} samples/s (runs: "
           + ", ".join(f"{v:.0f}" for v in swarm) + ")")
     print(f"beed / alone:      {ms / ma:10.3f} (target >= 0.97)")
-    print(f"swarm steps taken: {opt.epoch - e0}; gradient copies into the "
-          f"shared memory: {opt.grad_copies}")
+    print(f"swarm steps taken: {opt.epoch - e0}, {opt.peers} peers; "
+          f"gradient copies into the shared memory: {opt.grad_copies}")
+    if a.start is not None:
+        print("rates: alone " + " ".join(f"{v:.1f}" for v in alone)
+              + " swarm " + " ".join(f"{v:.1f}" for v in swarm), flush=True)
     opt.close()
 
 
