@@ -110,6 +110,21 @@ epoch_lines() {
   grep -h ' WARN ' "$work"/b*.log | cut -c1-160 | head -n 10
 }
 
+# in_line E BEES...: the bees' steps of epoch E (waited for) averaged in
+# one group of them all, to the same parameters; says so.
+in_line() {
+  local e=$1 b n=$(($# - 1))
+  shift
+  for b in "$@"; do wait_log "$b" "train: epoch $e done" 60; done
+  for b in "$@"; do
+    [[ $(done_line "$b" "$e") = *"averaged in a group of $n "* ]] ||
+      fail "epoch $e: $b's step: '$(done_line "$b" "$e")'"
+    [ "$(hash_of "$b" "$e")" = "$(hash_of "$1" "$e")" ] ||
+      fail "epoch $e: $b's parameters $(hash_of "$b" "$e") differ from $1's $(hash_of "$1" "$e")"
+  done
+  echo "epoch $e: $(hash_of "$1" "$e") on $*"
+}
+
 # in_step A B FROM TO [ERE]: every epoch FROM..TO, both A's and B's step
 # lines match ERE (default: averaged in a group of 2) and both hold the
 # same parameters after it; fails naming the first that does not.

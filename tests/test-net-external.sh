@@ -68,20 +68,6 @@ trainer_ok() { # NAME: waits for its exit 0
   wait "${tpid[$1]}" || rc=$?
   [ "$rc" = 0 ] || fail "trainer $1 exited $rc: $(tail -3 "$work/$1.out")"
 }
-# in_line E BEES...: the bees' steps of epoch E averaged in one group of
-# them all, to the same parameters.
-in_line() {
-  local e=$1 b n=$(($# - 1))
-  shift
-  for b in "$@"; do wait_log "$b" "train: epoch $e done" 60; done
-  for b in "$@"; do
-    [[ $(done_line "$b" "$e") = *"averaged in a group of $n "* ]] ||
-      fail "epoch $e: $b's step: '$(done_line "$b" "$e")'"
-    [ "$(hash_of "$b" "$e")" = "$(hash_of "$1" "$e")" ] ||
-      fail "epoch $e: $b's parameters $(hash_of "$b" "$e") differ from $1's $(hash_of "$1" "$e")"
-  done
-  echo "epoch $e: $(hash_of "$1" "$e") on $*"
-}
 trainer t0 b0 --epochs $((EPOCHS + 1)) --seed 0
 trainer t1 b1 --epochs $((EPOCHS + 1)) --seed 1
 trainer t2 b2 --epochs $((EPOCHS + 1)) --seed 2 --kill-at 3

@@ -134,17 +134,6 @@ for n in t0 t1 t3; do
 done
 grep -q '^torch: welcome at epoch [0-9]*, a state loaded' "$work/t3.out" ||
   fail "t3 heard: $(head -3 "$work/t3.out")"
-# in_line E BEES...: one group of them all at epoch E, one hash.
-in_line() {
-  local e=$1 b n=$(($# - 1))
-  shift
-  for b in "$@"; do
-    [[ $(done_line "$b" "$e") = *"averaged in a group of $n "* ]] ||
-      fail "epoch $e: $b's step: '$(done_line "$b" "$e")'"
-    [ "$(hash_of "$b" "$e")" = "$(hash_of "$1" "$e")" ] ||
-      fail "epoch $e: $b's parameters $(hash_of "$b" "$e") differ from $1's $(hash_of "$1" "$e")"
-  done
-}
 # Epochs 1 to 3 in one group of three; to Q - 1 one hash on all three
 # (a bee that fell behind on busy cores may take the swarm's step).
 for e in 1 2 3; do in_line "$e" b0 b1 b2; done
